@@ -1,0 +1,77 @@
+# Attention, from the math to a Triton kernel.
+# `make lab` and `make test` create the environment on first use (conda env when conda is on
+# PATH, otherwise .venv with pip) and reuse it afterwards.
+.DEFAULT_GOAL := help
+SHELL := /bin/bash
+
+PYTHON ?= python3
+# CI and this project's machines pin torch (a CPU build is provided locally); the package itself
+# accepts a range so that Colab keeps its own torch. Keep in sync with environment.yml (a test checks).
+TORCH_PIN := torch==2.13.0
+PIP_SPEC := $(TORCH_PIN) -e .[dev]
+CONDA_ENV := attention-course
+NB ?=
+JOBS ?= 2
+
+ifneq ($(PY),)
+  # PY=/path/to/python uses an existing environment as is (for example a GPU machine's image).
+  ENV_STAMP :=
+else ifneq ($(shell command -v conda 2>/dev/null),)
+  PY := conda run --no-capture-output -n $(CONDA_ENV) python
+  ENV_STAMP := .env-conda.stamp
+else
+  PY := .venv/bin/python
+  ENV_STAMP := .venv/.stamp
+endif
+
+.PHONY: help setup lab test execute exercises sync grade bench clean
+
+help:
+	@echo "make lab        start JupyterLab on the course (creates the environment on first use)"
+	@echo "make test       run every test: unit, checks, lint, drift, grading, notebooks (nbval)"
+	@echo "make execute    re-run notebooks/ and solutions/ in fresh kernels and store their outputs"
+	@echo "make exercises  regenerate exercises/ from solutions/"
+	@echo "make sync       rewrite the Colab bootstrap cells and README notebook map from pyproject.toml"
+	@echo "make grade      grade exercise notebooks (all, or NB=path/to/notebook.ipynb)"
+	@echo "make bench      GPU benchmarks into bench/results/ (on CPU: a small interpreter check)"
+	@echo "make clean      remove caches and the environment"
+
+setup: $(ENV_STAMP)
+
+.venv/.stamp: pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Python >= 3.10 is needed; found " + sys.version.split()[0] + ". Run: make PYTHON=python3.11 ...")'
+	@test -x .venv/bin/python || $(PYTHON) -m venv .venv
+	.venv/bin/python -m pip install --quiet --upgrade pip
+	.venv/bin/python -m pip install --quiet $(PIP_SPEC)
+	@touch $@
+
+.env-conda.stamp: environment.yml pyproject.toml
+	conda env update --name $(CONDA_ENV) --file environment.yml --prune
+	@touch $@
+
+lab: $(ENV_STAMP)
+	$(PY) -m jupyter lab notebooks/01_qkv_shapes.ipynb
+
+test: $(ENV_STAMP)
+	$(PY) -m pytest -n $(JOBS) --dist loadscope --durations=10 \
+		--nbval --nbval-sanitize-with tests/nbval_sanitize.cfg \
+		tests notebooks solutions
+
+execute: $(ENV_STAMP)
+	$(PY) -m helpers.notebooks execute notebooks solutions
+
+exercises: $(ENV_STAMP)
+	$(PY) -m helpers.notebooks exercises
+
+sync: $(ENV_STAMP)
+	$(PY) -m helpers.notebooks sync
+
+grade: $(ENV_STAMP)
+	$(PY) -m helpers.grading $(if $(NB),$(NB),exercises)
+
+bench: $(ENV_STAMP)
+	$(PY) bench/bench_attention.py
+
+clean:
+	rm -rf .venv .env-conda.stamp .pytest_cache .ruff_cache build *.egg-info
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

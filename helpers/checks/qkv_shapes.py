@@ -1,0 +1,105 @@
+"""Checks for notebook 01_qkv_shapes: exercises 1.1-1.3."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import attention as ref
+from ._core import Trial, describe_case, exercise
+
+NB = "01_qkv_shapes"
+
+# Shapes are chosen so that no two of B, T, H, d_k are equal: a transposed or swapped axis
+# then shows up as a wrong shape or wrong values, never as a lucky pass.
+_QKV_CASES = [(2, 5, 12, 3), (1, 7, 8, 2), (3, 4, 30, 5)]  # (B, T, D, H)
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+@exercise("1.1", "Q/K/V projection and head split", points=1, stars=1, notebook=NB)
+def qkv_projection(t: Trial) -> None:
+    t.error_hints = {
+        r"shape '\[.*\]' is invalid|view size is not compatible": "reshape the projected [B, T, D] tensor to [B, T, H, D/H] first, then transpose(1, 2).",
+        r"cannot be multiplied": "the projection is x @ w_qkv: x is [B, T, D] and w_qkv is [D, 3D].",
+    }
+    for seed, (B, T, D, H) in enumerate(_QKV_CASES):
+        g = _gen(seed)
+        x = torch.randn(B, T, D, generator=g)
+        w = torch.randn(D, 3 * D, generator=g) / math.sqrt(D)
+        got = t.tuple(t.call(x, w, H, case=describe_case(x=x, w_qkv=w, n_heads=H)), 3, ("q", "k", "v"))
+        expected = ref.qkv_projection(x, w, H)
+        proj = (x @ w).split(D, dim=-1)
+        d_k = D // H
+        for i, name in enumerate("qkv"):
+            mistakes = {
+                "you reshaped straight to [B, H, T, d_k]: that regroups the numbers of different tokens. "
+                "View as [B, T, H, d_k] first, then transpose(1, 2).": lambda i=i: proj[i].reshape(B, H, T, d_k),
+                "you split into heads but did not transpose: after .view(B, T, H, d_k) call .transpose(1, 2) "
+                "to get [B, H, T, d_k].": lambda i=i: proj[i].view(B, T, H, d_k),
+                "the head split is d_k-major: view as [B, T, H, d_k] (head h = columns h*d_k:(h+1)*d_k), "
+                "not [B, T, d_k, H].": lambda i=i: proj[i].view(B, T, d_k, H).permute(0, 3, 1, 2),
+                "the projection is x @ w_qkv (w_qkv is [D, 3D]); x @ w_qkv.T or w_qkv @ x mixes the wrong axes.": lambda i=i: ref.split_heads(
+                    (x @ w.T.reshape(D, 3 * D)).split(D, dim=-1)[i], H
+                ),
+            }
+            for j, other in enumerate("qkv"):
+                if j != i:
+                    mistakes[f"your {name} holds the {other} columns: w_qkv's columns are Q, K, V in that order "
+                             f"(q = columns 0:D, k = D:2D, v = 2D:3D)."] = lambda j=j: expected[j]
+            t.tensor(got[i], expected[i], what=name, mistakes=mistakes,
+                     hint="q, k, v = (x @ w_qkv).split(D, dim=-1), then each .view(B, T, H, D // H).transpose(1, 2).")
+
+
+@exercise("1.2", "merge heads back to [B, T, D]", points=1, stars=1, notebook=NB)
+def merge_heads(t: Trial) -> None:
+    t.error_hints = {
+        r"view size is not compatible|view\(\)": "after transpose(1, 2) the tensor is not contiguous, so .view fails: "
+        "use .reshape(B, T, H * d_k) (or .contiguous().view(...)).",
+    }
+    for seed, (B, H, T, d_k) in enumerate([(2, 3, 5, 4), (1, 4, 6, 2), (3, 2, 7, 5)]):
+        o = torch.randn(B, H, T, d_k, generator=_gen(100 + seed))
+        got = t.call(o, case=describe_case(o=o))
+        mistakes = {
+            "you reshaped [B, H, T, d_k] straight to [B, T, H*d_k]: transpose(1, 2) first so that the "
+            "heads of one token sit side by side.": lambda: o.reshape(B, T, H * d_k),
+            "the columns are d_k-major: head h must occupy columns h*d_k:(h+1)*d_k, so transpose to "
+            "[B, T, H, d_k] (not [B, T, d_k, H]) before reshaping.": lambda: o.permute(0, 2, 3, 1).reshape(B, T, H * d_k),
+        }
+        t.tensor(got, ref.merge_heads(o), what="merged", mistakes=mistakes,
+                 hint="o.transpose(1, 2).reshape(B, T, H * d_k)")
+
+
+def _sdpa_mistakes(q, k, v):
+    d_k, d_v = q.shape[-1], v.shape[-1]
+    s = q @ k.transpose(-2, -1)
+    return {
+        "you forgot to divide the scores by sqrt(d_k).": lambda: torch.softmax(s, -1) @ v,
+        "you divided by d_k; divide by sqrt(d_k).": lambda: torch.softmax(s / d_k, -1) @ v,
+        "you scaled by sqrt(d_v) (the value width); the scale is 1/sqrt(d_k), the query/key width.": lambda: torch.softmax(s / math.sqrt(d_v), -1) @ v,
+        "softmax runs over the wrong axis: normalise over the keys, dim=-1 (each query's row sums to 1).": lambda: torch.softmax(s / math.sqrt(d_k), -2) @ v,
+        "no mask was asked for here: this is plain (bidirectional) attention.": lambda: ref.scaled_dot_product_attention(
+            q, k, v, ref.causal_mask(s.shape[-1]) if s.shape[-1] == s.shape[-2] else None),
+        "you multiplied by the scores, not by softmax(scores): the weights must be a softmax.": lambda: (s / math.sqrt(d_k)) @ v,
+    }
+
+
+@exercise("1.3", "scaled dot-product attention", points=1, stars=1, notebook=NB)
+def scaled_dot_product_attention(t: Trial) -> None:
+    t.error_hints = {
+        r"cannot be multiplied|must match the size|size of tensor a": "scores are q @ k.transpose(-2, -1) (k is [..., T_k, d_k]), "
+        "then weights @ v. Transpose the last two axes of k, not of q or v.",
+    }
+    # (leading dims, T_q, T_k, d_k, d_v): T != d_k everywhere; cross-attention and d_v != d_k included.
+    cases = [((2, 3), 5, 5, 4, 4), ((2,), 3, 6, 8, 5), ((1, 2), 7, 7, 6, 3), ((), 4, 9, 2, 7)]
+    for seed, (lead, T_q, T_k, d_k, d_v) in enumerate(cases):
+        g = _gen(200 + seed)
+        q = torch.randn(*lead, T_q, d_k, generator=g) * 1.5
+        k = torch.randn(*lead, T_k, d_k, generator=g) * 1.5
+        v = torch.randn(*lead, T_k, d_v, generator=g)
+        got = t.call(q, k, v, case=describe_case(q=q, k=k, v=v))
+        t.tensor(got, ref.scaled_dot_product_attention(q, k, v), mistakes=_sdpa_mistakes(q, k, v),
+                 hint="torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d_k), dim=-1) @ v")
