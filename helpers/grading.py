@@ -1,0 +1,151 @@
+"""Grade exercise notebooks: ``python -m helpers.grading [NOTEBOOK_OR_FOLDER ...]`` (``make grade``).
+
+Each notebook runs top to bottom in a fresh kernel with a per-cell time limit; every
+``checks.<name>(...)`` call records its outcome, and the table lists each exercise the notebook
+contains with its points, status (passed / failed / not attempted / error / timed out / not run)
+and hint. The exit code is 0 only when every exercise passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+
+from .checks import EXERCISES
+from .checks._core import GRADE_LOG_ENV
+
+DEFAULT_CELL_TIMEOUT_S = 300
+
+
+@dataclass
+class Row:
+    notebook: str
+    id: str
+    name: str
+    points: int
+    status: str
+    hint: str = ""
+
+    @property
+    def earned(self) -> int:
+        return self.points if self.status == "passed" else 0
+
+
+def _check_calls(source: str) -> list[str]:
+    return [n for n in re.findall(r"\bchecks\.(\w+)\s*\(", source) if n in EXERCISES]
+
+
+def _cell_error(cell) -> str:
+    for out in cell.get("outputs", []):
+        if out.get("output_type") == "error":
+            return f"{out.get('ename', 'Error')}: {out.get('evalue', '')}".strip()
+    return ""
+
+
+def grade_notebook(path: Path, cell_timeout: int = DEFAULT_CELL_TIMEOUT_S) -> list[Row]:
+    """Execute one notebook in a fresh kernel and return one row per exercise it checks."""
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(path, as_version=4)
+    expected: list[tuple[str, int]] = []  # (exercise name, index of the cell that checks it)
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "code":
+            expected += [(name, i) for name in _check_calls(cell.source) if name not in {n for n, _ in expected}]
+    if not expected:
+        return []
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "grade.jsonl"
+        log.touch()
+        old = os.environ.get(GRADE_LOG_ENV)
+        os.environ[GRADE_LOG_ENV] = str(log)
+        client = NotebookClient(
+            nb, timeout=cell_timeout, kernel_name="python3", allow_errors=True, interrupt_on_timeout=True,
+            resources={"metadata": {"path": str(path.parent)}},
+        )
+        startup_error = ""
+        try:
+            client.execute()
+        except Exception as e:  # noqa: BLE001 - the kernel died or could not start: grade what was recorded
+            startup_error = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
+        finally:
+            if old is None:
+                os.environ.pop(GRADE_LOG_ENV, None)
+            else:
+                os.environ[GRADE_LOG_ENV] = old
+        records: dict[str, dict] = {}
+        for line in log.read_text(encoding="utf-8").splitlines():
+            rec = json.loads(line)
+            records[rec["name"]] = rec  # the last call of a check counts
+    timed_out = {i for i, c in enumerate(nb.cells) if c.cell_type == "code" and _cell_error(c).startswith(("KeyboardInterrupt", "CellTimeoutError"))}
+    rows = []
+    previous_check_cell = -1
+    for name, cell_index in expected:
+        ex = EXERCISES[name]
+        if name in records:
+            status, hint = records[name]["status"], records[name]["hint"]
+        elif any(previous_check_cell < i <= cell_index for i in timed_out):
+            status, hint = "timed out", f"a cell ran longer than the {cell_timeout} s limit and was interrupted."
+        elif _cell_error(nb.cells[cell_index]):
+            status, hint = "error", f"the check cell raised {_cell_error(nb.cells[cell_index])}"
+        else:
+            status, hint = "not run", startup_error or "the check cell did not run."
+        previous_check_cell = cell_index
+        rows.append(Row(path.name, ex.id, name, ex.points, status, hint))
+    return rows
+
+
+def format_table(rows: list[Row]) -> str:
+    """A plain-text table: exercise, points, status, hint; then the score."""
+    header = ("exercise", "points", "status", "hint")
+    body = [(f"{r.id} {r.name}", f"{r.earned}/{r.points}", r.status, r.hint.replace("\n", " ")) for r in rows]
+    widths = [max(len(x[i]) for x in [header, *body]) for i in range(3)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header[:3], widths)) + "  " + header[3]]
+    lines.append("  ".join("-" * w for w in widths) + "  " + "-" * 4)
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row[:3], widths)) + "  " + row[3] for row in body]
+    earned, total = sum(r.earned for r in rows), sum(r.points for r in rows)
+    passed = sum(r.status == "passed" for r in rows)
+    lines.append(f"score: {earned}/{total} points, {passed}/{len(rows)} exercises passed")
+    return "\n".join(lines)
+
+
+def _collect(targets: list[str]) -> list[Path]:
+    paths: list[Path] = []
+    for t in targets:
+        p = Path(t)
+        if p.is_dir():
+            paths += sorted(p.glob("[0-9][0-9]_*.ipynb"))
+        elif p.suffix == ".ipynb" and p.exists():
+            paths.append(p)
+        else:
+            raise SystemExit(f"make grade: {t!r} is neither a notebook (.ipynb) nor a folder of notebooks.")
+    if not paths:
+        raise SystemExit(f"make grade: no NN_topic.ipynb notebooks found in {', '.join(targets)}.")
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="make grade", description=__doc__.splitlines()[0])
+    parser.add_argument("targets", nargs="*", default=["exercises"], help="notebooks or folders (default: exercises)")
+    parser.add_argument("--cell-timeout", type=int, default=DEFAULT_CELL_TIMEOUT_S, help="seconds per cell")
+    args = parser.parse_args(argv)
+    rows: list[Row] = []
+    for path in _collect(args.targets):
+        print(f"grading {path} ...", flush=True)
+        got = grade_notebook(path, args.cell_timeout)
+        if not got:
+            print(f"  (no graded exercises in {path.name})")
+        rows += got
+    print(format_table(rows))
+    return 0 if rows and all(r.status == "passed" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,282 @@
+"""Maintainer tools for the course's notebooks (``python -m helpers.notebooks COMMAND``).
+
+- ``execute DIR_OR_NB ...``: run notebooks top to bottom in fresh kernels and store their outputs
+  (``make execute``), so committed outputs are always what the code prints.
+- ``exercises``: write ``exercises/`` from ``solutions/`` (``make exercises``): solution bodies become
+  ``raise NotImplementedError()``, model answers an empty answer cell, hidden tests and
+  solution-only cells are removed, outputs are cleared.
+- ``sync``: rewrite the Colab bootstrap cell of every notebook and the README's notebook map from
+  the repository URL in ``pyproject.toml`` (the one place it is configured).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOK_DIRS = ("notebooks", "solutions", "exercises")
+
+BEGIN_SOLUTION, END_SOLUTION = "### BEGIN SOLUTION", "### END SOLUTION"
+BEGIN_HIDDEN, END_HIDDEN = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
+MODEL_ANSWER_TAG = "model-answer"  # markdown cell: emptied in exercises/
+SOLUTION_ONLY_TAG = "solution-only"  # any cell: dropped from exercises/
+BOOTSTRAP_TAG = "colab-bootstrap"
+EMPTY_ANSWER = "**Your answer:** _double-click this cell and write it here._"
+
+BOOTSTRAP_TEMPLATE = '''\
+# Colab bootstrap (identical in every notebook): on Colab, install the course's helpers package
+# from the repository, keeping Colab's own torch; anywhere else this cell does nothing.
+import sys
+
+if "google.colab" in sys.modules:
+    import subprocess
+
+    import torch
+
+    REPO = "{repo}"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", f"git+{{REPO}}", f"torch=={{torch.__version__}}"], check=True)'''
+
+
+def repo_url() -> str:
+    """The repository URL from ``pyproject.toml`` ([project.urls] Repository)."""
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)["project"]["urls"]["Repository"]
+
+
+def bootstrap_source(repo: str | None = None) -> str:
+    """The source of the Colab bootstrap cell."""
+    return BOOTSTRAP_TEMPLATE.format(repo=repo or repo_url())
+
+
+def colab_url(path: str | Path, repo: str | None = None, branch: str = "main") -> str:
+    """The "Open in Colab" address of a notebook given its path relative to the repository root."""
+    slug = re.sub(r"^https://github.com/", "", (repo or repo_url()).rstrip("/"))
+    return f"https://colab.research.google.com/github/{slug}/blob/{branch}/{Path(path).as_posix()}"
+
+
+def notebook_paths(*dirs: str) -> list[Path]:
+    """Sorted ``NN_topic.ipynb`` paths in the given folders (default: all three)."""
+    return sorted(p for d in (dirs or NOTEBOOK_DIRS) for p in (ROOT / d).glob("[0-9][0-9]_*.ipynb"))
+
+
+def read(path: Path) -> nbformat.NotebookNode:
+    return nbformat.read(path, as_version=4)
+
+
+def write(nb: nbformat.NotebookNode, path: Path) -> None:
+    """Write deterministically (nbformat's JSON layout, trailing newline)."""
+    path.write_text(dumps(nb), encoding="utf-8")
+
+
+def dumps(nb: nbformat.NotebookNode) -> str:
+    return nbformat.writes(nb) + "\n"
+
+
+def normalize(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """Keep only what the course uses: cell tags (no execution timestamps or editor metadata),
+    the Python 3 kernelspec, no trailing blank lines in cells."""
+    for cell in nb.cells:
+        tags = cell.metadata.get("tags")
+        cell.metadata = nbformat.NotebookNode({"tags": tags} if tags else {})
+        cell.source = cell.source.rstrip("\n")
+    widgets = nb.metadata.get("widgets")
+    nb.metadata = nbformat.NotebookNode(
+        {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+         "language_info": {"name": "python"}}
+    )
+    if widgets:
+        nb.metadata["widgets"] = widgets
+    return nb
+
+
+def title(nb: nbformat.NotebookNode) -> str:
+    """The first markdown heading of a notebook, without the leading '#'."""
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            m = re.search(r"^#\s+(.+)$", cell.source, re.M)
+            if m:
+                return m.group(1).strip()
+    return ""
+
+
+# --------------------------------------------------------------------------- exercises from solutions
+
+
+def _replace_block(source: str, begin: str, end: str, replacement: str | None) -> str:
+    """Replace every ``begin ... end`` block (marker lines included) by ``replacement`` lines
+    indented like the ``begin`` line; ``None`` removes the block."""
+    out: list[str] = []
+    inside = False
+    for line in source.split("\n"):
+        stripped = line.strip()
+        if stripped == begin:
+            if inside:
+                raise ValueError(f"nested {begin!r}")
+            inside = True
+            if replacement is not None:
+                indent = line[: len(line) - len(line.lstrip())]
+                out.extend(indent + r for r in replacement.split("\n"))
+        elif stripped == end:
+            if not inside:
+                raise ValueError(f"{end!r} without {begin!r}")
+            inside = False
+        elif not inside:
+            out.append(line)
+    if inside:
+        raise ValueError(f"{begin!r} without {end!r}")
+    return "\n".join(out)
+
+
+def make_exercise(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """The exercise notebook generated from a solutions notebook (the input is not modified)."""
+    ex = nbformat.from_dict(nb)  # deep copy
+    cells = []
+    for cell in ex.cells:
+        tags = cell.get("metadata", {}).get("tags", [])
+        if SOLUTION_ONLY_TAG in tags:
+            continue
+        if cell.cell_type == "code":
+            src = _replace_block(cell.source, BEGIN_SOLUTION, END_SOLUTION, "# YOUR CODE HERE\nraise NotImplementedError()")
+            cell.source = _replace_block(src, BEGIN_HIDDEN, END_HIDDEN, None).rstrip("\n")
+            cell.outputs = []
+            cell.execution_count = None
+            cell.metadata.pop("execution", None)
+        elif cell.cell_type == "markdown" and MODEL_ANSWER_TAG in tags:
+            cell.source = EMPTY_ANSWER
+        cells.append(cell)
+    ex.cells = cells
+    ex.metadata.pop("widgets", None)
+    return ex
+
+
+def exercises_in_sync() -> list[str]:
+    """Names of exercise notebooks that differ from what ``make exercises`` would write."""
+    stale = []
+    solutions = {p.name: p for p in notebook_paths("solutions")}
+    committed = {p.name: p for p in notebook_paths("exercises")}
+    for name in sorted(solutions.keys() | committed.keys()):
+        if name not in solutions or name not in committed:
+            stale.append(name)
+        elif dumps(make_exercise(read(solutions[name]))) != committed[name].read_text(encoding="utf-8"):
+            stale.append(name)
+    return stale
+
+
+def write_exercises() -> None:
+    (ROOT / "exercises").mkdir(exist_ok=True)
+    solutions = notebook_paths("solutions")
+    for old in notebook_paths("exercises"):
+        if not (ROOT / "solutions" / old.name).exists():
+            old.unlink()
+    for path in solutions:
+        write(make_exercise(read(path)), ROOT / "exercises" / path.name)
+        print(f"exercises/{path.name} <- solutions/{path.name}")
+
+
+# --------------------------------------------------------------------------- sync: bootstrap + README
+
+
+def set_bootstrap(nb: nbformat.NotebookNode, source: str) -> bool:
+    """Make the first code cell the bootstrap cell; return True if the notebook changed."""
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            if BOOTSTRAP_TAG in cell.metadata.get("tags", []):
+                changed = cell.source != source
+                cell.source = source
+                return changed
+            break
+    cell = nbformat.v4.new_code_cell(source, metadata={"tags": [BOOTSTRAP_TAG]})
+    first_code = next((i for i, c in enumerate(nb.cells) if c.cell_type == "code"), len(nb.cells))
+    nb.cells.insert(first_code, cell)
+    return True
+
+
+def readme_map(repo: str | None = None) -> str:
+    """The README's notebook table: one row per topic, with Colab badges."""
+    badge = "https://colab.research.google.com/assets/colab-badge.svg"
+    rows = ["| # | topic | teaching notebook | exercises |", "|---|---|---|---|"]
+    for path in notebook_paths("notebooks"):
+        stem = path.stem
+        ex = ROOT / "exercises" / path.name
+        nb_cell = f"[{stem}](notebooks/{path.name}) [![Open In Colab]({badge})]({colab_url(f'notebooks/{path.name}', repo)})"
+        ex_cell = (
+            f"[exercises](exercises/{path.name}) [![Open In Colab]({badge})]({colab_url(f'exercises/{path.name}', repo)})"
+            if ex.exists() else "(none)"
+        )
+        rows.append(f"| {stem[:2]} | {title(read(path))} | {nb_cell} | {ex_cell} |")
+    return "\n".join(rows)
+
+
+MAP_START, MAP_END = "<!-- notebook-map:start -->", "<!-- notebook-map:end -->"
+
+
+def readme_with_map(text: str, repo: str | None = None) -> str:
+    head, rest = text.split(MAP_START, 1)
+    _, tail = rest.split(MAP_END, 1)
+    return f"{head}{MAP_START}\n{readme_map(repo)}\n{MAP_END}{tail}"
+
+
+def sync() -> None:
+    source = bootstrap_source()
+    for path in notebook_paths("notebooks", "solutions"):
+        nb = read(path)
+        if set_bootstrap(nb, source) | (dumps(nb) != dumps(normalize(nbformat.from_dict(nb)))):
+            normalize(nb)
+            write(nb, path)
+            print(f"bootstrap cell updated: {path.relative_to(ROOT)}")
+    write_exercises()
+    readme = ROOT / "README.md"
+    readme.write_text(readme_with_map(readme.read_text(encoding="utf-8")), encoding="utf-8")
+    print("README notebook map updated")
+
+
+# --------------------------------------------------------------------------- execute
+
+
+def execute(path: Path, timeout: int = 600) -> float:
+    """Run one notebook top to bottom in a fresh kernel (cwd = its folder) and store the outputs;
+    return the seconds it took."""
+    from nbclient import NotebookClient
+
+    nb = read(path)
+    start = time.perf_counter()
+    NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+    seconds = time.perf_counter() - start
+    write(normalize(nb), path)
+    return seconds
+
+
+def _main(argv: list[str]) -> int:
+    if not argv or argv[0] not in {"execute", "exercises", "sync"}:
+        print(__doc__)
+        return 2
+    command, args = argv[0], argv[1:]
+    if command == "exercises":
+        write_exercises()
+    elif command == "sync":
+        sync()
+    else:
+        targets = []
+        for a in args or ["notebooks", "solutions"]:
+            p = Path(a).resolve()
+            targets += sorted(p.glob("[0-9][0-9]_*.ipynb")) if p.is_dir() else [p]
+        for path in targets:
+            seconds = execute(path)
+            print(f"executed {path.relative_to(ROOT)} in {seconds:.1f} s")
+        if any(p.parent.name == "solutions" for p in targets):
+            write_exercises()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
