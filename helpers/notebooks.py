@@ -1,7 +1,8 @@
 """Maintainer tools for the course's notebooks (``python -m helpers.notebooks COMMAND``).
 
 - ``execute DIR_OR_NB ...``: run notebooks top to bottom in fresh kernels and store their outputs
-  (``make execute``), so committed outputs are always what the code prints.
+  (``make execute``), so committed outputs are always what the code prints. The bootstrap cell is
+  put in place first, and exercises/ regenerated when solutions/ were run.
 - ``exercises``: write ``exercises/`` from ``solutions/`` (``make exercises``): solution bodies become
   ``raise NotImplementedError()``, model answers an empty answer cell, hidden tests and
   solution-only cells are removed, outputs are cleared.
@@ -248,7 +249,8 @@ def execute(path: Path, timeout: int = 600) -> float:
     return the seconds it took."""
     from nbclient import NotebookClient
 
-    nb = read(path)
+    nb = normalize(read(path))
+    set_bootstrap(nb, bootstrap_source())
     start = time.perf_counter()
     NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
     seconds = time.perf_counter() - start

@@ -350,11 +350,12 @@ def _record(ex: Exercise, status: str, hint: str = "") -> None:
             f.write(json.dumps({"name": ex.name, "status": status, "hint": hint}) + "\n")
 
 
-def exercise(id: str, title: str, points: int, stars: int, notebook: str, time_limit: float = DEFAULT_TIME_LIMIT_S):
+def exercise(id: str, title: str, points: int, stars: int, notebook: str, time_limit: float | None = None):
     """Turn ``body(t: Trial)`` into the check ``checks.<name>(fn)`` for exercise ``id``.
 
     The check prints one line when everything passes; otherwise it raises :class:`CheckFailed`.
-    Either way the outcome is recorded for `make grade`.
+    Either way the outcome is recorded for `make grade`. ``time_limit`` (seconds per call of the
+    learner's function) defaults to ``DEFAULT_TIME_LIMIT_S``, read when the check runs.
     """
 
     def decorate(body: Callable[[Trial], None]) -> Callable[[Callable], None]:
@@ -373,7 +374,7 @@ def exercise(id: str, title: str, points: int, stars: int, notebook: str, time_l
                 _record(ex, "error", message)
                 raise CheckFailed(message, message)
             try:
-                body(Trial(ex, fn, time_limit))
+                body(Trial(ex, fn, time_limit or DEFAULT_TIME_LIMIT_S))
             except CheckFailed as e:
                 _record(ex, e.status, e.hint)
                 raise type(e)(str(e), e.hint) from None

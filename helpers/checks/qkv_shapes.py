@@ -90,7 +90,7 @@ def _sdpa_mistakes(q, k, v):
 @exercise("1.3", "scaled dot-product attention", points=1, stars=1, notebook=NB)
 def scaled_dot_product_attention(t: Trial) -> None:
     t.error_hints = {
-        r"cannot be multiplied|must match the size|size of tensor a": "scores are q @ k.transpose(-2, -1) (k is [..., T_k, d_k]), "
+        r"cannot be multiplied|must match the size|size of tensor a|Expected size for first two dimensions": "scores are q @ k.transpose(-2, -1) (k is [..., T_k, d_k]), "
         "then weights @ v. Transpose the last two axes of k, not of q or v.",
     }
     # (leading dims, T_q, T_k, d_k, d_v): T != d_k everywhere; cross-attention and d_v != d_k included.

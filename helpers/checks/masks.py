@@ -1,0 +1,3 @@
+"""Checks: placeholder, filled in by its topic (see CONTRIBUTING.md)."""
+
+__all__: list[str] = []

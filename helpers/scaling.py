@@ -1,0 +1,3 @@
+"""Placeholder: filled in by its topic (see CONTRIBUTING.md)."""
+
+__all__: list[str] = []

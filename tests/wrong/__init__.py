@@ -1,0 +1,1 @@
+"""Wrong implementations that every check must reject (one module per topic, each with WRONG)."""
