@@ -1,0 +1,611 @@
+"""FlashAttention in Triton (notebook 09): forward and backward kernels and an autograd wrapper.
+
+Public API (q ``[B, H, T_q, d]``, k and v ``[B, H_kv, T_k, d]``, H % H_kv == 0):
+
+* ``flash_attention_triton(q, k, v, causal=False, sm_scale=None)`` -> out ``[B, H, T_q, d]``,
+  differentiable (``out.sum().backward()`` runs the backward kernels).
+* ``flash_attention_triton_forward(...)`` -> ``(out, lse)``, lse ``[B, H, T_q]`` float32, natural log.
+* ``flash_attention_triton_backward(q, k, v, out, lse, grad_out, ...)`` -> ``(grad_q, grad_k, grad_v)``.
+
+Any T (not only multiples of the block), d in {16, 32, 64, 128}, fp16 / fp32 (bf16 on a GPU only:
+the interpreter's bf16 ``tl.dot`` is wrong), causal or not. Grouped-query attention (H_kv < H) reads
+kv head ``h // (H // H_kv)`` through strides: K and V are never expanded. Without a CUDA GPU the
+kernels run in Triton's interpreter (slow, for learning and tests); with one, they are autotuned.
+
+The kernels use plain pointer arithmetic and masks, so they run on Triton 3.x (3.6 to 3.9 tested).
+"""
+
+from __future__ import annotations
+
+from helpers.runtime import configure_triton
+
+# Triton reads TRITON_INTERPRET when a kernel is decorated: decide before the first @triton.jit.
+_INTERPRET = configure_triton()
+
+import functools  # noqa: E402
+import math  # noqa: E402
+
+import torch  # noqa: E402
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError as exc:  # macOS / Windows: no Triton wheels
+    raise ImportError(
+        "Triton is Linux-only; the Triton cells skip (on Linux: pip install triton)."
+    ) from exc
+
+LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * LOG2E)
+SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
+
+# The interpreter runs one program at a time in NumPy: one fixed small tile (BLOCK_M, BLOCK_N) per
+# kernel keeps it quick (32 runs ~3x faster than 16) while sequences of a few hundred tokens still
+# span several query and key blocks. On a GPU the autotuner picks from the configs further down.
+INTERPRETER_BLOCKS = {"fwd": (32, 32), "dkdv": (32, 32), "dq": (32, 32), "pre": (32, 32)}
+
+
+# --------------------------------------------------------------------------------------------
+# Forward
+# --------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _fwd_inner(
+    acc, l_i, m_i, q,  # running state of this query block, and the block itself
+    k_ptrs, v_ptrs, stride_kn, stride_vn,
+    offs_m, offs_n, lo, hi, N_K, qk_scale,
+    BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """Fold key blocks [lo, hi) into (acc, l_i, m_i). MASKED blocks mask keys j >= N_K and,
+    if CAUSAL, keys j > i; unmasked blocks skip that work (and their loads need no bounds check)."""
+    k_ptrs += lo * stride_kn
+    v_ptrs += lo * stride_vn
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n
+        # -- load one key/value block [BLOCK_N, HEAD_DIM]
+        if MASKED:
+            k = tl.load(k_ptrs, mask=(cols < N_K)[:, None], other=0.0)
+            v = tl.load(v_ptrs, mask=(cols < N_K)[:, None], other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
+        # -- scores in log2 units: s * log2(e), since qk_scale = sm_scale * log2(e)  [BLOCK_M, BLOCK_N]
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        if MASKED:
+            allowed = (cols < N_K)[None, :]
+            if CAUSAL:
+                allowed = allowed & (offs_m[:, None] >= cols[None, :])
+            # -inf is safe: each row meets key 0 in its first block, so m_ij is finite.
+            qk = tl.where(allowed, qk * qk_scale, float("-inf"))
+            m_ij = tl.maximum(m_i, tl.max(qk, 1))
+            qk = qk - m_ij[:, None]
+        else:
+            m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            qk = qk * qk_scale - m_ij[:, None]
+        # -- online softmax: p relative to the new max; alpha rescales what was summed before
+        p = tl.exp2(qk)
+        alpha = tl.exp2(m_i - m_ij)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+        m_i = m_ij
+        k_ptrs += BLOCK_N * stride_kn
+        v_ptrs += BLOCK_N * stride_vn
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _attn_fwd(
+    Q, K, V, Out, Lse, qk_scale,
+    stride_qz, stride_qh, stride_qm, stride_qd,
+    stride_kz, stride_kh, stride_kn, stride_kd,
+    stride_vz, stride_vh, stride_vn, stride_vd,
+    stride_oz, stride_oh, stride_om, stride_od,
+    H, N_Q, N_K, GROUP,
+    HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """One program = BLOCK_M query rows of one (batch, head). Grid: (cdiv(N_Q, BLOCK_M), B * H)."""
+    # -- which tile: causal blocks lower down see more keys, so launch those first (better balance)
+    start_m = tl.program_id(0)
+    if CAUSAL:
+        start_m = tl.num_programs(0) - 1 - start_m
+    off_hz = tl.program_id(1)
+    off_z = (off_hz // H).to(tl.int64)
+    off_h = (off_hz % H).to(tl.int64)
+    off_hkv = off_h // GROUP  # grouped-query attention: several query heads share one kv head
+
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q_ptrs = Q + off_z * stride_qz + off_h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
+    k_ptrs = K + off_z * stride_kz + off_hkv * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
+    v_ptrs = V + off_z * stride_vz + off_hkv * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
+
+    # -- load the query block once; it stays in registers for the whole loop
+    row_ok = offs_m < N_Q
+    q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running max (log2 units)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum of exp2(s - m_i)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)  # running sum of p @ v
+
+    if CAUSAL:
+        # stage 1: key blocks left of the diagonal, all visible: no mask
+        lo = start_m * BLOCK_M
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
+                                   offs_m, offs_n, 0, lo, N_K, qk_scale,
+                                   BLOCK_N, False, CAUSAL, DOT_PRECISION)
+        # stage 2: the diagonal block, masked; blocks right of it are never loaded
+        hi = tl.minimum(lo + BLOCK_M, N_K)
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
+                                   offs_m, offs_n, lo, hi, N_K, qk_scale,
+                                   BLOCK_N, True, CAUSAL, DOT_PRECISION)
+    else:
+        # stage 1: full key blocks, no mask; stage 2: the ragged last block (if N_K % BLOCK_N)
+        n_full = (N_K // BLOCK_N) * BLOCK_N
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
+                                   offs_m, offs_n, 0, n_full, N_K, qk_scale,
+                                   BLOCK_N, False, CAUSAL, DOT_PRECISION)
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
+                                   offs_m, offs_n, n_full, N_K, N_K, qk_scale,
+                                   BLOCK_N, True, CAUSAL, DOT_PRECISION)
+
+    # -- epilogue: normalise, and save the natural-log logsumexp for the backward pass
+    acc = acc / l_i[:, None]
+    lse = (m_i + tl.log2(l_i)) * 0.6931471805599453  # ln(2): back from log2 units
+    tl.store(Lse + off_hz.to(tl.int64) * N_Q + offs_m, lse, mask=row_ok)
+    o_ptrs = Out + off_z * stride_oz + off_h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
+    tl.store(o_ptrs, acc.to(Out.dtype.element_ty), mask=row_ok[:, None])
+
+
+# --------------------------------------------------------------------------------------------
+# Backward: D = rowsum(dO * O), then dK/dV (loop over query blocks), then dQ (loop over key blocks)
+# P is recomputed from the saved lse: P_ij = exp(s_ij - lse_i). With dS = P * (dP - D):
+#   dV = P^T dO,   dP = dO V^T,   dQ = sm_scale * dS K,   dK = sm_scale * dS^T Q
+# --------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _bwd_preprocess(
+    Out, DO, Delta,
+    stride_oz, stride_oh, stride_om, stride_od,
+    stride_dz, stride_dh, stride_dm, stride_dd,
+    H, N_Q,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    """Delta[b, h, i] = sum_d dO[b, h, i, d] * O[b, h, i, d]. Grid: (cdiv(N_Q, BLOCK_M), B * H)."""
+    off_hz = tl.program_id(1)
+    off_z = (off_hz // H).to(tl.int64)
+    off_h = (off_hz % H).to(tl.int64)
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = (offs_m < N_Q)[:, None]
+    o = tl.load(Out + off_z * stride_oz + off_h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
+                mask=row_ok, other=0.0)
+    do = tl.load(DO + off_z * stride_dz + off_h * stride_dh + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd,
+                 mask=row_ok, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+    tl.store(Delta + off_hz.to(tl.int64) * N_Q + offs_m, delta, mask=offs_m < N_Q)
+
+
+@triton.jit
+def _bwd_dkdv_inner(
+    dk, dv, k, v,  # accumulators [BLOCK_N, HEAD_DIM] (fp32) and this program's key/value block
+    q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qm, stride_dm,
+    offs_n, offs_m, lo, hi, N_Q, qk_scale,
+    BLOCK_M: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """Add the contributions of query blocks [lo, hi) to dk, dv, working on transposed tiles
+    [BLOCK_N keys, BLOCK_M queries]. MASKED blocks mask rows i >= N_Q and, if CAUSAL, keys j > i."""
+    q_ptrs += lo * stride_qm
+    do_ptrs += lo * stride_dm
+    for start_m in range(lo, hi, BLOCK_M):
+        rows = start_m + offs_m
+        # -- load one query block, its dO, lse and Delta (zeros beyond N_Q)
+        if MASKED:
+            q = tl.load(q_ptrs, mask=(rows < N_Q)[:, None], other=0.0)
+            do = tl.load(do_ptrs, mask=(rows < N_Q)[:, None], other=0.0)
+            lse = tl.load(lse_ptr + rows, mask=rows < N_Q, other=0.0)
+            delta = tl.load(delta_ptr + rows, mask=rows < N_Q, other=0.0)
+        else:
+            q = tl.load(q_ptrs)
+            do = tl.load(do_ptrs)
+            lse = tl.load(lse_ptr + rows)
+            delta = tl.load(delta_ptr + rows)
+        # -- recompute P^T = exp(S^T - lse) in log2 units  [BLOCK_N, BLOCK_M]
+        qkT = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)
+        pT = tl.exp2(qkT * qk_scale - (lse * 1.4426950408889634)[None, :])  # log2(e)
+        if MASKED:
+            allowed = (rows < N_Q)[None, :]
+            if CAUSAL:
+                allowed = allowed & (rows[None, :] >= offs_n[:, None])
+            pT = tl.where(allowed, pT, 0.0)
+        # -- dV += P^T dO ;  dS^T = P^T * (dP^T - Delta) ;  dK += dS^T Q
+        dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
+        dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
+        dsT = pT * (dpT - delta[None, :])
+        dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=DOT_PRECISION)
+        q_ptrs += BLOCK_M * stride_qm
+        do_ptrs += BLOCK_M * stride_dm
+    return dk, dv
+
+
+@triton.jit
+def _attn_bwd_dkdv(
+    Q, K, V, DO, DK, DV, Lse, Delta, qk_scale, sm_scale,
+    stride_qz, stride_qh, stride_qm, stride_qd,
+    stride_kz, stride_kh, stride_kn, stride_kd,
+    stride_vz, stride_vh, stride_vn, stride_vd,
+    stride_dz, stride_dh, stride_dm, stride_dd,
+    stride_dkz, stride_dkh, stride_dkn, stride_dkd,
+    stride_dvz, stride_dvh, stride_dvn, stride_dvd,
+    H, H_KV, N_Q, N_K, GROUP,
+    HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """One program = BLOCK_N keys of one (batch, kv head); it loops over the GROUP query heads
+    that share this kv head, so GQA needs no atomics. Grid: (cdiv(N_K, BLOCK_N), B * H_kv)."""
+    start_n = tl.program_id(0)
+    off_zh = tl.program_id(1)
+    off_z = (off_zh // H_KV).to(tl.int64)
+    off_hkv = (off_zh % H_KV).to(tl.int64)
+
+    offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    key_ok = (offs_n < N_K)[:, None]
+    # -- this program's keys and values stay in registers; dK, dV accumulate in fp32
+    k = tl.load(K + off_z * stride_kz + off_hkv * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+                mask=key_ok, other=0.0)
+    v = tl.load(V + off_z * stride_vz + off_hkv * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                mask=key_ok, other=0.0)
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    m_full = (N_Q // BLOCK_M) * BLOCK_M  # query rows below m_full come in full blocks
+
+    for g in range(GROUP):
+        off_h = off_hkv * GROUP + g
+        q_ptrs = Q + off_z * stride_qz + off_h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
+        do_ptrs = DO + off_z * stride_dz + off_h * stride_dh + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd
+        lse_ptr = Lse + (off_z * H + off_h) * N_Q
+        delta_ptr = Delta + (off_z * H + off_h) * N_Q
+        if CAUSAL:
+            # stage 1: queries in the diagonal rows of this key block, masked
+            lo = start_n * BLOCK_N
+            hi = lo + BLOCK_N
+            dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qm, stride_dm,
+                                     offs_n, offs_m, lo, tl.minimum(hi, N_Q), N_Q, qk_scale,
+                                     BLOCK_M, True, CAUSAL, DOT_PRECISION)
+            # stage 2: full query blocks below the diagonal see all these keys: no mask
+            dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qm, stride_dm,
+                                     offs_n, offs_m, hi, m_full, N_Q, qk_scale,
+                                     BLOCK_M, False, CAUSAL, DOT_PRECISION)
+            # stage 3: the ragged last query block (rows >= N_Q masked)
+            dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qm, stride_dm,
+                                     offs_n, offs_m, tl.maximum(hi, m_full), N_Q, N_Q, qk_scale,
+                                     BLOCK_M, True, CAUSAL, DOT_PRECISION)
+        else:
+            dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qm, stride_dm,
+                                     offs_n, offs_m, 0, m_full, N_Q, qk_scale,
+                                     BLOCK_M, False, CAUSAL, DOT_PRECISION)
+            dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qm, stride_dm,
+                                     offs_n, offs_m, m_full, N_Q, N_Q, qk_scale,
+                                     BLOCK_M, True, CAUSAL, DOT_PRECISION)
+
+    dk = dk * sm_scale  # dS was taken w.r.t. the scaled scores
+    dk_ptrs = DK + off_z * stride_dkz + off_hkv * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd
+    dv_ptrs = DV + off_z * stride_dvz + off_hkv * stride_dvh + offs_n[:, None] * stride_dvn + offs_d[None, :] * stride_dvd
+    tl.store(dk_ptrs, dk.to(DK.dtype.element_ty), mask=key_ok)
+    tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=key_ok)
+
+
+@triton.jit
+def _bwd_dq_inner(
+    dq, q, do, m2, delta,  # accumulator [BLOCK_M, HEAD_DIM] and this program's query-side tiles
+    k_ptrs, v_ptrs, stride_kn, stride_vn,
+    offs_m, offs_n, lo, hi, N_K, qk_scale,
+    BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """Add the contributions of key blocks [lo, hi) to dq. MASKED blocks mask keys j >= N_K and,
+    if CAUSAL, keys j > i."""
+    k_ptrs += lo * stride_kn
+    v_ptrs += lo * stride_vn
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n
+        if MASKED:
+            k = tl.load(k_ptrs, mask=(cols < N_K)[:, None], other=0.0)
+            v = tl.load(v_ptrs, mask=(cols < N_K)[:, None], other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
+        # -- recompute P = exp2(S * log2(e) - lse * log2(e))  [BLOCK_M, BLOCK_N]
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        p = tl.exp2(qk * qk_scale - m2[:, None])
+        if MASKED:
+            allowed = (cols < N_K)[None, :]
+            if CAUSAL:
+                allowed = allowed & (offs_m[:, None] >= cols[None, :])
+            p = tl.where(allowed, p, 0.0)
+        # -- dP = dO V^T ;  dS = P * (dP - Delta) ;  dQ += dS K
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+        ds = p * (dp - delta[:, None])
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)
+        k_ptrs += BLOCK_N * stride_kn
+        v_ptrs += BLOCK_N * stride_vn
+    return dq
+
+
+@triton.jit
+def _attn_bwd_dq(
+    Q, K, V, DO, DQ, Lse, Delta, qk_scale, sm_scale,
+    stride_qz, stride_qh, stride_qm, stride_qd,
+    stride_kz, stride_kh, stride_kn, stride_kd,
+    stride_vz, stride_vh, stride_vn, stride_vd,
+    stride_dz, stride_dh, stride_dm, stride_dd,
+    stride_dqz, stride_dqh, stride_dqm, stride_dqd,
+    H, N_Q, N_K, GROUP,
+    HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """One program = BLOCK_M query rows of one (batch, head), like the forward. Grid: (cdiv(N_Q, BLOCK_M), B * H)."""
+    start_m = tl.program_id(0)
+    if CAUSAL:
+        start_m = tl.num_programs(0) - 1 - start_m
+    off_hz = tl.program_id(1)
+    off_z = (off_hz // H).to(tl.int64)
+    off_h = (off_hz % H).to(tl.int64)
+    off_hkv = off_h // GROUP
+
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < N_Q
+    # -- this program's q, dO, lse, Delta, loaded once
+    q = tl.load(Q + off_z * stride_qz + off_h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                mask=row_ok[:, None], other=0.0)
+    do = tl.load(DO + off_z * stride_dz + off_h * stride_dh + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd,
+                 mask=row_ok[:, None], other=0.0)
+    m2 = tl.load(Lse + off_hz.to(tl.int64) * N_Q + offs_m, mask=row_ok, other=0.0) * 1.4426950408889634  # log2 units
+    delta = tl.load(Delta + off_hz.to(tl.int64) * N_Q + offs_m, mask=row_ok, other=0.0)
+    k_ptrs = K + off_z * stride_kz + off_hkv * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
+    v_ptrs = V + off_z * stride_vz + off_hkv * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+
+    if CAUSAL:
+        # stage 1: key blocks left of the diagonal, no mask; stage 2: the diagonal block, masked
+        lo = start_m * BLOCK_M
+        dq = _bwd_dq_inner(dq, q, do, m2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
+                           offs_m, offs_n, 0, lo, N_K, qk_scale, BLOCK_N, False, CAUSAL, DOT_PRECISION)
+        dq = _bwd_dq_inner(dq, q, do, m2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
+                           offs_m, offs_n, lo, tl.minimum(lo + BLOCK_M, N_K), N_K, qk_scale,
+                           BLOCK_N, True, CAUSAL, DOT_PRECISION)
+    else:
+        # stage 1: full key blocks, no mask; stage 2: the ragged last block
+        n_full = (N_K // BLOCK_N) * BLOCK_N
+        dq = _bwd_dq_inner(dq, q, do, m2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
+                           offs_m, offs_n, 0, n_full, N_K, qk_scale, BLOCK_N, False, CAUSAL, DOT_PRECISION)
+        dq = _bwd_dq_inner(dq, q, do, m2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
+                           offs_m, offs_n, n_full, N_K, N_K, qk_scale, BLOCK_N, True, CAUSAL, DOT_PRECISION)
+
+    dq = dq * sm_scale
+    dq_ptrs = DQ + off_z * stride_dqz + off_h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd
+    tl.store(dq_ptrs, dq.to(DQ.dtype.element_ty), mask=row_ok[:, None])
+
+
+# --------------------------------------------------------------------------------------------
+# Launch configurations: one fixed small tile in the interpreter, autotuning on a GPU
+# --------------------------------------------------------------------------------------------
+
+# (BLOCK_M, BLOCK_N, num_warps, num_stages). Causal two-stage loops need the key block to tile
+# the query block (forward, dQ: BLOCK_M % BLOCK_N == 0; dK/dV: BLOCK_N % BLOCK_M == 0).
+FWD_CONFIGS = [
+    (128, 64, 4, 3), (128, 64, 4, 4), (128, 64, 8, 3), (128, 128, 8, 3),
+    (128, 128, 8, 2), (128, 32, 4, 4), (64, 64, 4, 3), (64, 32, 4, 4),
+]
+DKDV_CONFIGS = [  # few queries x many keys: the kv block stays put, query blocks stream by
+    (32, 128, 4, 3), (32, 128, 8, 3), (64, 128, 8, 2), (64, 128, 8, 3),
+    (32, 64, 4, 3), (32, 64, 4, 4), (64, 64, 4, 3),
+]
+DQ_CONFIGS = [  # many queries x few keys
+    (128, 32, 4, 3), (128, 32, 8, 3), (128, 64, 8, 2), (128, 64, 8, 3),
+    (64, 32, 4, 3), (64, 32, 4, 4), (64, 64, 4, 3),
+]
+
+
+def valid_config(kind: str, block_m: int, block_n: int, causal: bool, n_q: int, n_k: int) -> bool:
+    """Whether a tile (block_m query rows x block_n keys) suits kernel `kind` ("fwd", "dkdv", "dq").
+
+    Causal loops need one block size to divide the other; tiles much larger than the sequence
+    only waste work (tiles up to 64 always pass, so short sequences keep several configs)."""
+    if causal and kind in ("fwd", "dq") and block_m % block_n:
+        return False
+    if causal and kind == "dkdv" and block_n % block_m:
+        return False
+    too_big = block_m > max(64, triton.next_power_of_2(n_q)) or block_n > max(64, triton.next_power_of_2(n_k))
+    return not too_big
+
+
+def _pruner(kind: str):
+    """An `early_config_prune` hook for triton.autotune that keeps the valid configs of `kind`."""
+
+    def prune(configs, named_args, **kwargs):
+        args = {**named_args, **kwargs}
+        kept = [
+            c for c in configs
+            if valid_config(kind, c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], bool(args["CAUSAL"]), args["N_Q"], args["N_K"])
+        ]
+        return kept or configs[-1:]
+
+    return prune
+
+
+def triton_configs(table: list[tuple[int, int, int, int]]) -> list[triton.Config]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) rows -> triton.Config objects (no GPU needed)."""
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s) for bm, bn, w, s in table]
+
+
+@functools.cache
+def _kernels(interpret: bool):
+    """(forward, dK/dV, dQ) launchers: the plain kernels in the interpreter, autotuned ones on a GPU.
+
+    Built on first use, never at import, so importing this module touches no GPU driver."""
+    if interpret:
+        return _attn_fwd, _attn_bwd_dkdv, _attn_bwd_dq
+    key = ["N_Q", "N_K", "HEAD_DIM", "CAUSAL"]
+    tune = lambda table, kind, fn: triton.autotune(  # noqa: E731
+        configs=triton_configs(table), key=key, prune_configs_by={"early_config_prune": _pruner(kind)}
+    )(fn)
+    return tune(FWD_CONFIGS, "fwd", _attn_fwd), tune(DKDV_CONFIGS, "dkdv", _attn_bwd_dkdv), tune(DQ_CONFIGS, "dq", _attn_bwd_dq)
+
+
+def _fixed_blocks(kind: str) -> dict:
+    """Tile sizes passed explicitly in the interpreter; empty on a GPU, where the autotuner picks them."""
+    if not _INTERPRET:
+        return {}
+    block_m, block_n = INTERPRETER_BLOCKS[kind]
+    return {"BLOCK_M": block_m, "BLOCK_N": block_n}
+
+
+# --------------------------------------------------------------------------------------------
+# Input checks and launchers
+# --------------------------------------------------------------------------------------------
+
+
+def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> None:
+    """Raise ValueError (with the offending shapes/dtypes) unless q, k, v suit the kernels."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.ndim != 4:
+            raise ValueError(f"{name} must be 4-D [B, H, T, d]; got shape {tuple(t.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
+    allowed = (torch.float16, torch.float32) if _INTERPRET else (torch.float16, torch.bfloat16, torch.float32)
+    if q.dtype not in allowed:
+        extra = " (bfloat16 needs a GPU: the interpreter's bf16 tl.dot is wrong)" if q.dtype == torch.bfloat16 else ""
+        raise ValueError(f"dtype {q.dtype} is not supported; use one of {[str(a) for a in allowed]}{extra}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device; got {q.device}, {k.device}, {v.device}")
+    if _INTERPRET and q.device.type != "cpu":
+        raise ValueError(f"the Triton interpreter is on (TRITON_INTERPRET=1): tensors must be on the CPU, not {q.device}")
+    if not _INTERPRET and q.device.type != "cuda":
+        raise ValueError(
+            f"tensors are on {q.device} but Triton is compiling for the GPU; move them to CUDA, or set "
+            "TRITON_INTERPRET=1 before importing helpers.triton_flash to run on the CPU"
+        )
+    B, H, T_q, d = q.shape
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape; got {tuple(k.shape)} and {tuple(v.shape)}")
+    if k.shape[0] != B or k.shape[3] != d:
+        raise ValueError(f"q {tuple(q.shape)} and k/v {tuple(k.shape)} must agree on B (dim 0) and d (dim 3)")
+    if d not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head dim d={d} is not supported; use one of {SUPPORTED_HEAD_DIMS}")
+    if H % k.shape[1]:
+        raise ValueError(f"query heads H={H} must be a multiple of key/value heads H_kv={k.shape[1]}")
+    if T_q < 1 or k.shape[2] < 1:
+        raise ValueError(f"sequence lengths must be >= 1; got T_q={T_q}, T_k={k.shape[2]}")
+    if causal and T_q != k.shape[2]:
+        raise ValueError(f"causal=True needs T_q == T_k; got T_q={T_q}, T_k={k.shape[2]}")
+
+
+def _scale(d: int, sm_scale: float | None) -> float:
+    return 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    """fp32 inputs: exact fp32 products ("ieee"), like torch; fp16/bf16: tensor cores regardless."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def flash_attention_triton_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, sm_scale: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward kernel, no autograd: q ``[B, H, T_q, d]``, k, v ``[B, H_kv, T_k, d]``
+    -> ``(out [B, H, T_q, d] in q's dtype, lse [B, H, T_q] float32, natural log)``."""
+    _check_inputs(q, k, v, causal)
+    B, H, T_q, d = q.shape
+    H_kv, T_k = k.shape[1], k.shape[2]
+    scale = _scale(d, sm_scale)
+    out = torch.empty((B, H, T_q, d), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, H, T_q), dtype=torch.float32, device=q.device)
+    fwd, _, _ = _kernels(_INTERPRET)
+    grid = lambda meta: (triton.cdiv(T_q, meta["BLOCK_M"]), B * H)  # noqa: E731
+    fwd[grid](
+        q, k, v, out, lse, scale * LOG2E,
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+        H, T_q, T_k, H // H_kv,
+        HEAD_DIM=d, CAUSAL=bool(causal), DOT_PRECISION=_dot_precision(q.dtype), **_fixed_blocks("fwd"),
+    )
+    return out, lse
+
+
+def flash_attention_triton_backward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+    grad_out: torch.Tensor, causal: bool = False, sm_scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Backward kernels: recompute P from the saved ``lse`` ``[B, H, T_q]`` (natural log) and return
+    ``(grad_q [B, H, T_q, d], grad_k [B, H_kv, T_k, d], grad_v [B, H_kv, T_k, d])`` in the inputs' dtype."""
+    _check_inputs(q, k, v, causal)
+    B, H, T_q, d = q.shape
+    H_kv, T_k = k.shape[1], k.shape[2]
+    if out.shape != q.shape or grad_out.shape != q.shape:
+        raise ValueError(f"out {tuple(out.shape)} and grad_out {tuple(grad_out.shape)} must have q's shape {tuple(q.shape)}")
+    if tuple(lse.shape) != (B, H, T_q):
+        raise ValueError(f"lse must have shape {(B, H, T_q)}; got {tuple(lse.shape)}")
+    if out.device != q.device or grad_out.device != q.device or lse.device != q.device:
+        raise ValueError("out, lse and grad_out must be on q's device")
+    scale = _scale(d, sm_scale)
+    grad_out = grad_out.to(q.dtype)
+    lse = lse.to(torch.float32).contiguous()
+    delta = torch.empty((B, H, T_q), dtype=torch.float32, device=q.device)
+    dq = torch.empty((B, H, T_q, d), dtype=q.dtype, device=q.device)
+    dk = torch.empty((B, H_kv, T_k, d), dtype=k.dtype, device=q.device)
+    dv = torch.empty((B, H_kv, T_k, d), dtype=v.dtype, device=q.device)
+    _, dkdv, dqk = _kernels(_INTERPRET)
+    common = dict(HEAD_DIM=d, CAUSAL=bool(causal), DOT_PRECISION=_dot_precision(q.dtype))
+
+    # 1) Delta = rowsum(dO * O)  [B, H, T_q]
+    pre_block = INTERPRETER_BLOCKS["pre"][0] if _INTERPRET else 128
+    _bwd_preprocess[(triton.cdiv(T_q, pre_block), B * H)](
+        out, grad_out, delta, *out.stride(), *grad_out.stride(), H, T_q, HEAD_DIM=d, BLOCK_M=pre_block
+    )
+    # 2) dK, dV: one program per key block and kv head
+    dkdv[lambda meta: (triton.cdiv(T_k, meta["BLOCK_N"]), B * H_kv)](
+        q, k, v, grad_out, dk, dv, lse, delta, scale * LOG2E, scale,
+        *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dk.stride(), *dv.stride(),
+        H, H_kv, T_q, T_k, H // H_kv, **common, **_fixed_blocks("dkdv"),
+    )
+    # 3) dQ: one program per query block and query head
+    dqk[lambda meta: (triton.cdiv(T_q, meta["BLOCK_M"]), B * H)](
+        q, k, v, grad_out, dq, lse, delta, scale * LOG2E, scale,
+        *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dq.stride(),
+        H, T_q, T_k, H // H_kv, **common, **_fixed_blocks("dq"),
+    )
+    return dq, dk, dv
+
+
+class FlashAttentionFunction(torch.autograd.Function):
+    """Autograd glue: the forward saves (q, k, v, out, lse); the backward recomputes P from lse."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, sm_scale):
+        out, lse = flash_attention_triton_forward(q, k, v, causal, sm_scale)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.causal, ctx.sm_scale = causal, sm_scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = flash_attention_triton_backward(q, k, v, out, lse, grad_out, ctx.causal, ctx.sm_scale)
+        return dq, dk, dv, None, None
+
+
+def flash_attention_triton(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, sm_scale: float | None = None
+) -> torch.Tensor:
+    """FlashAttention: q ``[B, H, T_q, d]``, k, v ``[B, H_kv, T_k, d]`` -> out ``[B, H, T_q, d]``.
+
+    Equals ``torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
+    scale=sm_scale, enable_gqa=H_kv < H)``; differentiable through the Triton backward kernels."""
+    return FlashAttentionFunction.apply(q, k, v, causal, sm_scale)
