@@ -54,7 +54,7 @@ lab: $(ENV_STAMP)
 
 test: $(ENV_STAMP)
 	$(PY) -m pytest -n $(JOBS) --dist loadscope --durations=10 \
-		--nbval --nbval-sanitize-with tests/nbval_sanitize.cfg \
+		--nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg \
 		tests notebooks solutions
 
 execute: $(ENV_STAMP)

@@ -72,3 +72,38 @@ def scaled_dot_product_attention(
     """``softmax(q k^T / sqrt(d_k)) v``: q ``[..., T_q, d_k]``, k ``[..., T_k, d_k]``,
     v ``[..., T_k, d_v]`` -> ``[..., T_q, d_v]``. ``allowed`` (bool, True = may attend) is optional."""
     return attention_weights(q, k, allowed) @ v
+
+
+def data_flow_shapes(
+    B: int, T: int, D: int, H: int, H_kv: int | None = None, d_k: int | None = None, T_q: int | None = None
+) -> list[tuple[int, str, tuple[int, ...]]]:
+    """Every tensor of one causal self-attention layer as ``(step, name, shape)``, steps 1-7 of
+    nanoGPT's CausalSelfAttention, generalised to grouped-query attention (``H_kv`` key/value heads,
+    default H) and to decode (``T_q`` new queries against ``T`` keys; default T_q = T, prefill).
+    ``d_k`` defaults to D / H. Weights have no batch dimension."""
+    H_kv = H if H_kv is None else H_kv
+    T_q = T if T_q is None else T_q
+    if d_k is None:
+        if D % H:
+            raise ValueError(f"d_model={D} is not divisible by n_heads={H}; pass d_k explicitly")
+        d_k = D // H
+    if H % H_kv:
+        raise ValueError(f"n_heads={H} is not divisible by n_kv_heads={H_kv}")
+    return [
+        (1, "x", (B, T_q, D)),
+        (1, "W_Q", (D, H * d_k)),
+        (1, "W_K", (D, H_kv * d_k)),
+        (1, "W_V", (D, H_kv * d_k)),
+        (1, "Q = x W_Q", (B, T_q, H * d_k)),
+        (1, "K = x W_K", (B, T_q, H_kv * d_k)),
+        (1, "V = x W_V", (B, T_q, H_kv * d_k)),
+        (2, "Q heads", (B, H, T_q, d_k)),
+        (2, "K heads (all keys)", (B, H_kv, T, d_k)),
+        (2, "V heads (all values)", (B, H_kv, T, d_k)),
+        (3, "scores", (B, H, T_q, T)),
+        (4, "weights", (B, H, T_q, T)),
+        (5, "weighted values", (B, H, T_q, d_k)),
+        (6, "merged", (B, T_q, H * d_k)),
+        (7, "W_O", (H * d_k, D)),
+        (7, "y", (B, T_q, D)),
+    ]

@@ -214,7 +214,8 @@ def readme_map(repo: str | None = None) -> str:
             f"[exercises](exercises/{path.name}) [![Open In Colab]({badge})]({colab_url(f'exercises/{path.name}', repo)})"
             if ex.exists() else "(none)"
         )
-        rows.append(f"| {stem[:2]} | {title(read(path))} | {nb_cell} | {ex_cell} |")
+        topic = re.sub(r"^\d+\s*·\s*", "", title(read(path)))
+        rows.append(f"| {stem[:2]} | {topic} | {nb_cell} | {ex_cell} |")
     return "\n".join(rows)
 
 
