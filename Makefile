@@ -12,6 +12,7 @@ PIP_SPEC := $(TORCH_PIN) -e .[dev]
 CONDA_ENV := attention-course
 NB ?=
 JOBS ?= 2
+LAB_ARGS ?=
 
 ifneq ($(PY),)
   # PY=/path/to/python uses an existing environment as is (for example a GPU machine's image).
@@ -50,7 +51,7 @@ setup: $(ENV_STAMP)
 	@touch $@
 
 lab: $(ENV_STAMP)
-	$(PY) -m jupyter lab notebooks/01_qkv_shapes.ipynb
+	$(PY) -m jupyter lab $(LAB_ARGS) notebooks/01_qkv_shapes.ipynb
 
 test: $(ENV_STAMP)
 	$(PY) -m pytest -n $(JOBS) --dist loadscope --durations=10 \

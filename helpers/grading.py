@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import re
+import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -72,7 +73,7 @@ def grade_notebook(path: Path, cell_timeout: int = DEFAULT_CELL_TIMEOUT_S) -> li
         )
         startup_error = ""
         try:
-            client.execute()
+            client.execute(stderr=subprocess.DEVNULL)  # the kernel's own log lines are noise here
         except Exception as e:  # noqa: BLE001 - the kernel died or could not start: grade what was recorded
             startup_error = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
         finally:

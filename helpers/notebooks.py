@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -253,7 +254,9 @@ def execute(path: Path, timeout: int = 600) -> float:
     nb = normalize(read(path))
     set_bootstrap(nb, bootstrap_source())
     start = time.perf_counter()
-    NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+    NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute(
+        stderr=subprocess.DEVNULL  # the kernel's own start-up log lines are noise here
+    )
     seconds = time.perf_counter() - start
     write(normalize(nb), path)
     return seconds

@@ -14,7 +14,8 @@ import nbformat
 import pytest
 
 from helpers import notebooks as nbtools
-from helpers.grading import format_table, grade_notebook, main as grade_main
+from helpers.grading import format_table, grade_notebook
+from helpers.grading import main as grade_main
 
 ROOT = nbtools.ROOT
 
