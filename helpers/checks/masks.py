@@ -1,3 +1,339 @@
-"""Checks: placeholder, filled in by its topic (see CONTRIBUTING.md)."""
+"""Checks for notebook 03_masks: exercises 3.1-3.6."""
 
-__all__: list[str] = []
+from __future__ import annotations
+
+import math
+from numbers import Integral
+
+import torch
+
+from .. import attention as att
+from .. import masks as ref
+from ._core import Trial, describe, describe_case, exercise
+
+__all__ = ["causal_mask", "padding_mask", "masked_softmax", "prefix_lm_mask", "packed_causal_mask", "find_mask_leaks"]
+
+NB = "03_masks"
+
+POLARITY = ("the mask is inverted: True means *may attend* (the convention of "
+            "torch.nn.functional.scaled_dot_product_attention), False means blocked.")
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _tril(T: int, diagonal: int = 0, cols: int | None = None) -> torch.Tensor:
+    return torch.ones(T, T if cols is None else cols, dtype=torch.bool).tril(diagonal)
+
+
+def _mask(t: Trial, got, expected: torch.Tensor, mistakes: dict, hint: str) -> None:
+    """Compare a boolean mask, naming float 0/1 and additive 0/-inf masks and inverted polarity."""
+    __tracebackhide__ = True
+    if isinstance(got, torch.Tensor) and got.dtype != torch.bool:
+        if got.is_floating_point() and bool((got < 0).any()):
+            t.fail(f"mask: expected dtype torch.bool, got {got.dtype} with negative entries: an additive (0 / -inf) mask.",
+                   "this exercise asks for the boolean form (True = may attend). The additive form is derived from it "
+                   "when you need it: torch.zeros(shape).masked_fill(~allowed, float('-inf')).")
+        t.fail(f"mask: expected dtype torch.bool, got {got.dtype}.",
+               "return a bool tensor, not 0/1 numbers: comparisons (`j <= i`, `j < L`) already give bool, and "
+               "torch.ones(..., dtype=torch.bool).tril() builds a bool triangle.")
+    t.tensor(got, expected, what="mask", mistakes={**mistakes, POLARITY: lambda: ~expected}, hint=hint)
+
+
+# --------------------------------------------------------------------------- 3.1
+
+
+@exercise("3.1", "causal mask", points=1, stars=1, notebook=NB)
+def causal_mask(t: Trial) -> None:
+    for T in (5, 1, 8):
+        got = t.call(T, case=describe_case(T=T))
+        mistakes = {
+            "you built the upper triangle: row i is query i, so it must allow keys j <= i (the lower triangle "
+            "with the diagonal); the upper one lets every token read the future.": lambda: _tril(T).T,
+            "the diagonal is missing: a token may attend to itself (j <= i, not j < i); without it row 0 has "
+            "nothing allowed.": lambda: _tril(T, -1),
+            "your mask lets query i see key i + 1, one step into the future: the rule is j <= i.": lambda: _tril(T, 1),
+            "return the [T, T] mask itself; broadcasting adds the batch and head axes later.": lambda: _tril(T)[None, None],
+        }
+        _mask(t, got, ref.causal_mask(T), mistakes, hint="torch.ones(T, T, dtype=torch.bool).tril(): True on and below the diagonal.")
+
+
+# --------------------------------------------------------------------------- 3.2
+
+
+@exercise("3.2", "padding mask", points=2, stars=2, notebook=NB)
+def padding_mask(t: Trial) -> None:
+    # B != T everywhere; a zero length (all keys padding) and a full length are included.
+    cases = [(torch.tensor([3, 6, 1, 0]), 6), (torch.tensor([2, 5], dtype=torch.int32), 7), (torch.tensor([4, 4, 1]), 4)]
+    for lengths, T in cases:
+        got = t.call(lengths, T, case=describe_case(lengths=lengths.tolist(), T=T))
+        B = lengths.shape[0]
+        j = torch.arange(T)
+        L = lengths[:, None].long()
+        keys = j < L  # [B, T]
+        queries = keys[:, None, :, None]  # [B, 1, T, 1]
+        mistakes = {
+            "return [B, 1, 1, T], not [B, T]: the two singleton axes let it broadcast over heads and queries "
+            "(mask[:, None, None, :]).": lambda: keys,
+            "you masked queries (rows) instead of keys (columns): padding is hidden by blocking the padded *keys*, "
+            "the last axis, so the mask is [B, 1, 1, T].": lambda: queries,
+            "you masked queries (rows) instead of keys (columns): padded positions must be blocked as keys, the "
+            "last axis.": lambda: queries.expand(B, 1, T, T),
+            "return [B, 1, 1, T] and let broadcasting expand it over the queries, instead of a [B, 1, T, T] copy.": lambda: keys[:, None, None, :].expand(B, 1, T, T),
+            "off by one: a sequence of length L occupies positions 0..L-1, so key j is allowed iff j < L "
+            "(not j <= L).": lambda: (j <= L)[:, None, None, :],
+            "off by one: a sequence of length L occupies positions 0..L-1, so key j is allowed iff j < L "
+            "(not j < L - 1).": lambda: (j < L - 1)[:, None, None, :],
+            "the real tokens are at the start (right padding): key j is allowed iff j < lengths[b]; you allowed "
+            "the last lengths[b] positions (left padding).": lambda: (j >= T - L)[:, None, None, :],
+            POLARITY + " Careful: nn.MultiheadAttention's key_padding_mask uses the opposite (True = ignore).": lambda: ~keys[:, None, None, :],
+        }
+        _mask(t, got, ref.padding_mask(lengths, T), mistakes, hint="(torch.arange(T) < lengths[:, None])[:, None, None, :]")
+
+
+# --------------------------------------------------------------------------- 3.3
+
+
+OVERFLOW = ("exp overflowed: exp(1e4) is inf in float32 (so is anything above ~88.7), and inf/inf or inf*0 "
+            "is NaN. Subtract each row's maximum over the allowed scores before exp (torch.softmax does this for you).")
+NAN_ROWS = ("rows with nothing allowed came out NaN: softmax over a row of all -inf is 0/0. Those rows must be all "
+            "zeros, e.g. torch.where(allowed.any(-1, keepdim=True), p, 0.0) (or compute exp/sum yourself and divide "
+            "only where the sum is > 0).")
+
+
+def _softmax_mistakes(s: torch.Tensor, allowed: torch.Tensor) -> dict:
+    a = allowed.expand_as(s)
+    filled = s.masked_fill(~a, float("-inf"))
+
+    def renormalised():
+        p = torch.softmax(s, -1) * a
+        d = p.sum(-1, keepdim=True)
+        return p / torch.where(d > 0, d, torch.ones_like(d))
+
+    def no_max():
+        e = torch.exp(s) * a
+        return e / e.sum(-1, keepdim=True).clamp_min(1e-30)
+
+    return {
+        NAN_ROWS: lambda: torch.softmax(filled, -1),
+        "you masked after the softmax and renormalised: exact on paper, but when a blocked score is far larger "
+        "than the allowed ones (logits of 1e4) the allowed probabilities underflow to 0 before you renormalise. "
+        "Fill blocked scores with -inf before the softmax.": renormalised,
+        "you masked after the softmax: the zeroed weights no longer sum to 1, and the kept ones are divided by "
+        "a denominator that still contains the blocked keys (so blocked tokens still move the output). Fill "
+        "blocked scores with -inf *before* the softmax.": lambda: torch.softmax(s, -1) * a,
+        OVERFLOW: no_max,
+        "you filled blocked scores with a finite number instead of -inf: a row with nothing allowed then "
+        "becomes uniform over all keys (1/T_k each) instead of all zeros, and a large fill can still lose "
+        "against logits of 1e4.": lambda: torch.softmax(s.masked_fill(~a, -1e9), -1),
+        POLARITY + " You blocked the allowed keys and kept the others.": lambda: att.masked_softmax(s, ~allowed),
+        "the softmax runs over the keys, the last dim (dim=-1): each query's row sums to 1.": lambda: torch.softmax(filled, -2).nan_to_num(0.0),
+    }
+
+
+@exercise("3.3", "masked softmax", points=2, stars=2, notebook=NB)
+def masked_softmax(t: Trial) -> None:
+    t.error_hints = {
+        r"shape of the mask|must match the size|does not match": "allowed only *broadcasts* to scores (it may be "
+        "[T_q, T_k] or [B, 1, 1, T_k]): use scores.masked_fill(~allowed, float('-inf')) or torch.where, which "
+        "broadcast, instead of boolean indexing.",
+    }
+    g = _gen(300)
+    B, H, T_q, T_k = 2, 3, 4, 6
+    # 1. moderate scores, a [T_q, T_k] mask that broadcasts over B and H (every row has a key).
+    s1 = torch.randn(B, H, T_q, T_k, generator=g) * 2
+    a1 = _tril(T_q, 2, T_k)
+    # 2. a padding-style mask [B, 1, 1, T_k] with an empty sequence: whole rows with nothing allowed.
+    s2 = torch.randn(B + 1, H, T_q, T_k, generator=g)
+    a2 = ref.padding_mask(torch.tensor([4, 0, 6]), T_k)
+    # 3. logits of +-1e4: overflow without the max subtraction, underflow when masking after softmax.
+    s3 = torch.randn(B, H, T_q, T_k, generator=g) * 1e4
+    a3 = torch.rand(T_q, T_k, generator=g) < 0.5
+    a3[:, 0] = True
+    # 4. a full-shape mask, no leading dims broadcast, and another empty row.
+    s4 = torch.randn(5, 7, generator=g) * 3
+    a4 = torch.rand(5, 7, generator=g) < 0.6
+    a4[2] = False
+    basic = ("fill blocked scores with -inf, subtract each row's max (torch.softmax does), and give rows with "
+             "nothing allowed zeros.")
+    for s, a, hint in [(s1, a1, basic), (s2, a2, NAN_ROWS), (s3, a3, OVERFLOW), (s4, a4, basic)]:
+        got = t.call(s, a, case=describe_case(scores=s, allowed=a))
+        t.tensor(got, ref.masked_softmax(s, a), what="weights", mistakes=_softmax_mistakes(s, a), atol=1e-6, hint=hint)
+
+
+# --------------------------------------------------------------------------- 3.4
+
+
+@exercise("3.4", "prefix-LM mask", points=2, stars=2, notebook=NB)
+def prefix_lm_mask(t: Trial) -> None:
+    for T, p in [(7, 3), (6, 0), (5, 5), (9, 4)]:
+        got = t.call(T, p, case=describe_case(T=T, prefix_len=p))
+        i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+        causal = j <= i
+        mistakes = {
+            "the prefix sees the future: prefix positions may see the whole prefix, but not the suffix (the "
+            "tokens being generated). Only the [prefix_len, prefix_len] block becomes all True.": lambda: causal | (i < p),
+            "the prefix is positions 0..prefix_len-1: your bidirectional block is one too large.": lambda: causal | ((i <= p) & (j <= p)),
+            "the prefix is positions 0..prefix_len-1: your bidirectional block is one too small.": lambda: causal | ((i < p - 1) & (j < p - 1)),
+            "suffix positions must still see the whole prefix (and their own past): only the prefix's own block "
+            "changes from causal to full.": lambda: ((i < p) & (j < p)) | ((i >= p) & (j >= p) & causal),
+            "the prefix positions must see each other in both directions; you returned a plain causal mask.": lambda: causal,
+            "after the prefix, attention is causal: suffix tokens must not see later suffix tokens.": lambda: torch.ones(T, T, dtype=torch.bool),
+        }
+        _mask(t, got, ref.prefix_lm_mask(T, p), mistakes,
+              hint="start from the causal mask and set the [prefix_len, prefix_len] top-left block to True.")
+
+
+# --------------------------------------------------------------------------- 3.5
+
+
+@exercise("3.5", "packed (block-diagonal causal) mask", points=2, stars=2, notebook=NB)
+def packed_causal_mask(t: Trial) -> None:
+    for seq_lens in ([3, 2, 4], [5], [1, 4, 2, 3], [2, 1, 1]):
+        got = t.call(list(seq_lens), case=describe_case(seq_lens=list(seq_lens)))
+        N = sum(seq_lens)
+        cu = torch.tensor([0, *seq_lens]).cumsum(0)
+        pos = torch.arange(N)
+        seq = torch.bucketize(pos, cu[1:], right=True)  # sequence id of each position
+        shifted = torch.bucketize(pos, cu[1:-1], right=False)  # boundaries one position late
+        causal = _tril(N)
+        mistakes = {
+            "tokens attend across sequence boundaries: packing must hide every other sequence, so the mask is "
+            "block-diagonal (same sequence) AND causal.": lambda: causal,
+            "within each sequence attention must be causal; your blocks are full (bidirectional).": lambda: seq[:, None] == seq[None, :],
+            "the sequence boundaries are off by one: sequence s occupies positions cu_seqlens[s] .. "
+            "cu_seqlens[s+1]-1, with cu_seqlens = [0, cumsum(seq_lens)].": lambda: (shifted[:, None] == shifted[None, :]) & causal,
+            "each sequence may see its own past, not only itself: you kept the diagonal only.": lambda: torch.eye(N, dtype=torch.bool),
+        }
+        _mask(t, got, ref.packed_causal_mask(seq_lens), mistakes,
+              hint="torch.block_diag(*[causal_mask(n) for n in seq_lens]), or (seq_id[:, None] == seq_id[None, :]) & causal.")
+
+
+# --------------------------------------------------------------------------- 3.6
+
+
+def toy_attention(mask: torch.Tensor, d_model: int, seed: int, layers: int = 1,
+                  zero_after_softmax: torch.Tensor | None = None, roundoff: bool = False):
+    """An attention_fn for the checks: ``layers`` single-head attention layers with residual
+    connections and random weights fixed by ``seed``, x ``[1, T, D]`` -> ``[1, T, D]`` (in x's dtype).
+
+    Scores are masked with ``mask`` before the softmax; ``zero_after_softmax`` (bool ``[T, T]``)
+    additionally zeroes weights *after* it without renormalising (a denominator leak);
+    ``roundoff`` adds a step that cancels exactly on paper but leaves float round-off that depends on
+    every position."""
+    T = mask.shape[-1]
+    g = _gen(seed)
+    weights = [torch.randn(d_model, 3 * d_model, generator=g, dtype=torch.float64) / math.sqrt(d_model) for _ in range(layers)]
+
+    def attention_fn(x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor) or tuple(x.shape) != (1, T, d_model) or not x.is_floating_point():
+            raise ValueError(f"attention_fn expects a float tensor x of shape [1, {T}, {d_model}], got {describe(x)}")
+        if roundoff:
+            c = x.mean(dim=1, keepdim=True)
+            x = (x + c) - c
+        for w in weights:
+            q, k, v = (x @ w.to(x.dtype)).split(d_model, dim=-1)
+            p = att.masked_softmax(att.scaled_scores(q, k), mask)
+            if zero_after_softmax is not None:
+                p = p * zero_after_softmax
+            x = x + p @ v
+        return x
+
+    return attention_fn
+
+
+def _leak_cases():
+    """(name, attention_fn, allowed, d_model, denominator-only pairs, round-off only) for the check of 3.6."""
+    causal7 = _tril(7)
+    cases = [("a leak-free causal attention", toy_attention(causal7, 12, seed=1), causal7, 12, set(), False)]
+    cases.append(("a leak-free attention with float round-off", toy_attention(causal7, 12, seed=2, roundoff=True), causal7, 12, set(), True))
+    causal6 = _tril(6)
+    cases.append(("an off-by-one causal mask", toy_attention(_tril(6, 1), 10, seed=3), causal6, 10, set(), False))
+    pad = _tril(8) & (torch.arange(8) < 5)  # keys 5..7 are padding
+    cases.append(("an attention that ignores padding", toy_attention(_tril(8), 9, seed=4), pad, 9, set(), False))
+    # A prompt [system 0-1 | tool 2-4 | user 5-8]: user positions must not read the tool block.
+    T = 9
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    protected = (i >= 5) & (j >= 2) & (j <= 4)
+    policy = _tril(T) & ~protected
+    denominator = {(a, b) for a, b in protected.nonzero().tolist()}
+    cases.append(("a tool block hidden after the softmax, plus an off-by-one causal mask",
+                  toy_attention(_tril(T, 1), 11, seed=5, zero_after_softmax=~protected), policy, 11, denominator, False))
+    # [system 0-1 | tool 2-3 | assistant 4-5 | user 6-8]: user may not read the tool block, but the
+    # assistant may, and the user reads the assistant: a second layer carries the tool block across.
+    protected2 = (i >= 6) & (j >= 2) & (j <= 3)
+    policy2 = _tril(T) & ~protected2
+    cases.append(("two correctly masked layers", toy_attention(policy2, 8, seed=6, layers=2), policy2, 8, set(), False))
+    return cases
+
+
+ROUNDOFF = ("these outputs move only by float round-off (about 1e-16 relative in float64, 1e-7 in float32), "
+            "not through a leak: compare with a tolerance well above that, e.g. changed = (new - base).abs().max() "
+            "> 1e-6 * (1 + base.abs().max()), and work in float64.")
+
+
+def _pairs_text(pairs) -> str:
+    pairs = list(pairs)
+    return "[" + ", ".join(map(str, pairs[:6])) + (", ..." if len(pairs) > 6 else "") + f"] ({len(pairs)})"
+
+
+@exercise("3.6", "find mask leaks by perturbation", points=3, stars=3, notebook=NB)
+def find_mask_leaks(t: Trial) -> None:
+    t.error_hints = {
+        r"attention_fn expects": "build x with shape [1, T, d_model] (T = allowed.shape[-1]), as a float tensor: "
+        "torch.randn(1, T, d_model, dtype=torch.float64).",
+    }
+    for name, fn, allowed, d_model, denominator, roundoff in _leak_cases():
+        expected = ref.find_mask_leaks(fn, allowed, d_model)
+        got = t.call(fn, allowed, d_model, case=f"{name}: allowed=bool{list(allowed.shape)}, d_model={d_model}")
+        if got is None:
+            t.fail("expected a list of (i, j) pairs, got None.", "did you forget the `return` statement?")
+        if isinstance(got, torch.Tensor):
+            t.fail(f"expected a list of (i, j) tuples, got a tensor {describe(got)}.",
+                   "convert it: [tuple(p) for p in idx.tolist()] gives tuples of Python ints.")
+        if not isinstance(got, list):
+            t.fail(f"expected a list of (i, j) tuples, got {describe(got)}.", "return sorted(pairs): a sorted list.")
+        for p in got:
+            if not (isinstance(p, tuple) and len(p) == 2
+                    and all(isinstance(e, Integral) and not isinstance(e, bool) for e in p)):
+                t.fail(f"expected every item to be a tuple (i, j) of two ints, found {describe(p)}.",
+                       "append tuple(int(i), int(j)) (a list [i, j] or a tensor element is not a tuple of ints).")
+        got = [(int(a), int(b)) for a, b in got]
+        if got == expected:
+            continue
+        T = allowed.shape[-1]
+        blocked = {(a, b) for a, b in (~allowed).nonzero().tolist()}
+        g, e = set(got), set(expected)
+        head = f"expected {_pairs_text(expected)}, got {_pairs_text(got)}."
+        if g and {(b, a) for a, b in g} == e:
+            t.fail(head, "your pairs are (key, query): each pair is (i, j) = (query, key), the row and column of allowed[i, j].")
+        if any(not (0 <= a < T and 0 <= b < T) for a, b in g):
+            t.fail(head, f"positions run from 0 to T-1 = {T - 1}.")
+        if g - blocked:
+            t.fail(head + f" {_pairs_text(sorted(g - blocked))} are allowed pairs.",
+                   "report only pairs with allowed[i, j] False: allowed pairs are supposed to change the output.")
+        if len(g) != len(got):
+            t.fail(head, "each pair should appear once: collect the pairs in a set (or a boolean [T, T] matrix) "
+                   "across perturbations, then sort.")
+        if g == e:
+            t.fail(head, "return the pairs sorted, by query i then key j: sorted(pairs).")
+        if roundoff and g > e:
+            t.fail(head + f" extra {_pairs_text(sorted(g - e))}.", ROUNDOFF)
+        if g == blocked:
+            t.fail(head, "you reported every disallowed pair without testing it: a pair leaks only if perturbing the "
+                   "input at j actually changes the output row i.")
+        if not g:
+            t.fail(head, "you found no leaks, but perturbing the input at these keys changes these outputs: compare "
+                   "the whole output row i before and after changing x[0, j], with a tolerance well above float noise.")
+        if g < e and (e - g) <= denominator:
+            t.fail(head + f" missing {_pairs_text(sorted(e - g))}.",
+                   "you missed leaks through the softmax denominator: zeroing a weight *after* the softmax leaves "
+                   "exp(score of j) in the denominator of row i. A change at j then rescales row i's output even though "
+                   "its weight on j is 0. Start from a random base input (not zeros), so every score and every output is "
+                   "non-trivial, and perturb with a random vector.")
+        if g > e:
+            t.fail(head + f" extra {_pairs_text(sorted(g - e))}.", ROUNDOFF)
+        t.fail(head + f" missing {_pairs_text(sorted(e - g))}, extra {_pairs_text(sorted(g - e))}.",
+               "perturb each position j in turn from a random float64 base input, and report (i, j) when output row i "
+               "moves by more than a small tolerance and allowed[i, j] is False.")
