@@ -425,16 +425,24 @@ def valid_config(kind: str, block_m: int, block_n: int, causal: bool, n_q: int, 
     return not too_big
 
 
+TUNE_FROM_T = 1024  # shorter sequences take the smallest valid tile: tuning would cost more than it saves
+
+
 def _pruner(kind: str):
-    """An `early_config_prune` hook for triton.autotune that keeps the valid configs of `kind`."""
+    """An `early_config_prune` hook for triton.autotune that keeps the valid configs of `kind`.
+
+    Below TUNE_FROM_T it keeps only the smallest tile, so tests and notebooks compile one config
+    (small tiles also fit fp32 in shared memory and give short sequences more programs)."""
 
     def prune(configs, named_args, **kwargs):
         args = {**named_args, **kwargs}
         kept = [
             c for c in configs
             if valid_config(kind, c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], bool(args["CAUSAL"]), args["N_Q"], args["N_K"])
-        ]
-        return kept or configs[-1:]
+        ] or configs[-1:]
+        if max(args["N_Q"], args["N_K"]) >= TUNE_FROM_T:
+            return kept
+        return [min(kept, key=lambda c: (c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"], c.num_stages))]
 
     return prune
 
