@@ -226,19 +226,18 @@ def test_one_wrong_exercise_is_reported_alone_with_its_hint(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_grading_reports_timeouts_and_errors(tmp_path):
-    path = _copy_with(tmp_path, "01_qkv_shapes", "    B, H, T, d_k = o.shape\n    return o.transpose(1, 2)", "    import time\n    time.sleep(60)\n    return o.transpose(1, 2)")
-    nb = nbformat.read(path, as_version=4)
-    for cell in nb.cells:  # a cell that loops at top level, and a syntax error
+    nb = nbtools.read(ROOT / "solutions" / "01_qkv_shapes.ipynb")
+    for cell in nb.cells:  # a cell that loops at top level before its def, and a syntax error
         if cell.source.startswith("def merge_heads"):
-            cell.source += "\nwhile True:\n    pass"
+            cell.source = "while True:\n    pass\n" + cell.source
         if cell.source.startswith("def scaled_dot_product_attention"):
             cell.source = "def scaled_dot_product_attention(q, k, v)\n    return q"
-    nbformat.write(nb, path)
-    rows = _graded(tmp_path, "01_qkv_shapes", cell_timeout=5)
+    nbformat.write(nb, tmp_path / "01_qkv_shapes.ipynb")
+    rows = _graded(tmp_path, "01_qkv_shapes", cell_timeout=3)
     assert rows["qkv_projection"].status == "passed"
     assert rows["merge_heads"].status == "timed out", format_table(list(rows.values()))
     assert rows["scaled_dot_product_attention"].status == "error"
-    assert "SyntaxError" in rows["scaled_dot_product_attention"].hint or "NameError" in rows["scaled_dot_product_attention"].hint
+    assert "NameError" in rows["scaled_dot_product_attention"].hint
 
 
 def test_grade_rejects_bad_targets(tmp_path, capsys):
