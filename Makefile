@@ -13,6 +13,8 @@ CONDA_ENV := attention-course
 NB ?=
 JOBS ?= 2
 LAB_ARGS ?=
+# JupyterLab refuses to start as root (containers, some cloud VMs) unless told it may.
+LAB_ROOT := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root,)
 
 ifneq ($(PY),)
   # PY=/path/to/python uses an existing environment as is (for example a GPU machine's image).
@@ -51,7 +53,7 @@ setup: $(ENV_STAMP)
 	@touch $@
 
 lab: $(ENV_STAMP)
-	$(PY) -m jupyter lab $(LAB_ARGS) notebooks/01_qkv_shapes.ipynb
+	$(PY) -m jupyter lab $(LAB_ROOT) $(LAB_ARGS) notebooks/01_qkv_shapes.ipynb
 
 test: $(ENV_STAMP)
 	$(PY) -m pytest -n $(JOBS) --dist loadscope --durations=10 \
