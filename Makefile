@@ -53,7 +53,7 @@ setup: $(ENV_STAMP)
 	@touch $@
 
 lab: $(ENV_STAMP)
-	$(PY) -m jupyter lab --ServerApp.default_url=/lab/tree/notebooks/01_qkv_shapes.ipynb $(LAB_ROOT) $(LAB_ARGS)
+	$(PY) -m jupyter lab --LabApp.default_url=/lab/tree/notebooks/01_qkv_shapes.ipynb $(LAB_ROOT) $(LAB_ARGS)
 
 test: $(ENV_STAMP)
 	$(PY) -m pytest -n $(JOBS) --dist loadscope --durations=10 \
