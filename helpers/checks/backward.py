@@ -1,3 +1,207 @@
-"""Checks: placeholder, filled in by its topic (see CONTRIBUTING.md)."""
+"""Checks for notebook 04_backward: exercises 4.1-4.3."""
 
-__all__: list[str] = []
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import attention as att
+from .. import backward as ref
+from ._core import Trial, describe_case, exercise
+
+__all__ = ["softmax_jacobian", "softmax_backward", "attention_backward"]
+
+NB = "04_backward"
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+# --------------------------------------------------------------------------- 4.1
+
+
+def _jacobian_mistakes(s: torch.Tensor) -> dict:
+    outer = s[:, None] * s[None, :]
+    return {
+        "you kept only the diagonal s_i (1 - s_i). The off-diagonal entries d s_i / d z_j = -s_i s_j "
+        "are not zero: all outputs share one denominator, so every logit moves every output.": lambda: torch.diag(s * (1 - s)),
+        "you returned diag(s): subtract the outer product s s^T (torch.outer(s, s)).": lambda: torch.diag(s),
+        "wrong sign on the outer product: J = diag(s) - s s^T (off-diagonal entries -s_i s_j are negative).": lambda: torch.diag(s) + outer,
+        "the whole sign is flipped: J = diag(s) - s s^T, not s s^T - diag(s).": lambda: outer - torch.diag(s),
+        "you dropped diag(s): J = diag(s) - s s^T.": lambda: -outer,
+        "s @ s.T on a 1-D tensor is the dot product sum(s_i^2), a number, not the outer product: "
+        "use torch.outer(s, s) or s[:, None] * s[None, :].": lambda: torch.diag(s) - s @ s,
+        "s is already the softmax output (probabilities): do not apply softmax to it again.": lambda: ref.softmax_jacobian(torch.softmax(s, -1)),
+    }
+
+
+@exercise("4.1", "the softmax Jacobian", points=1, stars=1, notebook=NB)
+def softmax_jacobian(t: Trial) -> None:
+    t.error_hints = {r"cannot be multiplied|size of tensor|mismatch": "for a vector s of length n, the outer product is torch.outer(s, s) ([n, n])."}
+    cases = [torch.tensor([0.7, 0.2, 0.1])]  # seed 003's worked example
+    for seed, (n, dtype) in enumerate([(5, torch.float64), (7, torch.float32), (4, torch.float32)]):
+        cases.append(torch.softmax(1.5 * torch.randn(n, generator=_gen(400 + seed), dtype=dtype), dim=-1))
+    for s in cases:
+        got = t.call(s, case=describe_case(s=s) + f" = {[round(x, 4) for x in s.tolist()]}")
+        t.tensor(got, ref.softmax_jacobian(s), what="J", mistakes=_jacobian_mistakes(s),
+                 hint="J = torch.diag(s) - torch.outer(s, s): J[i, j] = s_i (delta_ij - s_j).")
+
+
+# --------------------------------------------------------------------------- 4.2
+
+
+def _softmax_backward_mistakes(p: torch.Tensor, g: torch.Tensor) -> dict:
+    pg = p * g
+    return {
+        "you dropped the subtraction: J @ g = p * g - p * sum(p * g). The second term comes from the "
+        "off-diagonal -p_i p_j of the Jacobian.": lambda: pg,
+        "you summed over the wrong axis: the sum runs over the softmax axis, the last one "
+        "(dim=-1, keepdim=True), one sum per row.": lambda: p * (g - pg.sum(dim=-2, keepdim=True)),
+        "you summed over the wrong axis (dim=0): the sum runs over the softmax axis, the last one "
+        "(dim=-1, keepdim=True), one sum per row.": lambda: p * (g - pg.sum(dim=0, keepdim=True)),
+        "you summed over every entry: the sum is per row, over the last axis only (dim=-1, keepdim=True).": lambda: p * (g - pg.sum()),
+        "add keepdim=True to the row sum: without it the [..., n] -> [...] sums broadcast along the "
+        "wrong axis.": lambda: p * (g - pg.sum(dim=-1)),
+        "the sum is weighted by p: sum(p * grad_p), the average of grad_p under the distribution p.": lambda: p * (g - g.sum(dim=-1, keepdim=True)),
+        "multiply by p: the result is p * (grad_p - sum(p * grad_p)).": lambda: g - pg.sum(dim=-1, keepdim=True),
+        "use the sum of p * grad_p over the row, not its mean.": lambda: p * (g - pg.mean(dim=-1, keepdim=True)),
+        "the sign is flipped: p * (grad_p - sum(p * grad_p)), not p * (sum(p * grad_p) - grad_p).": lambda: p * (pg.sum(dim=-1, keepdim=True) - g),
+    }
+
+
+@exercise("4.2", "softmax backward without the Jacobian", points=2, stars=2, notebook=NB)
+def softmax_backward(t: Trial) -> None:
+    t.error_hints = {
+        r"must match the size|size of tensor": "the row sum needs keepdim=True, so that the [..., 1] sums broadcast against [..., n].",
+    }
+    # (shape, dtype, causal-masked p): leading dims differ from n; a square [6, 6] case makes a
+    # missing keepdim broadcast silently (and wrongly) instead of raising; masked rows hold zeros.
+    cases = [((2, 3, 5), torch.float32, False), ((4, 7), torch.float64, False), ((6, 6), torch.float32, True), ((8,), torch.float64, False)]
+    for seed, (shape, dtype, masked) in enumerate(cases):
+        g = _gen(420 + seed)
+        scores = 2.0 * torch.randn(*shape, generator=g, dtype=dtype)
+        p = att.masked_softmax(scores, att.causal_mask(shape[-1]) if masked else None)
+        grad_p = torch.randn(*shape, generator=g, dtype=dtype)
+        got = t.call(p, grad_p, case=describe_case(p=p, grad_p=grad_p) + (" (p causally masked: zeros above the diagonal)" if masked else ""))
+        t.tensor(got, ref.softmax_backward(p, grad_p), what="grad of the scores", mistakes=_softmax_backward_mistakes(p, grad_p),
+                 hint="p * (grad_p - (p * grad_p).sum(dim=-1, keepdim=True))")
+
+
+# --------------------------------------------------------------------------- 4.3
+
+
+def _autograd_grads(q, k, v, grad_out, causal):
+    """The ground truth: autograd through helpers.attention's forward."""
+    q, k, v = (x.detach().clone().requires_grad_() for x in (q, k, v))
+    with torch.enable_grad():
+        allowed = att.causal_mask(q.shape[-2]) if causal else None
+        out = att.scaled_dot_product_attention(q, k, v, allowed)
+        return torch.autograd.grad(out, (q, k, v), grad_out)
+
+
+def _grads_from(q, k, dO, p, ds):
+    """(grad_q, grad_k, grad_v) from P and dS, the rest of the derivation done right."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    return ds @ k * scale, ds.mT @ q * scale, p.mT @ dO
+
+
+def _p_ds(q, k, v, dO, allowed, sum_dim=-1, subtract=True):
+    """P and dS, with the softmax backward's row sum over ``sum_dim`` (or no subtraction)."""
+    p = att.attention_weights(q, k, allowed)
+    dp = dO @ v.mT
+    return p, (p * (dp - (p * dp).sum(dim=sum_dim, keepdim=True)) if subtract else p * dp)
+
+
+def _attention_mistakes(q, k, v, dO, causal) -> dict:
+    """hint -> (grad_q, grad_k, grad_v) of a known wrong derivation."""
+    T, scale = q.shape[-2], 1.0 / math.sqrt(q.shape[-1])
+    tril = att.causal_mask(T)
+    allowed = tril if causal else None
+    p, ds = _p_ds(q, k, v, dO, allowed)
+    good = _grads_from(q, k, dO, p, ds)
+    mistakes = {
+        "grad_q and grad_k are sqrt(d_k) times too large: the forward divided the scores by sqrt(d_k), so "
+        "the chain rule multiplies dS by 1/sqrt(d_k) before forming grad_q and grad_k.": (ds @ k, ds.mT @ q, good[2]),
+        "you divided by sqrt(d_k) twice (by d_k): the scale enters once, dS / sqrt(d_k).": (good[0] * scale, good[1] * scale, good[2]),
+        "grad_k = dS^T @ q / sqrt(d_k): k enters the scores transposed (q k^T), so its gradient uses dS "
+        "transposed (dS.transpose(-2, -1)).": (good[0], ds @ q * scale, good[2]),
+        "grad_q = dS @ k / sqrt(d_k), without transposing dS (dS^T @ ... is the key's formula).": (ds.mT @ k * scale, good[1], good[2]),
+        "grad_v = P^T @ grad_out: value j collects gradient from every query that attended to it, which is "
+        "column j of P, so transpose P.": (good[0], good[1], p @ dO),
+        "the softmax backward lost its subtraction: dS = P * (dP - rowsum(P * dP)), with the row sum over "
+        "the keys (dim=-1, keepdim=True).": _grads_from(q, k, dO, *_p_ds(q, k, v, dO, allowed, subtract=False)),
+        "the row sum in the softmax backward runs over the keys, dim=-1 (one sum per query row), not dim=-2.": _grads_from(
+            q, k, dO, *_p_ds(q, k, v, dO, allowed, sum_dim=-2)),
+    }
+    if causal:
+        mistakes["causal=True: recompute P with the causal mask (query i sees keys j <= i). Without it P puts "
+                 "weight on future keys, and the gradients are those of bidirectional attention."] = _grads_from(q, k, dO, *_p_ds(q, k, v, dO, None))
+        triu = torch.ones(T, T, dtype=torch.bool).triu()
+        mistakes["your mask lets query i see keys j >= i (the future): True = may attend, on and below the "
+                 "diagonal (torch.ones(T, T, dtype=torch.bool).tril())."] = _grads_from(q, k, dO, *_p_ds(q, k, v, dO, triu))
+    else:
+        mistakes["causal=False here: no mask; every query sees every key."] = _grads_from(q, k, dO, *_p_ds(q, k, v, dO, tril))
+    return mistakes
+
+
+def _watch_autograd(fn, used: list):
+    """Wrap fn so that any tensor saved for an autograd backward while it runs is recorded. The
+    check's inputs do not require grad, so a by-hand computation saves nothing; building a graph
+    (.backward(), torch.autograd.grad, torch.autograd.functional.vjp) always does."""
+
+    def watched(*args, **kwargs):
+        def pack(x):
+            used.append(True)
+            return x
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+            return fn(*args, **kwargs)
+
+    return watched
+
+
+def _close(a, b) -> bool:
+    return isinstance(a, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype and torch.allclose(a, b, atol=1e-8, rtol=1e-6)
+
+
+_FORMULAS = ("P = softmax(q k^T / sqrt(d_k)) with the causal mask when causal, dV = P^T dO, dP = dO v^T, "
+             "dS = P * (dP - rowsum(P * dP)), dQ = dS k / sqrt(d_k), dK = dS^T q / sqrt(d_k)")
+_BY_HAND = f"this exercise asks for the gradients by hand ({_FORMULAS}); autograd is what the check compares against."
+
+
+@exercise("4.3", "attention backward by hand", points=3, stars=3, notebook=NB)
+def attention_backward(t: Trial) -> None:
+    t.error_hints = {
+        r"saved tensor hooks|does not require grad|grad_fn|torch\.func": _BY_HAND,
+        r"cannot be multiplied|Expected size|must match the size|size of tensor|mismatch": "check each product's shapes: "
+        "dP = grad_out @ v^T ([T, d_v] @ [d_v, T]), grad_v = P^T @ grad_out, grad_q = dS @ k, grad_k = dS^T @ q. "
+        "Transpose the last two axes with .transpose(-2, -1) (or .mT); .T reverses every axis.",
+    }
+    used: list = []
+    t.fn = _watch_autograd(t.fn, used)
+    # (leading dims, T, d_k, d_v, causal): T, d_k, d_v all different, so a missing transpose shows.
+    cases = [((2, 3), 5, 4, 6, False), ((2,), 7, 3, 5, True), ((), 6, 8, 2, True), ((3, 2), 4, 6, 3, False)]
+    for seed, (lead, T, d_k, d_v, causal) in enumerate(cases):
+        g = _gen(440 + seed)
+        q = 1.5 * torch.randn(*lead, T, d_k, generator=g, dtype=torch.float64)
+        k = 1.5 * torch.randn(*lead, T, d_k, generator=g, dtype=torch.float64)
+        v = torch.randn(*lead, T, d_v, generator=g, dtype=torch.float64)
+        grad_out = torch.randn(*lead, T, d_v, generator=g, dtype=torch.float64)
+        case = describe_case(q=q, k=k, v=v, grad_out=grad_out, causal=causal)
+        used.clear()
+        got = t.tuple(t.call(q, k, v, grad_out, causal, case=case), 3, ("grad_q", "grad_k", "grad_v"))
+        if used:
+            t.fail("your function built an autograd graph (it used autograd to get the gradients).", _BY_HAND)
+        expected = _autograd_grads(q, k, v, grad_out, causal)
+        names = ("grad_q", "grad_k", "grad_v")
+        for i, j in [(i, j) for i in range(3) for j in range(3) if i != j]:
+            if _close(got[i], expected[j]) and not _close(got[i], expected[i]):
+                t.fail(f"your {names[i]} (item {i} of the tuple) holds {names[j]}.",
+                       "the gradients are returned in the wrong order: return (grad_q, grad_k, grad_v), the order of the inputs q, k, v.")
+        mistakes = _attention_mistakes(q, k, v, grad_out, causal)
+        for i, name in enumerate(names):
+            t.tensor(got[i], expected[i], what=f"{name} (compared with autograd in float64)",
+                     mistakes={h: m[i] for h, m in mistakes.items() if not torch.allclose(m[i], expected[i])},
+                     hint=f"go through the derivation step by step: {_FORMULAS}.", atol=1e-8, rtol=1e-6)
