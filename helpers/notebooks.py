@@ -84,10 +84,25 @@ def dumps(nb: nbformat.NotebookNode) -> str:
     return nbformat.writes(nb) + "\n"
 
 
+def _coalesce_streams(outputs: list) -> list:
+    """Merge consecutive stdout (or stderr) chunks: how a kernel splits printed text varies from
+    run to run, and the stored notebook should not."""
+    merged: list = []
+    for out in outputs:
+        if merged and out.get("output_type") == "stream" and merged[-1].get("output_type") == "stream" \
+                and merged[-1].get("name") == out.get("name"):
+            merged[-1]["text"] += out["text"]
+        else:
+            merged.append(out)
+    return merged
+
+
 def normalize(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     """Keep only what the course uses: cell tags (no execution timestamps or editor metadata),
-    the Python 3 kernelspec, no trailing blank lines in cells."""
+    the Python 3 kernelspec, no trailing blank lines in cells, printed text in one piece."""
     for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs = _coalesce_streams(cell.outputs)
         tags = cell.metadata.get("tags")
         cell.metadata = nbformat.NotebookNode({"tags": tags} if tags else {})
         cell.source = cell.source.rstrip("\n")
