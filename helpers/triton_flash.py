@@ -193,33 +193,26 @@ def _bwd_dkdv_inner(
     dk, dv, k, v,  # accumulators [BLOCK_N, HEAD_DIM] (fp32) and this program's key/value block
     q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qm, stride_dm,
     offs_n, offs_m, lo, hi, N_Q, qk_scale,
-    BLOCK_M: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, DIAGONAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Add the contributions of query blocks [lo, hi) to dk, dv, working on transposed tiles
-    [BLOCK_N keys, BLOCK_M queries]. MASKED blocks mask rows i >= N_Q and, if CAUSAL, keys j > i."""
+    [BLOCK_N keys, BLOCK_M queries]. DIAGONAL blocks mask keys j > i (causal). Rows i >= N_Q load
+    as zeros (q, dO, lse, Delta), which makes their contribution exactly zero: no mask needed."""
     q_ptrs += lo * stride_qm
     do_ptrs += lo * stride_dm
     for start_m in range(lo, hi, BLOCK_M):
         rows = start_m + offs_m
-        # -- load one query block, its dO, lse and Delta (zeros beyond N_Q)
-        if MASKED:
-            q = tl.load(q_ptrs, mask=(rows < N_Q)[:, None], other=0.0)
-            do = tl.load(do_ptrs, mask=(rows < N_Q)[:, None], other=0.0)
-            lse = tl.load(lse_ptr + rows, mask=rows < N_Q, other=0.0)
-            delta = tl.load(delta_ptr + rows, mask=rows < N_Q, other=0.0)
-        else:
-            q = tl.load(q_ptrs)
-            do = tl.load(do_ptrs)
-            lse = tl.load(lse_ptr + rows)
-            delta = tl.load(delta_ptr + rows)
+        row_ok = rows < N_Q
+        # -- load one query block, its dO, lse and Delta
+        q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
+        do = tl.load(do_ptrs, mask=row_ok[:, None], other=0.0)
+        lse = tl.load(lse_ptr + rows, mask=row_ok, other=0.0)
+        delta = tl.load(delta_ptr + rows, mask=row_ok, other=0.0)
         # -- recompute P^T = exp(S^T - lse) in log2 units  [BLOCK_N, BLOCK_M]
         qkT = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)
         pT = tl.exp2(qkT * qk_scale - (lse * 1.4426950408889634)[None, :])  # log2(e)
-        if MASKED:
-            allowed = (rows < N_Q)[None, :]
-            if CAUSAL:
-                allowed = allowed & (rows[None, :] >= offs_n[:, None])
-            pT = tl.where(allowed, pT, 0.0)
+        if DIAGONAL:
+            pT = tl.where(rows[None, :] >= offs_n[:, None], pT, 0.0)
         # -- dV += P^T dO ;  dS^T = P^T * (dP^T - Delta) ;  dK += dS^T Q
         dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
         dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
@@ -254,14 +247,13 @@ def _attn_bwd_dkdv(
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     key_ok = (offs_n < N_K)[:, None]
-    # -- this program's keys and values stay in registers; dK, dV accumulate in fp32
+    # -- this program's keys and values stay on chip; dK, dV accumulate in fp32
     k = tl.load(K + off_z * stride_kz + off_hkv * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
                 mask=key_ok, other=0.0)
     v = tl.load(V + off_z * stride_vz + off_hkv * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
                 mask=key_ok, other=0.0)
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
-    m_full = (N_Q // BLOCK_M) * BLOCK_M  # query rows below m_full come in full blocks
 
     for g in range(GROUP):
         off_h = off_hkv * GROUP + g
@@ -270,27 +262,20 @@ def _attn_bwd_dkdv(
         lse_ptr = Lse + (off_z * H + off_h) * N_Q
         delta_ptr = Delta + (off_z * H + off_h) * N_Q
         if CAUSAL:
-            # stage 1: queries in the diagonal rows of this key block, masked
+            # stage 1: the diagonal: queries in the same rows as these keys, masked j <= i.
+            # Queries above it (i < start_n * BLOCK_N) see none of these keys: skipped.
             lo = start_n * BLOCK_N
-            hi = lo + BLOCK_N
             dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qm, stride_dm,
-                                     offs_n, offs_m, lo, tl.minimum(hi, N_Q), N_Q, qk_scale,
-                                     BLOCK_M, True, CAUSAL, DOT_PRECISION)
-            # stage 2: full query blocks below the diagonal see all these keys: no mask
+                                     offs_n, offs_m, lo, tl.minimum(lo + BLOCK_N, N_Q), N_Q, qk_scale,
+                                     BLOCK_M, True, DOT_PRECISION)
+            # stage 2: query blocks below the diagonal see all these keys: no mask
             dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qm, stride_dm,
-                                     offs_n, offs_m, hi, m_full, N_Q, qk_scale,
-                                     BLOCK_M, False, CAUSAL, DOT_PRECISION)
-            # stage 3: the ragged last query block (rows >= N_Q masked)
-            dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qm, stride_dm,
-                                     offs_n, offs_m, tl.maximum(hi, m_full), N_Q, N_Q, qk_scale,
-                                     BLOCK_M, True, CAUSAL, DOT_PRECISION)
+                                     offs_n, offs_m, lo + BLOCK_N, N_Q, N_Q, qk_scale,
+                                     BLOCK_M, False, DOT_PRECISION)
         else:
             dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qm, stride_dm,
-                                     offs_n, offs_m, 0, m_full, N_Q, qk_scale,
-                                     BLOCK_M, False, CAUSAL, DOT_PRECISION)
-            dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qm, stride_dm,
-                                     offs_n, offs_m, m_full, N_Q, N_Q, qk_scale,
-                                     BLOCK_M, True, CAUSAL, DOT_PRECISION)
+                                     offs_n, offs_m, 0, N_Q, N_Q, qk_scale,
+                                     BLOCK_M, False, DOT_PRECISION)
 
     dk = dk * sm_scale  # dS was taken w.r.t. the scaled scores
     dk_ptrs = DK + off_z * stride_dkz + off_hkv * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd
@@ -399,12 +384,12 @@ def _attn_bwd_dq(
 # (BLOCK_M, BLOCK_N, num_warps, num_stages). Causal two-stage loops need the key block to tile
 # the query block (forward, dQ: BLOCK_M % BLOCK_N == 0; dK/dV: BLOCK_N % BLOCK_M == 0).
 FWD_CONFIGS = [
-    (128, 64, 4, 3), (128, 64, 4, 4), (128, 64, 8, 3), (128, 128, 8, 3),
+    (128, 64, 4, 3), (128, 64, 4, 4), (128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 3),
     (128, 128, 8, 2), (128, 32, 4, 4), (64, 64, 4, 3), (64, 32, 4, 4),
 ]
 DKDV_CONFIGS = [  # few queries x many keys: the kv block stays put, query blocks stream by
-    (32, 128, 4, 3), (32, 128, 8, 3), (64, 128, 8, 2), (64, 128, 8, 3),
-    (32, 64, 4, 3), (32, 64, 4, 4), (64, 64, 4, 3),
+    (32, 128, 8, 3), (16, 128, 8, 3), (64, 128, 8, 2), (64, 128, 8, 3),
+    (32, 64, 4, 3), (32, 64, 4, 4), (32, 64, 8, 3), (64, 64, 8, 3),
 ]
 DQ_CONFIGS = [  # many queries x few keys
     (128, 32, 4, 3), (128, 32, 8, 3), (128, 64, 8, 2), (128, 64, 8, 3),
@@ -442,7 +427,8 @@ def _pruner(kind: str):
         ] or configs[-1:]
         if max(args["N_Q"], args["N_K"]) >= TUNE_FROM_T:
             return kept
-        return [min(kept, key=lambda c: (c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"], c.num_stages))]
+        resident = "BLOCK_N" if kind == "dkdv" else "BLOCK_M"  # the block a program keeps on chip
+        return [min(kept, key=lambda c: (c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"], c.kwargs[resident], c.num_stages))]
 
     return prune
 
@@ -514,6 +500,8 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
         raise ValueError(f"sequence lengths must be >= 1; got T_q={T_q}, T_k={k.shape[2]}")
     if causal and T_q != k.shape[2]:
         raise ValueError(f"causal=True needs T_q == T_k; got T_q={T_q}, T_k={k.shape[2]}")
+    if B * H > 65535:
+        raise ValueError(f"B * H = {B * H} exceeds 65535, the limit of the kernels' second grid axis")
 
 
 def _scale(d: int, sm_scale: float | None) -> float:
