@@ -12,7 +12,7 @@ the interpreter's bf16 ``tl.dot`` is wrong), causal or not. Grouped-query attent
 kv head ``h // (H // H_kv)`` through strides: K and V are never expanded. Without a CUDA GPU the
 kernels run in Triton's interpreter (slow, for learning and tests); with one, they are autotuned.
 
-The kernels use plain pointer arithmetic and masks, so they run on Triton 3.x (3.6 to 3.9 tested).
+The kernels use plain pointer arithmetic and masks (no tensor descriptors), for Triton 3.6 and later.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 # The interpreter runs one program at a time in NumPy: one fixed small tile (BLOCK_M, BLOCK_N) per
 # kernel keeps it quick (32 runs ~3x faster than 16) while sequences of a few hundred tokens still
 # span several query and key blocks. On a GPU the autotuner picks from the configs further down.
-INTERPRETER_BLOCKS = {"fwd": (32, 32), "dkdv": (32, 32), "dq": (32, 32), "pre": (32, 32)}
+INTERPRETER_BLOCKS = {"fwd": (32, 32), "dkdv": (32, 32), "dq": (32, 32)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -130,6 +130,7 @@ def _attn_fwd(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)  # running sum of p @ v
 
     if CAUSAL:
+        tl.static_assert(BLOCK_M % BLOCK_N == 0, "causal: key blocks must tile the query block")
         # stage 1: key blocks left of the diagonal, all visible: no mask
         lo = start_m * BLOCK_M
         acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
@@ -262,6 +263,7 @@ def _attn_bwd_dkdv(
         lse_ptr = Lse + (off_z * H + off_h) * N_Q
         delta_ptr = Delta + (off_z * H + off_h) * N_Q
         if CAUSAL:
+            tl.static_assert(BLOCK_N % BLOCK_M == 0, "causal: query blocks must tile the key block")
             # stage 1: the diagonal: queries in the same rows as these keys, masked j <= i.
             # Queries above it (i < start_n * BLOCK_N) see none of these keys: skipped.
             lo = start_n * BLOCK_N
@@ -357,6 +359,7 @@ def _attn_bwd_dq(
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
 
     if CAUSAL:
+        tl.static_assert(BLOCK_M % BLOCK_N == 0, "causal: key blocks must tile the query block")
         # stage 1: key blocks left of the diagonal, no mask; stage 2: the diagonal block, masked
         lo = start_m * BLOCK_M
         dq = _bwd_dq_inner(dq, q, do, m2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
@@ -561,7 +564,7 @@ def flash_attention_triton_backward(
     common = dict(HEAD_DIM=d, CAUSAL=bool(causal), DOT_PRECISION=_dot_precision(q.dtype))
 
     # 1) Delta = rowsum(dO * O)  [B, H, T_q]
-    pre_block = INTERPRETER_BLOCKS["pre"][0] if _INTERPRET else 128
+    pre_block = INTERPRETER_BLOCKS["fwd"][0] if _INTERPRET else 128
     _bwd_preprocess[(triton.cdiv(T_q, pre_block), B * H)](
         out, grad_out, delta, *out.stride(), *grad_out.stride(), H, T_q, HEAD_DIM=d, BLOCK_M=pre_block
     )
