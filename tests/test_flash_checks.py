@@ -130,15 +130,6 @@ def test_triton_instruments_are_removed_after_a_failure():
     assert torch.empty(3).untyped_storage().nbytes() == 12
 
 
-@needs_triton
-def test_triton_forward_explains_a_missing_return():
-    def forgot_return(q, k, v, causal=False):
-        wrong._forward("correct")(q, k, v, causal)
-
-    with pytest.raises(CheckFailed, match="forget the `return`"):
-        checks.flash_attention_triton(forgot_return)
-
-
 def test_guarded_allocations_catch_a_write_past_the_end():
     guard = flash_checks._GuardAllocations()
     with guard:
@@ -148,3 +139,28 @@ def test_guarded_allocations_catch_a_write_past_the_end():
     assert not guard.overrun()
     torch.as_strided(y, (7,), (1,)).fill_(1.0)  # one element past the end
     assert guard.overrun()
+
+
+@needs_triton
+@pytest.mark.parametrize("result, message", [
+    ("oops", "expected the output tensor, or a tuple"),
+    (("out", "lse"), "expected the output tensor, or a tuple"),
+    (None, "forget the `return`"),
+])
+def test_triton_forward_explains_odd_return_values(result, message):
+    def odd(q, k, v, causal=False):
+        wrong._forward("correct")(q, k, v, causal)
+        return result
+
+    with pytest.raises(CheckFailed, match=message):
+        checks.flash_attention_triton(odd)
+
+
+@needs_triton
+def test_triton_forward_explains_a_non_tensor_lse():
+    def lse_as_list(q, k, v, causal=False):
+        out, lse = wrong._forward("correct", return_lse=True)(q, k, v, causal)
+        return out, lse.tolist()
+
+    with pytest.raises(CheckFailed, match="lse: expected a torch.Tensor"):
+        checks.flash_attention_triton(lse_as_list)

@@ -692,6 +692,30 @@ def _probe(T: int, d: int = 128, seed: int = 0) -> tuple[torch.Tensor, torch.Ten
     return q, k, torch.eye(T, d).view(1, 1, T, d)
 
 
+def _forward_hint(kind: str, P: torch.Tensor, P_ref: torch.Tensor, raw: torch.Tensor, causal: bool, heads: int,
+                  T: int, d: int) -> str:
+    """The hint for a wrong forward output; P is out[0, 0, :, :T] (the weights when v is one-hot)."""
+    if kind == "probe":
+        return _weights_hint(P, P_ref, raw, causal, d) or _FWD_HINT
+    if kind == "ragged-probe" and torch.isnan(P).any():  # the T = 128 probes passed: the ragged end is the problem
+        return ("NaN when T is not a multiple of the block: your kernel read past the end of q, k or v (the memory "
+                "after them holds NaN here). Mask the loads: tl.load(k_ptrs, mask=offs_n[:, None] < T, other=0.0), "
+                "and the same for q (offs_m) and v.")
+    if kind == "ragged-probe" and not causal:
+        return ("T is not a multiple of the block here, and keys at positions >= T got weight: after loading k and v "
+                "with mask=offs_n[:, None] < T, other=0.0, set the scores of those keys to -inf: "
+                "qk = tl.where(offs_n[None, :] < T, qk, float('-inf')).")
+    if kind == "ragged-probe":
+        return ("T is not a multiple of the block here: check the masks of the last, partial blocks (loads, scores "
+                "and stores all need offs < T) and the end of the key loop, min((start_m + 1) * BLOCK_M, T).")
+    if T == 1:
+        return "T = 1 is one short block: every load and store needs its mask (offs < T)."
+    if heads > 1:
+        return ("cases with B = H = 1 passed but this one has several batches and heads: program_id(1) is b * H + h, "
+                "so offset q, k, v and out by b * stride_b + h * stride_h (and lse by (b * H + h) * T).")
+    return _FWD_HINT
+
+
 _FWD_HINT = ("per key block: qk = tl.dot(q, tl.trans(k)) * sm_scale * log2(e); m_new = max(m_i, rowmax(qk)); "
              "p = tl.exp2(qk - m_new[:, None]); alpha = tl.exp2(m_i - m_new); l_i = l_i * alpha + rowsum(p); "
              "acc = acc * alpha[:, None] + tl.dot(p, v); then out = acc / l_i[:, None].")
@@ -714,28 +738,7 @@ def _forward_case(t: Trial, q, k, v, causal: bool, dtype: torch.dtype, kind: str
     hint = _FWD_HINT
     if isinstance(out, torch.Tensor) and out.shape == expected.shape and not _close(out, expected, **tol):
         P = out.detach().double().cpu()[0, 0, :, :T]
-        nan = bool(torch.isnan(out).any())
-        hint = _unwritten_hint(out, "out")
-        if hint:
-            pass
-        elif kind == "probe":
-            hint = _weights_hint(P, P64[0, 0], raw[0, 0], causal, d)
-        elif kind == "ragged-probe" and nan:  # the T = 128 probes passed: the ragged end is the problem
-            hint = ("NaN when T is not a multiple of the block: your kernel read past the end of q, k or v (the memory "
-                    "after them holds NaN here). Mask the loads: tl.load(k_ptrs, mask=offs_n[:, None] < T, other=0.0), "
-                    "and the same for q (offs_m) and v.")
-        elif kind == "ragged-probe":
-            hint = ("T is not a multiple of the block here, and keys at positions >= T got weight: after loading k "
-                    "and v with mask=offs_n[:, None] < T, other=0.0, set the scores of those keys to -inf: "
-                    "qk = tl.where(offs_n[None, :] < T, qk, float('-inf')).") if not causal else (
-                    "T is not a multiple of the block here: check the masks of the last, partial blocks (loads, "
-                    "scores and stores all need offs < T) and the end of the key loop, min((start_m + 1) * BLOCK_M, T).")
-        elif T == 1:
-            hint = "T = 1 is one short block: every load and store needs its mask (offs < T)."
-        elif B * H > 1:
-            hint = ("cases with B = H = 1 passed but this one has several batches and heads: program_id(1) is b * H + h, "
-                    "so offset q, k, v and out by b * stride_b + h * stride_h (and lse by (b * H + h) * T).")
-        hint = hint or _FWD_HINT
+        hint = _unwritten_hint(out, "out") or _forward_hint(kind, P, P64[0, 0], raw[0, 0], causal, B * H, T, d)
     t.tensor(out, expected, what="out", hint=hint, **tol)
     if lse is not None:
         ref_lse = lse64.to(device=dev, dtype=torch.float32)
@@ -744,8 +747,9 @@ def _forward_case(t: Trial, q, k, v, causal: bool, dtype: torch.dtype, kind: str
                    "allocate lse as torch.empty((B, H, T), dtype=torch.float32, device=q.device), or return only out.")
         if isinstance(lse, torch.Tensor) and lse.dtype != torch.float32:
             t.fail(f"lse: expected float32, got {lse.dtype}.", "keep the running statistics m_i, l_i and lse in float32.")
-        t.tensor(lse, ref_lse, what="lse", hint=_unwritten_hint(lse, "lse") or "lse = (m_i + tl.log2(l_i)) * ln(2) when "
-                 "m_i is in log2 units (natural log: m + log(l)).", **_tol(dtype, dev, "lse"), mistakes={
+        lse_hint = _unwritten_hint(lse, "lse") if isinstance(lse, torch.Tensor) else ""
+        t.tensor(lse, ref_lse, what="lse", hint=lse_hint or "lse = (m_i + tl.log2(l_i)) * ln(2) when m_i is in log2 "
+                 "units (natural log: m + log(l)).", **_tol(dtype, dev, "lse"), mistakes={
                      "lse is in log2 units: multiply m_i + log2(l_i) by ln(2) to get the natural log.": lambda: ref_lse * LOG2E,
                      "lse is only the running max: add the log of the running sum, lse = m + log(l).": lambda: (
                          raw / math.sqrt(d)).masked_fill(causal & ~att.causal_mask(T), float("-inf")).amax(-1).to(
@@ -849,7 +853,7 @@ _BACKWARD_CASES = [  # (B, H, T, d, causal, dtype): friendly T = 128 first, then
 def flash_attention_triton_backward(t: Trial) -> None:
     t.error_hints = _TRITON_ERRORS
     dev = _kernel_device()
-    ragged_passed = False
+    ragged_passed = plain_passed = False
     for i, (B, H, T, d, causal, dtype) in enumerate(_BACKWARD_CASES):
         q, k, v = (x.to(dtype) for x in _qkv(B, H, T, d, seed=950 + i, spread=1.0))
         do = torch.randn(B, H, T, d, generator=_gen(960 + i)).to(dtype)
@@ -877,7 +881,12 @@ def flash_attention_triton_backward(t: Trial) -> None:
                 elif not hint and B * H > 1 and ragged_passed:
                     hint = ("cases with B = H = 1 passed but this one has several batches and heads: program_id(1) is "
                             "b * H + h; offset every tensor by b * stride_b + h * stride_h (lse and D by (b * H + h) * T).")
+                elif not hint and causal and plain_passed:
+                    hint = ("the non-causal case passed, so look at the causal parts: P must be 0 for keys j > i "
+                            "(offs_m[:, None] >= offs_n[None, :]) in both kernels, and the loops must cover every pair "
+                            "j <= i: dK/dV from the key block's first query on, dQ up to the end of its query block.")
                 hint = hint or _BWD_HINTS[name]
             t.tensor(g, e, what=f"grad_{name[1]}", hint=hint, **tol,
                      mistakes=_backward_mistakes(q, k, v, lse, do, causal, which, dtype, dev))
         ragged_passed = ragged_passed or bool(T % 16)
+        plain_passed = plain_passed or not causal

@@ -359,7 +359,8 @@ if triton is not None:
     def _learner_bwd_dkdv(
         Q, K, V, DO, DK, DV, Lse, Delta, sm_scale, stride_b, stride_h, stride_t, H, T,
         HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        MASK_LOADS: tl.constexpr, MASK_STORE: tl.constexpr, CAUSAL_MODE: tl.constexpr,  # 0 ok, 1 no mask, 2 j < i
+        MASK_LOADS: tl.constexpr, MASK_STORE: tl.constexpr,
+        CAUSAL_MODE: tl.constexpr,  # 0: ok; 1: no mask, all blocks; 2: keep j < i; 3: blocks skipped, no mask
         SCALE_GRADS: tl.constexpr, USE_DELTA: tl.constexpr, LSE_CONVERT: tl.constexpr,
     ):
         start_n = tl.program_id(0)
@@ -533,6 +534,7 @@ if triton is not None:
         (triton_forward_calls_course_kernel, "the course's kernel"),
     ]
     WRONG["flash_attention_triton_backward"] = [
+        (_backward("bwd_causal_blocks_but_no_mask", CAUSAL_MODE=3), "the non-causal case passed"),
         (_backward("bwd_no_sm_scale", SCALE_GRADS=False), "miss the softmax scale"),
         (_backward("bwd_no_delta", USE_DELTA=False), "D is missing"),
         (_backward("bwd_lse_not_converted", LSE_CONVERT=False), "lse in the wrong units"),
