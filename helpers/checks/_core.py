@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import numbers
 import os
 import re
 import signal
@@ -304,7 +305,7 @@ class Trial:
             self.fail(f"{what}: expected a number, got None.", "did you forget the `return` statement?")
         if isinstance(got, torch.Tensor) and got.numel() == 1:
             self.fail(f"{what}: expected a Python number, got a tensor {describe(got)}.", "return `.item()` of it.")
-        if isinstance(got, bool) or not isinstance(got, (int, float)) and type(got).__module__ != "numpy":
+        if isinstance(got, bool) or not isinstance(got, numbers.Real):  # numbers.Real includes NumPy scalars
             self.fail(f"{what}: expected a number, got {describe(got)}.", hint)
         if integer and not (isinstance(got, int) or float(got).is_integer()):
             self.fail(f"{what}: expected a whole number, got {got!r}.", "counts of bytes and FLOPs are integers: use // and int().")
