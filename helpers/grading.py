@@ -3,7 +3,8 @@
 Each notebook runs top to bottom in a fresh kernel with a per-cell time limit; every
 ``checks.<name>(...)`` call records its outcome, and the table lists each exercise the notebook
 contains with its points, status (passed / failed / not attempted / error / timed out / not run)
-and hint. The exit code is 0 only when every exercise passed.
+and hint. The exit code is 0 only when every exercise passed (bonus exercises are scored apart and
+never block a pass).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class Row:
     points: int
     status: str
     hint: str = ""
+    bonus: bool = False
 
     @property
     def earned(self) -> int:
@@ -99,22 +101,32 @@ def grade_notebook(path: Path, cell_timeout: int = DEFAULT_CELL_TIMEOUT_S) -> li
         else:
             status, hint = "not run", startup_error or "the check cell did not run."
         previous_check_cell = cell_index
-        rows.append(Row(path.name, ex.id, name, ex.points, status, hint))
+        rows.append(Row(path.name, ex.id, name, ex.points, status, hint, ex.bonus))
     return rows
 
 
 def format_table(rows: list[Row]) -> str:
-    """A plain-text table: exercise, points, status, hint; then the score."""
+    """A plain-text table: exercise, points, status, hint; then the score (bonus points apart)."""
     header = ("exercise", "points", "status", "hint")
-    body = [(f"{r.id} {r.name}", f"{r.earned}/{r.points}", r.status, r.hint.replace("\n", " ")) for r in rows]
+    body = [(f"{r.id} {r.name}", f"{r.earned}/{r.points}" + (" bonus" if r.bonus else ""), r.status,
+             r.hint.replace("\n", " ")) for r in rows]
     widths = [max(len(x[i]) for x in [header, *body]) for i in range(3)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header[:3], widths)) + "  " + header[3]]
     lines.append("  ".join("-" * w for w in widths) + "  " + "-" * 4)
     lines += ["  ".join(c.ljust(w) for c, w in zip(row[:3], widths)) + "  " + row[3] for row in body]
-    earned, total = sum(r.earned for r in rows), sum(r.points for r in rows)
-    passed = sum(r.status == "passed" for r in rows)
-    lines.append(f"score: {earned}/{total} points, {passed}/{len(rows)} exercises passed")
+    core = [r for r in rows if not r.bonus]
+    bonus = [r for r in rows if r.bonus]
+    score = f"score: {sum(r.earned for r in core)}/{sum(r.points for r in core)} points"
+    if bonus:
+        score += f" + {sum(r.earned for r in bonus)}/{sum(r.points for r in bonus)} bonus"
+    passed = sum(r.status == "passed" for r in core)
+    lines.append(f"{score}, {passed}/{len(core)} exercises passed")
     return "\n".join(lines)
+
+
+def passed(rows: list[Row]) -> bool:
+    """True when there is something to grade and every exercise that is not a bonus passed."""
+    return bool(rows) and all(r.status == "passed" for r in rows if not r.bonus)
 
 
 def _collect(targets: list[str]) -> list[Path]:
@@ -145,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  (no graded exercises in {path.name})")
         rows += got
     print(format_table(rows))
-    return 0 if rows and all(r.status == "passed" for r in rows) else 1
+    return 0 if passed(rows) else 1
 
 
 if __name__ == "__main__":

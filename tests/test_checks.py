@@ -78,5 +78,6 @@ def test_exercise_registry_matches_the_contract():
     for name, ex in EXERCISES.items():
         assert CONTRACT.get(ex.id) == name, f"check {name} has id {ex.id}; the contract says {CONTRACT.get(ex.id)}"
         assert ex.points == ex.stars, ex
+        assert ex.bonus == (ex.id == "9.4"), f"{ex.id}: only 9.4 is a bonus exercise"
         assert hasattr(reference, name), f"helpers.reference.{name} is missing"
         assert hasattr(checks, name), f"helpers.checks.{name} is not exported"

@@ -14,7 +14,7 @@ import nbformat
 import pytest
 
 from helpers import notebooks as nbtools
-from helpers.grading import format_table, grade_notebook
+from helpers.grading import Row, format_table, grade_notebook, passed
 from helpers.grading import main as grade_main
 
 ROOT = nbtools.ROOT
@@ -238,6 +238,15 @@ def test_grading_reports_timeouts_and_errors(tmp_path):
     assert rows["merge_heads"].status == "timed out", format_table(list(rows.values()))
     assert rows["scaled_dot_product_attention"].status == "error"
     assert "NameError" in rows["scaled_dot_product_attention"].hint
+
+
+def test_bonus_points_are_scored_apart_and_never_block_a_pass():
+    rows = [Row("nb", "9.3", "a", 3, "passed"), Row("nb", "9.4", "b", 3, "not attempted", bonus=True)]
+    table = format_table(rows)
+    assert "score: 3/3 points + 0/3 bonus, 1/1 exercises passed" in table and "0/3 bonus" in table
+    assert passed(rows)
+    assert not passed([Row("nb", "9.3", "a", 3, "failed"), Row("nb", "9.4", "b", 3, "passed", bonus=True)])
+    assert not passed([])
 
 
 def test_grade_rejects_bad_targets(tmp_path, capsys):

@@ -32,7 +32,8 @@ DEFAULT_TIME_LIMIT_S = 20.0
 
 @dataclass(frozen=True)
 class Exercise:
-    """One graded exercise: id "1.1", function name, title, points, stars, notebook stem."""
+    """One graded exercise: id "1.1", function name, title, points, stars, notebook stem, and
+    whether it is a bonus (its points are reported apart and never block a pass)."""
 
     id: str
     name: str
@@ -40,6 +41,7 @@ class Exercise:
     points: int
     stars: int
     notebook: str
+    bonus: bool = False
 
 
 EXERCISES: dict[str, Exercise] = {}  # function name -> Exercise
@@ -351,7 +353,8 @@ def _record(ex: Exercise, status: str, hint: str = "") -> None:
             f.write(json.dumps({"name": ex.name, "status": status, "hint": hint}) + "\n")
 
 
-def exercise(id: str, title: str, points: int, stars: int, notebook: str, time_limit: float | None = None):
+def exercise(id: str, title: str, points: int, stars: int, notebook: str, time_limit: float | None = None,
+             bonus: bool = False):
     """Turn ``body(t: Trial)`` into the check ``checks.<name>(fn)`` for exercise ``id``.
 
     The check prints one line when everything passes; otherwise it raises :class:`CheckFailed`.
@@ -360,7 +363,7 @@ def exercise(id: str, title: str, points: int, stars: int, notebook: str, time_l
     """
 
     def decorate(body: Callable[[Trial], None]) -> Callable[[Callable], None]:
-        ex = Exercise(id=id, name=body.__name__, title=title, points=points, stars=stars, notebook=notebook)
+        ex = Exercise(id=id, name=body.__name__, title=title, points=points, stars=stars, notebook=notebook, bonus=bonus)
         if ex.name in EXERCISES:
             raise ValueError(f"two checks are named {ex.name}")
         EXERCISES[ex.name] = ex
@@ -384,7 +387,8 @@ def exercise(id: str, title: str, points: int, stars: int, notebook: str, time_l
                 _record(ex, "error", f"the check crashed: {type(e).__name__}: {e}")
                 raise
             _record(ex, "passed")
-            print(f"✓ {ex.id} {ex.name}: {ex.title} ({ex.points} pt{'s' if ex.points != 1 else ''}) passed")
+            kind = " bonus" if ex.bonus else ""
+            print(f"✓ {ex.id} {ex.name}: {ex.title} ({ex.points}{kind} pt{'s' if ex.points != 1 else ''}) passed")
 
         check.exercise = ex  # type: ignore[attr-defined]
         return check

@@ -848,8 +848,8 @@ _BACKWARD_CASES = [  # (B, H, T, d, causal, dtype): friendly T = 128 first, then
 ]
 
 
-@exercise("9.4", "FlashAttention backward in Triton (bonus)", points=3, stars=3, notebook=NB,
-          time_limit=TRITON_TIME_LIMIT_S)
+@exercise("9.4", "FlashAttention backward in Triton", points=3, stars=3, notebook=NB,
+          time_limit=TRITON_TIME_LIMIT_S, bonus=True)
 def flash_attention_triton_backward(t: Trial) -> None:
     t.error_hints = _TRITON_ERRORS
     dev = _kernel_device()
