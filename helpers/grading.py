@@ -27,6 +27,10 @@ from .checks._core import GRADE_LOG_ENV
 DEFAULT_CELL_TIMEOUT_S = 300
 
 
+class UnreadableNotebook(Exception):
+    """The file could not be read as a Jupyter notebook."""
+
+
 @dataclass
 class Row:
     notebook: str
@@ -57,7 +61,10 @@ def grade_notebook(path: Path, cell_timeout: int = DEFAULT_CELL_TIMEOUT_S) -> li
     """Execute one notebook in a fresh kernel and return one row per exercise it checks."""
     from nbclient import NotebookClient
 
-    nb = nbformat.read(path, as_version=4)
+    try:
+        nb = nbformat.read(path, as_version=4)
+    except Exception as e:  # noqa: BLE001 - not JSON, not a notebook, a newer format...
+        raise UnreadableNotebook(f"{path} is not a readable notebook ({type(e).__name__}: {str(e).strip()[:200]})") from None
     expected: list[tuple[str, int]] = []  # (exercise name, index of the cell that checks it)
     for i, cell in enumerate(nb.cells):
         if cell.cell_type == "code":
@@ -150,14 +157,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cell-timeout", type=int, default=DEFAULT_CELL_TIMEOUT_S, help="seconds per cell")
     args = parser.parse_args(argv)
     rows: list[Row] = []
+    unreadable = []
     for path in _collect(args.targets):
         print(f"grading {path} ...", flush=True)
-        got = grade_notebook(path, args.cell_timeout)
+        try:
+            got = grade_notebook(path, args.cell_timeout)
+        except UnreadableNotebook as e:
+            print(f"  error: {e}")
+            unreadable.append(path)
+            continue
         if not got:
             print(f"  (no graded exercises in {path.name})")
         rows += got
     print(format_table(rows))
-    return 0 if passed(rows) else 1
+    if unreadable:
+        print(f"not graded (unreadable): {', '.join(str(p) for p in unreadable)}")
+    return 0 if passed(rows) and not unreadable else 1
 
 
 if __name__ == "__main__":

@@ -254,6 +254,10 @@ def test_grade_rejects_bad_targets(tmp_path, capsys):
         grade_main([str(tmp_path / "missing.txt")])
     with pytest.raises(SystemExit, match="no NN_topic.ipynb notebooks"):
         grade_main([str(tmp_path)])
+    broken = tmp_path / "01_qkv_shapes.ipynb"
+    broken.write_text("{not json")
+    assert grade_main([str(broken)]) == 1
+    assert "is not a readable notebook (NotJSONError" in capsys.readouterr().out
 
 
 def test_make_grade_is_wired():
