@@ -57,3 +57,17 @@ def setup(seed: int = 0, quiet: bool = False) -> torch.device:
         colab = ", Colab" if in_colab() else ""
         print(f"Runtime: {where}{colab}, {triton}, seed {seed}")
     return device
+
+
+def machine_name() -> str:
+    """Where a measurement was taken, e.g. ``AMD EPYC, 2 cores, Linux-6.1-x86_64, torch 2.13.0+cpu``
+    (the GPU's name first when CUDA is in use). Notebooks print it next to every timing."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        cpu = platform.processor() or platform.machine()
+    gpu = f"{torch.cuda.get_device_name()}, " if has_cuda() else ""
+    return f"{gpu}{cpu}, {os.cpu_count()} cores, {platform.platform(terse=True)}, torch {torch.__version__}"

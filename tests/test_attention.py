@@ -65,3 +65,8 @@ def test_setup_seeds_and_switches_on_the_interpreter_without_cuda(capsys, monkey
     if not torch.cuda.is_available():
         assert device.type == "cpu" and os.environ["TRITON_INTERPRET"] == "1" and "interpreter on" in out
     assert runtime.in_colab() is False
+
+
+def test_machine_name_names_cpu_cores_and_torch():
+    name = runtime.machine_name()
+    assert f"{os.cpu_count()} cores" in name and f"torch {torch.__version__}" in name
