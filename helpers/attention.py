@@ -46,6 +46,12 @@ def causal_mask(T: int, device: torch.device | str | None = None) -> torch.Tenso
     return torch.ones(T, T, dtype=torch.bool, device=device).tril()
 
 
+def finite_or_zero(m: torch.Tensor) -> torch.Tensor:
+    """Replace -inf (a row max when nothing is allowed, or nothing seen yet) by 0, so that
+    ``x - m`` never computes ``-inf - -inf = NaN``."""
+    return torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+
+
 def masked_softmax(scores: torch.Tensor, allowed: torch.Tensor | None = None) -> torch.Tensor:
     """Softmax over the last dim of ``scores`` ``[..., T_k]`` where ``allowed`` (bool, broadcastable)
     is True. Stable for large scores (the row maximum is subtracted); a row with nothing allowed
@@ -54,9 +60,8 @@ def masked_softmax(scores: torch.Tensor, allowed: torch.Tensor | None = None) ->
         return torch.softmax(scores, dim=-1)
     allowed = allowed.expand_as(scores)
     masked = scores.masked_fill(~allowed, float("-inf"))
-    row_max = masked.amax(dim=-1, keepdim=True)
-    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
-    e = torch.exp(masked - row_max)  # exp(-inf) = 0 exactly, so disallowed keys get no mass
+    # exp(-inf) = 0 exactly, so disallowed keys get no mass; an all-disallowed row gives e = 0.
+    e = torch.exp(masked - finite_or_zero(masked.amax(dim=-1, keepdim=True)))
     denom = e.sum(dim=-1, keepdim=True)
     return e / torch.where(denom > 0, denom, torch.ones_like(denom))
 

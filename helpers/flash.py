@@ -13,10 +13,7 @@ import math
 
 import torch
 
-
-def _finite_or_zero(m: torch.Tensor) -> torch.Tensor:
-    """Replace -inf (a row with nothing seen yet) by 0 so that ``x - m`` never gives -inf - -inf = NaN."""
-    return torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+from .attention import finite_or_zero
 
 
 def online_softmax(x: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -40,10 +37,10 @@ def online_softmax(x: torch.Tensor, block_size: int) -> torch.Tensor:
     for start in range(0, n, block_size):
         block = xf[..., start : start + block_size]  # [..., <= block_size]
         m_new = torch.maximum(m, block.amax(dim=-1))
-        safe = _finite_or_zero(m_new)
+        safe = finite_or_zero(m_new)
         l = l * torch.exp(m - safe) + torch.exp(block - safe[..., None]).sum(dim=-1)
         m = m_new
-    p = torch.exp(xf - _finite_or_zero(m)[..., None])
+    p = torch.exp(xf - finite_or_zero(m)[..., None])
     l = torch.where(l > 0, l, torch.ones_like(l))  # an all -inf row: p is all 0, keep it so
     return (p / l[..., None]).to(x.dtype)
 

@@ -203,19 +203,14 @@ def write_exercises() -> None:
 # --------------------------------------------------------------------------- sync: bootstrap + README
 
 
-def set_bootstrap(nb: nbformat.NotebookNode, source: str) -> bool:
-    """Make the first code cell the bootstrap cell; return True if the notebook changed."""
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            if BOOTSTRAP_TAG in cell.metadata.get("tags", []):
-                changed = cell.source != source
-                cell.source = source
-                return changed
-            break
-    cell = nbformat.v4.new_code_cell(source, metadata={"tags": [BOOTSTRAP_TAG]})
-    first_code = next((i for i, c in enumerate(nb.cells) if c.cell_type == "code"), len(nb.cells))
-    nb.cells.insert(first_code, cell)
-    return True
+def set_bootstrap(nb: nbformat.NotebookNode, source: str) -> None:
+    """Make the first code cell the bootstrap cell (inserting one if it is missing)."""
+    first_code = next((c for c in nb.cells if c.cell_type == "code"), None)
+    if first_code is not None and BOOTSTRAP_TAG in first_code.metadata.get("tags", []):
+        first_code.source = source
+        return
+    index = nb.cells.index(first_code) if first_code is not None else len(nb.cells)
+    nb.cells.insert(index, nbformat.v4.new_code_cell(source, metadata={"tags": [BOOTSTRAP_TAG]}))
 
 
 def readme_map(repo: str | None = None) -> str:
@@ -248,8 +243,9 @@ def sync() -> None:
     source = bootstrap_source()
     for path in notebook_paths("notebooks", "solutions"):
         nb = read(path)
-        if set_bootstrap(nb, source) | (dumps(nb) != dumps(normalize(nbformat.from_dict(nb)))):
-            normalize(nb)
+        before = dumps(nb)
+        set_bootstrap(normalize(nb), source)
+        if dumps(nb) != before:
             write(nb, path)
             print(f"bootstrap cell updated: {path.relative_to(ROOT)}")
     write_exercises()

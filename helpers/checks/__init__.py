@@ -6,7 +6,7 @@ case, expected vs got, and a hint at the likely mistake. See ``_core`` for the m
 topic module lists its checks in ``__all__``.
 """
 
-from ._core import EXERCISES, RESULTS, CheckFailed, LearnerError, NotAttempted, TimedOut
+from ._core import EXERCISES, CheckFailed, LearnerError, NotAttempted, TimedOut
 from .backward import *  # noqa: F403  (04_backward)
 from .flash import *  # noqa: F403  (09_flash_attention)
 from .masks import *  # noqa: F403  (03_masks)

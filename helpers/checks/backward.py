@@ -8,15 +8,12 @@ import torch
 
 from .. import attention as att
 from .. import backward as ref
-from ._core import Trial, describe_case, exercise
+from ._core import Trial, describe_case, exercise, seeded
 
 __all__ = ["softmax_jacobian", "softmax_backward", "attention_backward"]
 
 NB = "04_backward"
 
-
-def _gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 # --------------------------------------------------------------------------- 4.1
@@ -42,7 +39,7 @@ def softmax_jacobian(t: Trial) -> None:
     t.error_hints = {r"cannot be multiplied|size of tensor|mismatch": "for a vector s of length n, the outer product is torch.outer(s, s) ([n, n])."}
     cases = [torch.tensor([0.7, 0.2, 0.1])]  # seed 003's worked example
     for seed, (n, dtype) in enumerate([(5, torch.float64), (7, torch.float32), (4, torch.float32)]):
-        cases.append(torch.softmax(1.5 * torch.randn(n, generator=_gen(400 + seed), dtype=dtype), dim=-1))
+        cases.append(torch.softmax(1.5 * torch.randn(n, generator=seeded(400 + seed), dtype=dtype), dim=-1))
     for s in cases:
         got = t.call(s, case=describe_case(s=s) + f" = {[round(x, 4) for x in s.tolist()]}")
         t.tensor(got, ref.softmax_jacobian(s), what="J", mistakes=_jacobian_mistakes(s),
@@ -80,7 +77,7 @@ def softmax_backward(t: Trial) -> None:
     # missing keepdim broadcast silently (and wrongly) instead of raising; masked rows hold zeros.
     cases = [((2, 3, 5), torch.float32, False), ((4, 7), torch.float64, False), ((6, 6), torch.float32, True), ((8,), torch.float64, False)]
     for seed, (shape, dtype, masked) in enumerate(cases):
-        g = _gen(420 + seed)
+        g = seeded(420 + seed)
         scores = 2.0 * torch.randn(*shape, generator=g, dtype=dtype)
         p = att.masked_softmax(scores, att.causal_mask(shape[-1]) if masked else None)
         grad_p = torch.randn(*shape, generator=g, dtype=dtype)
@@ -184,7 +181,7 @@ def attention_backward(t: Trial) -> None:
     # (leading dims, T, d_k, d_v, causal): T, d_k, d_v all different, so a missing transpose shows.
     cases = [((2, 3), 5, 4, 6, False), ((2,), 7, 3, 5, True), ((), 6, 8, 2, True), ((3, 2), 4, 6, 3, False)]
     for seed, (lead, T, d_k, d_v, causal) in enumerate(cases):
-        g = _gen(440 + seed)
+        g = seeded(440 + seed)
         q = 1.5 * torch.randn(*lead, T, d_k, generator=g, dtype=torch.float64)
         k = 1.5 * torch.randn(*lead, T, d_k, generator=g, dtype=torch.float64)
         v = torch.randn(*lead, T, d_v, generator=g, dtype=torch.float64)

@@ -34,7 +34,7 @@ from torch.utils._pytree import tree_flatten
 from .. import attention as att
 from .. import flash as ref
 from .. import reference
-from ._core import Trial, describe, describe_case, exercise
+from ._core import Trial, describe, describe_case, exercise, seeded
 
 __all__ = ["online_softmax", "flash_attention_tiled", "flash_attention_triton", "flash_attention_triton_backward"]
 
@@ -45,9 +45,6 @@ TRITON_TIME_LIMIT_S = 120.0  # per call: the interpreter is slow, and a GPU comp
 _HELPERS = Path(__file__).resolve().parent.parent
 _SOLUTION_FILES = {str(_HELPERS / "flash.py"), str(_HELPERS / "triton_flash.py"), ref.__file__}
 
-
-def _gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 def _is_reference(fn: Callable) -> bool:
@@ -150,7 +147,7 @@ _ONLINE_HINT = ("one pass over blocks: m_new = max(m, block max); l = l * exp(m 
 
 def _online_cases() -> list[tuple[torch.Tensor, int, str, bool]]:
     """(x, block_size, hint for this case, whether to check the block structure)."""
-    g = _gen(900)
+    g = seeded(900)
     # A rising trend makes later blocks raise the running max, so a missing rescale shows.
     x_main = torch.randn(2, 5, 14, generator=g) * 2 + torch.linspace(0, 4, 14)  # blocks 4 + 4 + 4 + 2
     x_1d = torch.randn(7, generator=g) * 2 + torch.linspace(0, 3, 7)  # blocks 3 + 3 + 1
@@ -233,7 +230,7 @@ def online_softmax(t: Trial) -> None:
 
 def _qkv(B: int, H: int, T: int, d: int, seed: int, dtype=torch.float32, spread: float = 1.5):
     """q, k, v ``[B, H, T, d]``; q and k scaled by ``spread`` so the softmax is neither flat nor one-hot."""
-    g = _gen(seed)
+    g = seeded(seed)
     q = torch.randn(B, H, T, d, generator=g) * spread
     k = torch.randn(B, H, T, d, generator=g) * spread
     v = torch.randn(B, H, T, d, generator=g)
@@ -686,7 +683,7 @@ def _weights_hint(P: torch.Tensor, P_ref: torch.Tensor, raw: torch.Tensor, causa
 
 def _probe(T: int, d: int = 128, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q, k random ``[1, 1, T, d]`` and v with one-hot rows (v[j] = e_j), so that out[i, :T] = P[i, :]."""
-    g = _gen(seed)
+    g = seeded(seed)
     q = torch.randn(1, 1, T, d, generator=g)
     k = torch.randn(1, 1, T, d, generator=g)
     return q, k, torch.eye(T, d).view(1, 1, T, d)
@@ -856,7 +853,7 @@ def flash_attention_triton_backward(t: Trial) -> None:
     ragged_passed = plain_passed = False
     for i, (B, H, T, d, causal, dtype) in enumerate(_BACKWARD_CASES):
         q, k, v = (x.to(dtype) for x in _qkv(B, H, T, d, seed=950 + i, spread=1.0))
-        do = torch.randn(B, H, T, d, generator=_gen(960 + i)).to(dtype)
+        do = torch.randn(B, H, T, d, generator=seeded(960 + i)).to(dtype)
         out64, lse64, _, _ = _attention64(q, k, v, causal)
         lse = lse64.float()
         qr, kr, vr = (x.detach().double().requires_grad_() for x in (q, k, v))

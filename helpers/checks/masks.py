@@ -9,7 +9,7 @@ import torch
 
 from .. import attention as att
 from .. import masks as ref
-from ._core import Trial, describe, describe_case, exercise
+from ._core import Trial, describe, describe_case, exercise, seeded
 
 __all__ = ["causal_mask", "padding_mask", "masked_softmax", "prefix_lm_mask", "packed_causal_mask", "find_mask_leaks"]
 
@@ -18,9 +18,6 @@ NB = "03_masks"
 POLARITY = ("the mask is inverted: True means *may attend* (the convention of "
             "torch.nn.functional.scaled_dot_product_attention), False means blocked.")
 
-
-def _gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 def _tril(T: int, diagonal: int = 0, cols: int | None = None) -> torch.Tensor:
@@ -139,7 +136,7 @@ def masked_softmax(t: Trial) -> None:
         "[T_q, T_k] or [B, 1, 1, T_k]): use scores.masked_fill(~allowed, float('-inf')) or torch.where, which "
         "broadcast, instead of boolean indexing.",
     }
-    g = _gen(300)
+    g = seeded(300)
     B, H, T_q, T_k = 2, 3, 4, 6
     # 1. moderate scores, a [T_q, T_k] mask that broadcasts over B and H (every row has a key).
     s1 = torch.randn(B, H, T_q, T_k, generator=g) * 2
@@ -223,7 +220,7 @@ def toy_attention(mask: torch.Tensor, d_model: int, seed: int, layers: int = 1,
     ``roundoff`` adds a step that cancels exactly on paper but leaves float round-off that depends on
     every position."""
     T = mask.shape[-1]
-    g = _gen(seed)
+    g = seeded(seed)
     weights = [torch.randn(d_model, 3 * d_model, generator=g, dtype=torch.float64) / math.sqrt(d_model) for _ in range(layers)]
 
     def attention_fn(x: torch.Tensor) -> torch.Tensor:

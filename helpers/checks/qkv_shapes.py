@@ -7,7 +7,7 @@ import math
 import torch
 
 from .. import attention as ref
-from ._core import Trial, describe_case, exercise
+from ._core import Trial, describe_case, exercise, seeded
 
 NB = "01_qkv_shapes"
 
@@ -15,9 +15,6 @@ NB = "01_qkv_shapes"
 # then shows up as a wrong shape or wrong values, never as a lucky pass.
 _QKV_CASES = [(2, 5, 12, 3), (1, 7, 8, 2), (3, 4, 30, 5)]  # (B, T, D, H)
 
-
-def _gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 @exercise("1.1", "Q/K/V projection and head split", points=1, stars=1, notebook=NB)
@@ -27,7 +24,7 @@ def qkv_projection(t: Trial) -> None:
         r"cannot be multiplied": "the projection is x @ w_qkv: x is [B, T, D] and w_qkv is [D, 3D].",
     }
     for seed, (B, T, D, H) in enumerate(_QKV_CASES):
-        g = _gen(seed)
+        g = seeded(seed)
         x = torch.randn(B, T, D, generator=g)
         w = torch.randn(D, 3 * D, generator=g) / math.sqrt(D)
         got = t.tuple(t.call(x, w, H, case=describe_case(x=x, w_qkv=w, n_heads=H)), 3, ("q", "k", "v"))
@@ -61,7 +58,7 @@ def merge_heads(t: Trial) -> None:
         "use .reshape(B, T, H * d_k) (or .contiguous().view(...)).",
     }
     for seed, (B, H, T, d_k) in enumerate([(2, 3, 5, 4), (1, 4, 6, 2), (3, 2, 7, 5)]):
-        o = torch.randn(B, H, T, d_k, generator=_gen(100 + seed))
+        o = torch.randn(B, H, T, d_k, generator=seeded(100 + seed))
         got = t.call(o, case=describe_case(o=o))
         mistakes = {
             "you reshaped [B, H, T, d_k] straight to [B, T, H*d_k]: transpose(1, 2) first so that the "
@@ -96,7 +93,7 @@ def scaled_dot_product_attention(t: Trial) -> None:
     # (leading dims, T_q, T_k, d_k, d_v): T != d_k everywhere; cross-attention and d_v != d_k included.
     cases = [((2, 3), 5, 5, 4, 4), ((2,), 3, 6, 8, 5), ((1, 2), 7, 7, 6, 3), ((), 4, 9, 2, 7)]
     for seed, (lead, T_q, T_k, d_k, d_v) in enumerate(cases):
-        g = _gen(200 + seed)
+        g = seeded(200 + seed)
         q = torch.randn(*lead, T_q, d_k, generator=g) * 1.5
         k = torch.randn(*lead, T_k, d_k, generator=g) * 1.5
         v = torch.randn(*lead, T_k, d_v, generator=g)

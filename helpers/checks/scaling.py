@@ -7,15 +7,12 @@ import math
 import torch
 
 from .. import attention, scaling
-from ._core import Trial, describe_case, exercise
+from ._core import Trial, describe_case, exercise, seeded
 
 __all__ = ["scaled_scores", "attention_entropy", "dot_product_std"]
 
 NB = "02_scaling"
 
-
-def _gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 # --------------------------------------------------------------------------- 2.1 scaled_scores
@@ -35,7 +32,7 @@ def scaled_scores(t: Trial) -> None:
     # catches a result built in a fresh (default float32) tensor.
     cases = [((2, 3), 5, 7, 4, torch.float32), ((), 6, 3, 16, torch.float32), ((2,), 3, 6, 9, torch.float64)]
     for seed, (lead, T_q, T_k, d_k, dtype) in enumerate(cases):
-        g = _gen(300 + seed)
+        g = seeded(300 + seed)
         q = torch.randn(*lead, T_q, d_k, generator=g, dtype=dtype)
         k = torch.randn(*lead, T_k, d_k, generator=g, dtype=dtype)
         got = t.call(q, k, case=describe_case(q=q, k=k))
@@ -80,7 +77,7 @@ def _entropy_mistakes(p: torch.Tensor) -> dict:
 @exercise("2.2", "attention entropy", points=1, stars=1, notebook=NB)
 def attention_entropy(t: Trial) -> None:
     cases = []
-    g = _gen(400)
+    g = seeded(400)
     # Dense rows, leading dims (2, 3), 5 queries over 7 keys: a wrong axis shows in the shape.
     cases.append(torch.softmax(torch.randn(2, 3, 5, 7, generator=g), dim=-1))
     # Causal attention weights: exact zeros above the diagonal (0·log 0), and a square matrix,
@@ -137,7 +134,7 @@ def _call_watched(t: Trial, d_k: int, n: int, seed: int, global_state: torch.Ten
     """Call with a fresh generator seeded ``seed``. Returns (result, global RNG changed, generator
     used). The global RNG state is put back afterwards, so a learner's function cannot shift the
     random numbers of the notebook around it."""
-    g = _gen(seed)
+    g = seeded(seed)
     g_before = g.get_state()
     saved = torch.get_rng_state()
     if global_state is not None:
@@ -223,7 +220,7 @@ def dot_product_std(t: Trial) -> None:
         t.fail(f"with n_samples={_SPREAD_N} your function returned {bad!r}.",
                "use all n_samples pairs, and return a finite float.")
     spread = torch.tensor([_as_float(v) for v in got], dtype=torch.float64).std().item()
-    g = _gen(999)
+    g = seeded(999)
     q = torch.randn(4000, _SPREAD_N, _SPREAD_D, generator=g, dtype=torch.float64)
     k = torch.randn(4000, _SPREAD_N, _SPREAD_D, generator=g, dtype=torch.float64)
     ref_spread = (q * k).sum(-1).std(dim=-1).std().item()
