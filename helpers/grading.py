@@ -74,22 +74,16 @@ def grade_notebook(path: Path, cell_timeout: int = DEFAULT_CELL_TIMEOUT_S) -> li
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "grade.jsonl"
         log.touch()
-        old = os.environ.get(GRADE_LOG_ENV)
-        os.environ[GRADE_LOG_ENV] = str(log)
         client = NotebookClient(
             nb, timeout=cell_timeout, kernel_name="python3", allow_errors=True, interrupt_on_timeout=True,
             resources={"metadata": {"path": str(path.parent)}},
         )
         startup_error = ""
         try:
-            client.execute(stderr=subprocess.DEVNULL)  # the kernel's own log lines are noise here
+            # The kernel's environment tells the checks where to record; its own log lines are noise here.
+            client.execute(env={**os.environ, GRADE_LOG_ENV: str(log)}, stderr=subprocess.DEVNULL)
         except Exception as e:  # noqa: BLE001 - the kernel died or could not start: grade what was recorded
             startup_error = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
-        finally:
-            if old is None:
-                os.environ.pop(GRADE_LOG_ENV, None)
-            else:
-                os.environ[GRADE_LOG_ENV] = old
         records: dict[str, dict] = {}
         for line in log.read_text(encoding="utf-8").splitlines():
             rec = json.loads(line)
