@@ -29,6 +29,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `helpers` when run as a script
 
+from helpers.attention import causal_mask  # noqa: E402
+
 try:
     from helpers import triton_flash as tf  # noqa: E402  (turns on the interpreter without CUDA)
 except ImportError as exc:  # no Triton on this platform
@@ -64,8 +66,7 @@ def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     """softmax(q k^T / sqrt(d)) v with the full ``[B, H, T, T]`` scores: q, k, v ``[B, H, T, d]``."""
     s = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
     if causal:
-        T = q.shape[-2]
-        s = s.masked_fill(torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+        s = s.masked_fill(~causal_mask(q.shape[-2], device=q.device), float("-inf"))
     return torch.softmax(s, dim=-1) @ v
 
 
