@@ -263,7 +263,7 @@ def test_grade_rejects_bad_targets(tmp_path, capsys):
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 def test_make_grade_is_wired():
     def dry_run(*args):
-        return subprocess.run(["make", "-n", "grade", "PY=python", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+        return subprocess.run(["make", "--no-print-directory", "-n", "grade", "PY=python", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout
 
     assert dry_run().strip() == "python -m helpers.grading exercises"
     assert dry_run("NB=exercises/01_qkv_shapes.ipynb").strip() == "python -m helpers.grading exercises/01_qkv_shapes.ipynb"
