@@ -1,0 +1,52 @@
+"""Sizes of real models, one definition for every notebook that counts parameters, FLOPs or bytes.
+
+Each entry is a published configuration (the model's ``config.json`` or paper; the source is named
+in ``source``). Only the sizes that attention and its memory depend on are kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Attention-relevant sizes of one model.
+
+    ``d_model`` D, ``n_layers`` L, ``n_heads`` H, ``n_kv_heads`` H_kv, ``head_dim`` d_h,
+    ``d_ff`` the (dense) MLP width, ``kind`` one of "mha", "gqa", "mqa", "mla". For MLA,
+    ``kv_lora_rank`` d_c and ``rope_dim`` d_r are what the cache holds per token per layer.
+    """
+
+    name: str
+    kind: str
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    d_ff: int
+    vocab: int
+    source: str
+    kv_lora_rank: int = 0
+    rope_dim: int = 0
+
+
+MODELS: dict[str, ModelConfig] = {
+    m.name: m
+    for m in [
+        ModelConfig("Transformer (base)", "mha", 512, 6, 8, 8, 64, 2048, 37000,
+                    "Vaswani et al. 2017, Table 3 (base model; shared BPE vocabulary of about 37,000)"),
+        ModelConfig("GPT-2 small", "mha", 768, 12, 12, 12, 64, 3072, 50257, "GPT-2 config.json (gpt2)"),
+        ModelConfig("Llama-3-8B", "gqa", 4096, 32, 32, 8, 128, 14336, 128256, "Meta-Llama-3-8B config.json"),
+        ModelConfig("Llama-3-70B", "gqa", 8192, 80, 64, 8, 128, 28672, 128256, "Meta-Llama-3-70B config.json"),
+        ModelConfig("Llama-4-Maverick", "gqa", 5120, 48, 40, 8, 128, 16384, 202048,
+                    "Llama4TextConfig (hidden_size 5120, 40 heads, 8 KV heads, head_dim 128, 48 layers, "
+                    "intermediate_size_mlp 16384 in the dense layers)"),
+        ModelConfig("Qwen3-8B", "gqa", 4096, 36, 32, 8, 128, 12288, 151936, "Qwen3-8B config.json"),
+        ModelConfig("Falcon-7B", "mqa", 4544, 32, 71, 1, 64, 18176, 65024, "Falcon-7B config.json (multi-query: one KV head)"),
+        ModelConfig("DeepSeek-V3", "mla", 7168, 61, 128, 128, 128, 18432, 129280,
+                    "DeepSeek-V3 config (kv_lora_rank 512, qk_rope_head_dim 64, qk_nope_head_dim 128, "
+                    "v_head_dim 128; arXiv:2412.19437)", kv_lora_rank=512, rope_dim=64),
+    ]
+}
