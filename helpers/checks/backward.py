@@ -9,6 +9,7 @@ import torch
 from .. import attention as att
 from .. import backward as ref
 from ._core import Trial, describe_case, exercise, seeded
+from ._watch import Calls, OpLog, op_name, warm_up
 
 __all__ = ["softmax_jacobian", "softmax_backward", "attention_backward"]
 
@@ -34,15 +35,16 @@ def _jacobian_mistakes(s: torch.Tensor) -> dict:
     }
 
 
-@exercise("4.1", "the softmax Jacobian", points=1, stars=1, notebook=NB)
+@exercise("4.1", "the softmax Jacobian", points=1, stars=1, notebook=NB, section="1. The softmax Jacobian")
 def softmax_jacobian(t: Trial) -> None:
     t.error_hints = {r"cannot be multiplied|size of tensor|mismatch": "for a vector s of length n, the outer product is torch.outer(s, s) ([n, n])."}
     cases = [torch.tensor([0.7, 0.2, 0.1])]  # seed 003's worked example
     for seed, (n, dtype) in enumerate([(5, torch.float64), (7, torch.float32), (4, torch.float32)]):
         cases.append(torch.softmax(1.5 * torch.randn(n, generator=seeded(400 + seed), dtype=dtype), dim=-1))
-    for s in cases:
+    cases = [(s, ref.softmax_jacobian(s)) for s in cases]
+    for s, expected in cases:
         got = t.call(s, case=describe_case(s=s) + f" = {[round(x, 4) for x in s.tolist()]}")
-        t.tensor(got, ref.softmax_jacobian(s), what="J", mistakes=_jacobian_mistakes(s),
+        t.tensor(got, expected, what="J", mistakes=_jacobian_mistakes(s),
                  hint="J = torch.diag(s) - torch.outer(s, s): J[i, j] = s_i (delta_ij - s_j).")
 
 
@@ -68,21 +70,25 @@ def _softmax_backward_mistakes(p: torch.Tensor, g: torch.Tensor) -> dict:
     }
 
 
-@exercise("4.2", "softmax backward without the Jacobian", points=2, stars=2, notebook=NB)
+@exercise("4.2", "softmax backward without the Jacobian", points=2, stars=2, notebook=NB,
+          section="2. Backward through softmax without the Jacobian")
 def softmax_backward(t: Trial) -> None:
     t.error_hints = {
         r"must match the size|size of tensor": "the row sum needs keepdim=True, so that the [..., 1] sums broadcast against [..., n].",
     }
     # (shape, dtype, causal-masked p): leading dims differ from n; a square [6, 6] case makes a
     # missing keepdim broadcast silently (and wrongly) instead of raising; masked rows hold zeros.
-    cases = [((2, 3, 5), torch.float32, False), ((4, 7), torch.float64, False), ((6, 6), torch.float32, True), ((8,), torch.float64, False)]
-    for seed, (shape, dtype, masked) in enumerate(cases):
+    cases = []
+    for seed, (shape, dtype, masked) in enumerate([((2, 3, 5), torch.float32, False), ((4, 7), torch.float64, False),
+                                                   ((6, 6), torch.float32, True), ((8,), torch.float64, False)]):
         g = seeded(420 + seed)
         scores = 2.0 * torch.randn(*shape, generator=g, dtype=dtype)
         p = att.masked_softmax(scores, att.causal_mask(shape[-1]) if masked else None)
         grad_p = torch.randn(*shape, generator=g, dtype=dtype)
+        cases.append((p, grad_p, masked, ref.softmax_backward(p, grad_p)))
+    for p, grad_p, masked, expected in cases:
         got = t.call(p, grad_p, case=describe_case(p=p, grad_p=grad_p) + (" (p causally masked: zeros above the diagonal)" if masked else ""))
-        t.tensor(got, ref.softmax_backward(p, grad_p), what="grad of the scores", mistakes=_softmax_backward_mistakes(p, grad_p),
+        t.tensor(got, expected, what="grad of the scores", mistakes=_softmax_backward_mistakes(p, grad_p),
                  hint="p * (grad_p - (p * grad_p).sum(dim=-1, keepdim=True))")
 
 
@@ -143,18 +149,58 @@ def _attention_mistakes(q, k, v, dO, causal) -> dict:
     return mistakes
 
 
-def _watch_autograd(fn, used: list):
-    """Wrap fn so that any tensor saved for an autograd backward while it runs is recorded. The
-    check's inputs do not require grad, so a by-hand computation saves nothing; building a graph
-    (.backward(), torch.autograd.grad, torch.autograd.functional.vjp) always does."""
+_EXP_LIKE = {"exp", "exp2", "expm1", "_softmax", "_log_softmax", "logsumexp", "sigmoid", "logaddexp"}
 
-    def watched(*args, **kwargs):
+
+class _TooMuchWork(BaseException):
+    """Stops a learner's function that has already run the forward pass many times (a BaseException,
+    so that a bare ``except Exception`` in learner code cannot swallow it)."""
+
+
+class _ExpLog(OpLog):
+    """Counts the numbers that go through exp or softmax; stops the function past ``budget``."""
+
+    def __init__(self, budget: int):
+        super().__init__()
+        self.budget, self.work = budget, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        op, _, _, numels = self.ops.pop()  # only the count is kept
+        if numels and (op_name(op) in _EXP_LIKE or op == "aten.pow.Scalar"):
+            self.work += numels[0]
+            if self.work > self.budget:
+                raise _TooMuchWork()
+        return out
+
+
+def _watched(fn, seen: dict):
+    """Wrap fn so that, while it runs, the check sees: tensors saved for an autograd backward (the
+    check's inputs do not require grad, so a by-hand computation saves none; .backward(),
+    torch.autograd.grad and torch.func.vjp always do), calls of automatic differentiation in either
+    mode (torch.autograd, torch.autograd.forward_ad, torch.func), and how many numbers went through
+    exp or softmax (finite differences run the forward pass many times: the function is stopped
+    once it has done the work of _FORWARD_PASSES + 1 forward passes)."""
+
+    def watched(q, k, *args, **kwargs):
+        seen.clear()
+        saved: list = []
+        seen["p_numel"] = p_numel = q[..., 0].numel() * k.shape[-2]
+        log = _ExpLog((_FORWARD_PASSES + 1) * p_numel)
+
         def pack(x):
-            used.append(True)
+            saved.append(True)
             return x
 
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
-            return fn(*args, **kwargs)
+        calls = Calls()
+        try:
+            with calls, log, torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+                return fn(q, k, *args, **kwargs)
+        except _TooMuchWork:
+            return None
+        finally:
+            seen["autograd"] = calls.autograd[:1] or (["a tensor saved for the backward pass"] if saved else [])
+            seen["exp_work"] = log.work
 
     return watched
 
@@ -166,33 +212,43 @@ def _close(a, b) -> bool:
 _FORMULAS = ("P = softmax(q k^T / sqrt(d_k)) with the causal mask when causal, dV = P^T dO, dP = dO v^T, "
              "dS = P * (dP - rowsum(P * dP)), dQ = dS k / sqrt(d_k), dK = dS^T q / sqrt(d_k)")
 _BY_HAND = f"this exercise asks for the gradients by hand ({_FORMULAS}); autograd is what the check compares against."
+_FORWARD_PASSES = 4  # exp/softmax work allowed, in forward passes (one computes P once, a careful one twice)
 
 
-@exercise("4.3", "attention backward by hand", points=3, stars=3, notebook=NB)
+@exercise("4.3", "attention backward by hand", points=3, stars=3, notebook=NB,
+          section="4. One attention head, backward by hand")
 def attention_backward(t: Trial) -> None:
     t.error_hints = {
-        r"saved tensor hooks|does not require grad|grad_fn|torch\.func": _BY_HAND,
+        r"saved tensor hooks|does not require grad|grad_fn|torch\.func|forward AD|dual": _BY_HAND,
         r"cannot be multiplied|Expected size|must match the size|size of tensor|mismatch": "check each product's shapes: "
         "dP = grad_out @ v^T ([T, d_v] @ [d_v, T]), grad_v = P^T @ grad_out, grad_q = dS @ k, grad_k = dS^T @ q. "
         "Transpose the last two axes with .transpose(-2, -1) (or .mT); .T reverses every axis.",
     }
-    used: list = []
-    t.fn = _watch_autograd(t.fn, used)
+    seen: dict = {}
+    warm_up()
+    t.fn = _watched(t.fn, seen)
     # (leading dims, T, d_k, d_v, causal): T, d_k, d_v all different, so a missing transpose shows.
-    cases = [((2, 3), 5, 4, 6, False), ((2,), 7, 3, 5, True), ((), 6, 8, 2, True), ((3, 2), 4, 6, 3, False)]
-    for seed, (lead, T, d_k, d_v, causal) in enumerate(cases):
+    cases = []
+    for seed, (lead, T, d_k, d_v, causal) in enumerate([((2, 3), 5, 4, 6, False), ((2,), 7, 3, 5, True),
+                                                        ((), 6, 8, 2, True), ((3, 2), 4, 6, 3, False)]):
         g = seeded(440 + seed)
         q = 1.5 * torch.randn(*lead, T, d_k, generator=g, dtype=torch.float64)
         k = 1.5 * torch.randn(*lead, T, d_k, generator=g, dtype=torch.float64)
         v = torch.randn(*lead, T, d_v, generator=g, dtype=torch.float64)
         grad_out = torch.randn(*lead, T, d_v, generator=g, dtype=torch.float64)
+        cases.append((q, k, v, grad_out, causal, _autograd_grads(q, k, v, grad_out, causal)))
+    names = ("grad_q", "grad_k", "grad_v")
+    for q, k, v, grad_out, causal, expected in cases:
         case = describe_case(q=q, k=k, v=v, grad_out=grad_out, causal=causal)
-        used.clear()
-        got = t.tuple(t.call(q, k, v, grad_out, causal, case=case), 3, ("grad_q", "grad_k", "grad_v"))
-        if used:
-            t.fail("your function built an autograd graph (it used autograd to get the gradients).", _BY_HAND)
-        expected = _autograd_grads(q, k, v, grad_out, causal)
-        names = ("grad_q", "grad_k", "grad_v")
+        got = t.call(q, k, v, grad_out, causal, case=case)
+        if seen.get("autograd"):
+            t.fail(f"your function used automatic differentiation ({seen['autograd'][0]}) to get the gradients.", _BY_HAND)
+        if seen.get("exp_work", 0) > _FORWARD_PASSES * seen["p_numel"]:
+            t.fail(f"your function put more than {_FORWARD_PASSES} forward passes' worth of numbers through exp or "
+                   f"softmax ({seen['exp_work']:,}; one pass computes P, {seen['p_numel']:,} numbers), and was "
+                   "stopped: gradients from many forward passes are numerical differentiation (finite "
+                   "differences), not the backward formulas.", _BY_HAND)
+        got = t.tuple(got, 3, names)
         for i, j in [(i, j) for i in range(3) for j in range(3) if i != j]:
             if _close(got[i], expected[j]) and not _close(got[i], expected[i]):
                 t.fail(f"your {names[i]} (item {i} of the tuple) holds {names[j]}.",

@@ -1,24 +1,33 @@
 """Checks for notebook 09_flash_attention: exercises 9.1-9.4.
 
-9.1 and 9.2 (PyTorch) run the learner's function under two instruments: a ``TorchDispatchMode``
-that logs every aten op it runs (to see whether x is read block by block, and whether a ``[T, T]``
-tensor is ever formed) and a profile hook that notices calls into the course's own solution
-(``helpers/flash.py``).
+These exercises ask for a *way* of computing, not only a result, so the checks also watch how the
+learner's function works (the instruments are in :mod:`helpers.checks._watch`):
 
-9.3 and 9.4 (Triton) run the learner's kernels on the GPU, or in Triton's interpreter on a CPU, on
-*guarded* tensors: each input sits inside a larger buffer padded with NaN, and each float tensor the
-learner allocates with ``torch.empty / zeros / *_like`` (or ``Tensor.new_empty / new_zeros``) gets
-a padding of sentinel values and, for ``empty``, a marker value in its body. A load past the end
-then turns into NaN, a store past the end changes the padding, and an entry the kernel never
-writes keeps the marker, so each is named instead of reading or corrupting memory. The cases go
-from friendly to awkward (a sequence length that every block size divides, then ragged lengths,
-then several batches and heads), and a ``v`` made of one-hot rows turns the output into the
-attention weights themselves, so a wrong weight pattern (scale, causal condition, normalisation)
-can be diagnosed from it.
+- 9.1 and 9.2 (PyTorch) log every aten op the function runs, to see whether x is read block by block
+  and whether a ``[T, T]`` tensor is ever formed; and they follow where data goes, so work moved out
+  of PyTorch's sight (NumPy, Python lists, one Python number at a time) is refused with a message.
+- 9.3 and 9.4 (Triton) run the learner's kernels on the GPU, or in Triton's interpreter on a CPU, on
+  *guarded* tensors: each input sits inside a larger buffer padded with NaN, and each float tensor the
+  learner allocates with ``torch.empty / zeros / *_like`` (or ``Tensor.new_empty / new_zeros``) gets
+  a padding of sentinel values and, for ``empty``, a marker value in its body. A load past the end
+  then turns into NaN, a store past the end changes the padding, and an entry the kernel never
+  writes keeps the marker, so each is named instead of reading or corrupting memory. The checks
+  also follow which inputs every tensor's data comes from: PyTorch may prepare and allocate, but
+  combining q, k and v (scores, softmax, weighted sums) must happen in a Triton kernel, and the
+  returned output must be written by a kernel that read them. Kernels written with pointer
+  arithmetic, ``tl.make_block_ptr`` (where the installed Triton has it), tensor descriptors,
+  ``@triton.autotune`` (in the interpreter the first config is taken, without benchmarking) or any
+  grid layout are all accepted. The cases go from friendly to awkward (a sequence length that every
+  block size divides, then ragged lengths, then several batches and heads), and a ``v`` made of
+  one-hot rows turns the output into the attention weights themselves, so a wrong weight pattern
+  (scale, causal condition, normalisation, skipped key blocks) is diagnosed from it.
+
+Every case's expected output is computed before the learner's function first runs.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import math
 import os
 import sys
@@ -28,13 +37,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from .. import attention as att
 from .. import flash as ref
-from .. import reference
+from . import _core
 from ._core import Trial, describe, describe_case, exercise, seeded
+from ._watch import KERNEL, Calls, OpLog, Provenance, disabled_modes, op_name, warm_up
 
 __all__ = ["online_softmax", "flash_attention_tiled", "flash_attention_triton", "flash_attention_triton_backward"]
 
@@ -43,13 +51,10 @@ LOG2E = math.log2(math.e)
 TRITON_TIME_LIMIT_S = 120.0  # per call: the interpreter is slow, and a GPU compiles on first use
 
 _HELPERS = Path(__file__).resolve().parent.parent
-_SOLUTION_FILES = {str(_HELPERS / "flash.py"), str(_HELPERS / "triton_flash.py"), ref.__file__}
-
-
-
-def _is_reference(fn: Callable) -> bool:
-    """The course's own functions may of course use the course's code (tests check the reference)."""
-    return any(fn is getattr(module, name, None) for module in (reference, ref) for name in __all__)
+_KERNEL_FILES = {str(_HELPERS / "triton_flash.py")}
+# The course's own solutions of notebook 09: calling any of them is refused (by the core's watch).
+_COURSE_FUNCTIONS = {"online_softmax", "flash_attention_tiled", "flash_attention_triton",
+                     "flash_attention_triton_forward", "flash_attention_triton_backward"}
 
 
 # =========================================================================== instruments (9.1, 9.2)
@@ -57,75 +62,80 @@ def _is_reference(fn: Callable) -> bool:
 _REDUCTIONS = {"amax", "sum", "logsumexp", "_softmax", "_log_softmax", "mean", "cumsum", "cummax",
                "logcumsumexp", "sort", "topk", "prod", "aminmax", "nansum", "var", "std"}
 _MAX_REDUCTIONS = {"aten.amax.default", "aten.max.dim", "aten.max.default"}
+_MAX_LIKE = {"amax", "max", "maximum", "fmax", "cummax", "aminmax", "sort", "topk", "kthvalue",
+             "max_pool1d", "max_pool2d", "max_pool1d_with_indices", "max_pool2d_with_indices",
+             "adaptive_max_pool1d", "adaptive_max_pool2d", "clamp_min"}
 _EXP_LIKE = {"exp", "exp2", "expm1", "_softmax", "logsumexp", "logaddexp", "logaddexp2", "sigmoid"}
 
 
-class _OpLog(TorchDispatchMode):
-    """Logs ``(op, first input shape, output shapes)`` for every aten op run inside it."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops: list[tuple[str, tuple, list[tuple]]] = []
+class _OpLog(OpLog):
+    """Logs ``(op, first input shape, output shapes)`` (the three-field form that
+    helpers.checks.kv_sharing imports; new code uses helpers.checks._watch.OpLog)."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        first = next((tuple(a.shape) for a in tree_flatten(args)[0] if isinstance(a, torch.Tensor)), ())
-        outs = [tuple(o.shape) for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
-        self.ops.append((str(func), first, outs))
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        self.ops[-1] = self.ops[-1][:3]
         return out
 
 
-def _packet(op: str) -> str:
-    """'aten.amax.default' -> 'amax'."""
-    return op.split(".")[1] if op.count(".") >= 1 else op
-
-
 def _is_reduction(op: str) -> bool:
-    return _packet(op) in _REDUCTIONS or op in _MAX_REDUCTIONS or op in {"aten.min.dim", "aten.min.default"}
+    return op_name(op) in _REDUCTIONS or op in _MAX_REDUCTIONS or op in {"aten.min.dim", "aten.min.default"}
 
 
 def _is_exp_like(op: str) -> bool:
-    return _packet(op) in _EXP_LIKE or op == "aten.pow.Scalar"  # pow.Scalar: base ** tensor
+    return op_name(op) in _EXP_LIKE or op == "aten.pow.Scalar"  # pow.Scalar: base ** tensor
 
 
-def _call_logged(t: Trial, *args: Any, case: str) -> tuple[Any, list]:
-    """``t.call(*args)`` with the learner's aten ops logged; fails if it ran the course's solution."""
+class _Watched:
+    """What the instruments saw during one call: aten ops, provenance, conversions."""
+
+    def __init__(self, ops: list, prov: Provenance, calls: Calls):
+        self.ops, self.prov, self.calls = ops, prov, calls
+
+    def exported(self, names: set[str]) -> str:
+        """How sourced data left PyTorch (".numpy()", "NumPy", ...), or ''."""
+        return next((how for how, x in self.calls.exported if x.numel() > 1 and self.prov.sources(x) & names), "")
+
+
+def _call_logged(t: Trial, *args: Any, sources: dict[str, torch.Tensor], case: str) -> tuple[Any, _Watched]:
+    """``t.call(*args)`` with the learner's aten ops logged and its data followed."""
     __tracebackhide__ = True
-    with _OpLog():  # the first dispatch mode of a process imports torch._dynamo (seconds): not the learner's time
-        torch.zeros(1).add_(1)
-    log, helper_calls, fn = _OpLog(), [], t.fn
-
-    def profile(frame, event, arg):
-        if event == "call" and frame.f_code.co_filename in _SOLUTION_FILES:
-            helper_calls.append(frame.f_code.co_name)
+    warm_up()
+    log, prov, calls, fn = OpLog(), Provenance(sources), Calls(), t.fn
 
     def run(*a):
-        if sys.getprofile() is not None:  # a profiler or debugger is active: leave it alone
-            with log:
-                return fn(*a)
-        sys.setprofile(profile)
-        try:
-            with log:
-                return fn(*a)
-        finally:
-            sys.setprofile(None)
+        with calls, prov, log:
+            return fn(*a)
 
     t.fn = run
     try:
         got = t.call(*args, case=case)
     finally:
         t.fn = fn
-    if helper_calls and not _is_reference(fn):
-        t.fail(f"your function called the course's own solution (helpers: {helper_calls[0]}).",
-               "write it yourself here: the point of the exercise is to build it, block by block.")
-    return got, log.ops
+    return got, _Watched(log.ops, prov, calls)
+
+
+def _check_stays_in_torch(t: Trial, seen: _Watched, names: set[str], what: str, reads_limit: int | None) -> None:
+    """Fail if the inputs' data left PyTorch, where the op log cannot follow the work."""
+    __tracebackhide__ = True
+    how = seen.exported(names)
+    if how:
+        t.fail(f"your function took {what} out of PyTorch ({how}): the check follows your computation through "
+               "PyTorch's operations to see how it reads the data, and cannot follow work done in NumPy or on "
+               "Python lists.", "keep the data in torch tensors (torch.exp, .amax, @ ...) from start to end.")
+    if reads_limit is not None and seen.prov.scalar_reads >= reads_limit:
+        t.fail(f"your function read {what} into {seen.prov.scalar_reads} Python numbers one at a time (.item(), "
+               "float(), a loop over elements): the check follows your computation through PyTorch's operations "
+               "and cannot follow arithmetic on Python numbers.",
+               "work on blocks as tensors: x[..., s:s + block_size] and torch operations on it.")
 
 
 # =========================================================================== 9.1 online softmax
 
 
-def _online_model(x: torch.Tensor, bs: int, rescale: bool = True, drop_last: bool = False) -> torch.Tensor:
-    """A learner's online softmax in float64, optionally without the rescale or the last short block."""
+def _online_model(x: torch.Tensor, bs: int, rescale: bool = True, drop_last: bool = False, subtract_max: bool = True,
+                  guard_max: bool = True, guard_empty: bool = True) -> torch.Tensor:
+    """A learner's online softmax in float64, with one mistake switched off or on."""
     xf = x.double()
     n = xf.shape[-1]
     stop = n - n % bs if drop_last else n
@@ -133,20 +143,42 @@ def _online_model(x: torch.Tensor, bs: int, rescale: bool = True, drop_last: boo
     l = torch.zeros(xf.shape[:-1], dtype=torch.float64)
     for s in range(0, stop, bs):
         block = xf[..., s : s + bs]
-        m_new = torch.maximum(m, block.amax(dim=-1))
-        safe = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))
-        l = (l * torch.exp(m - safe) if rescale else l) + torch.exp(block - safe[..., None]).sum(dim=-1)
+        m_new = torch.maximum(m, block.amax(dim=-1)) if subtract_max else torch.zeros_like(m)
+        safe = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new)) if guard_max else m_new
+        alpha = torch.exp(m - safe) if subtract_max else torch.ones_like(m)
+        l = (l * alpha if rescale else l) + torch.exp(block - safe[..., None]).sum(dim=-1)
         m = m_new
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    return (torch.exp(xf - m[..., None]) / l[..., None]).to(x.dtype)
+    out = torch.exp(xf - m[..., None]) / l[..., None]
+    if guard_empty:
+        out = torch.where(l[..., None] == 0, torch.zeros_like(out), out)  # a NaN sum stays NaN
+    return out.to(x.dtype)
 
 
 _ONLINE_HINT = ("one pass over blocks: m_new = max(m, block max); l = l * exp(m - m_new) + sum(exp(block - m_new)); "
-                "m = m_new; at the end return exp(x - m) / l.")
+                "m = m_new; at the end return exp(x - m) / l (0 where l = 0), in x's dtype.")
 
 
-def _online_cases() -> list[tuple[torch.Tensor, int, str, bool]]:
-    """(x, block_size, hint for this case, whether to check the block structure)."""
+def _online_mistakes(x: torch.Tensor, bs: int) -> dict:
+    return {
+        "when a block raises the running max from m to m_new, the sum so far was taken relative to the old max: "
+        "rescale it, l = l * exp(m - m_new) + sum(exp(block - m_new)).": lambda: _online_model(x, bs, rescale=False),
+        "the last, shorter block was left out of the running max and sum: loop "
+        "`for s in range(0, n, block_size)` (the slice x[..., s:s + block_size] is shorter at the end).": lambda: _online_model(x, bs, drop_last=True),
+        "subtract the running max before exp: exp(x) overflows for x > 88 in float32 (here |x| ~ 1e4), "
+        "while exp(x - m) <= 1.": lambda: _online_model(x, bs, subtract_max=False),
+        # (On a row with nothing allowed both of the next two give NaN: the first names that case.)
+        "a row that is entirely -inf (nothing allowed) gives all zeros in this course, never NaN: its sum l "
+        "stays 0, so divide by l only where l > 0 (and subtract 0 instead of an infinite max).": lambda: _online_model(
+            x, bs, guard_empty=False),
+        "a block that is entirely -inf leaves the running max at -inf, and exp(-inf - (-inf)) = exp(nan) = NaN: "
+        "while m is still -inf, subtract 0 instead (torch.where(torch.isfinite(m), m, 0)).": lambda: _online_model(
+            x, bs, guard_max=False),
+    }
+
+
+def _online_cases() -> list[tuple[torch.Tensor, int, bool]]:
+    """(x, block_size, whether to check how x is read)."""
     g = seeded(900)
     # A rising trend makes later blocks raise the running max, so a missing rescale shows.
     x_main = torch.randn(2, 5, 14, generator=g) * 2 + torch.linspace(0, 4, 14)  # blocks 4 + 4 + 4 + 2
@@ -161,68 +193,66 @@ def _online_cases() -> list[tuple[torch.Tensor, int, str, bool]]:
     x_row[1] = float("-inf")  # nothing allowed at all
     x_half = (torch.randn(3, 13, generator=g) * 2).half()
     x_double = torch.randn(2, 9, generator=g, dtype=torch.float64) * 3
-    blocks = "the last block may be shorter: loop `for s in range(0, n, block_size)` and slice x[..., s:s + block_size]."
-    stable = ("subtract the running max before exp: exp(x) overflows for x > 88 in float32 (here |x| ~ 1e4), "
-              "while exp(x - m) <= 1.")
-    minf = ("a block that is entirely -inf leaves the running max at -inf, and exp(-inf - (-inf)) = exp(nan) = NaN: "
-            "while m is still -inf, subtract 0 instead (torch.where(torch.isfinite(m), m, 0)).")
-    empty = ("a row that is entirely -inf (nothing allowed) gives all zeros in this course, never NaN: its sum l "
-             "stays 0, so divide by l only where l > 0 (and subtract 0 instead of an infinite max).")
+    x_long = torch.randn(3, 64, generator=g) * 2 + torch.linspace(0, 6, 64)  # 4 blocks of 16
     return [
-        (x_main, 4, blocks, True),
-        (x_1d, 3, blocks, False),
-        (x_small, 1, _ONLINE_HINT, False),
-        (x_small, 10, "a block_size larger than the row is one block: the slice x[..., 0:10] is simply shorter.", False),
-        (x_big, 4, stable, False),
-        (x_inf, 3, minf, False),
-        (x_row, 3, empty, False),
-        (x_half, 5, "compute in float32 if you like, but return x's dtype: .to(x.dtype).", False),
-        (x_double, 2, _ONLINE_HINT, False),
+        (x_main, 4, True),
+        (x_1d, 3, False),
+        (x_small, 1, False),
+        (x_small, 10, False),
+        (x_big, 4, False),
+        (x_inf, 3, False),
+        (x_row, 3, False),
+        (x_half, 5, False),
+        (x_double, 2, False),
+        (x_long, 16, True),
     ]
 
 
-def _check_reads_blocks(t: Trial, ops: list, n: int, bs: int) -> None:
-    """Fail if a whole row was reduced at once, or if every block's max came before any exp."""
+def _check_reads_blocks(t: Trial, ops: list, x: torch.Tensor, bs: int) -> None:
+    """Fail if a whole row was reduced at once, or if the maxima of all of x came before any exp."""
     __tracebackhide__ = True
-    for op, first, _ in ops:
+    n = x.shape[-1]
+    for op, first, _, _ in ops:
         if _is_reduction(op) and n in first:
             t.fail(f"your function reduced whole rows of x at once ({op} on a {list(first)} tensor, rows of "
                    f"{n}): block_size={bs} is not used.",
                    "read x in blocks x[..., s:s + block_size] and fold each block into a running max m and a "
                    "running sum l; only the final exp(x - m) / l touches the whole row, elementwise.")
-    n_blocks = math.ceil(n / bs)
-    maxes = 0
-    for op, first, _ in ops:
+    covered = 0  # how many numbers went through a max before the first exp
+    for op, _, _, numels in ops:
         if _is_exp_like(op):
             break
-        if op in _MAX_REDUCTIONS and first and first[-1] <= bs:
-            maxes += 1
-    if maxes >= n_blocks:
-        t.fail(f"your function took the max of all {n_blocks} blocks before its first exp: that is the two-pass "
-               "safe softmax (a pass for the max, a pass for the sum), not the online one.",
+        if op_name(op) in _MAX_LIKE:
+            covered += sum(numels)
+    if covered >= x.numel():
+        t.fail(f"your function took the maximum over all of x ({covered} numbers through max operations, x has "
+               f"{x.numel()}) before its first exp: that is the two-pass safe softmax (a pass for the max, a pass "
+               "for the sum), not the online one.",
                "fold each block in as it arrives: exp(block - m_new) right away, and rescale the sum so far by "
                "exp(m_old - m_new) when a block raises the max. In attention the scores are never stored, so a "
                "second pass would mean computing q @ k^T twice.")
 
 
-@exercise("9.1", "online softmax", points=2, stars=2, notebook=NB)
+@exercise("9.1", "online softmax", points=2, stars=2, notebook=NB, section="2. The online softmax")
 def online_softmax(t: Trial) -> None:
     t.error_hints = {
         r"must match the size|size of tensor": "keep the running max and sum one per row (shape x.shape[:-1]) and "
         "add [..., None] when you subtract them from a block.",
         r"takes \d+ positional argument": "the signature is online_softmax(x, block_size).",
     }
-    for x, bs, hint, structural in _online_cases():
-        got, ops = _call_logged(t, x, bs, case=describe_case(x=x, block_size=bs))
+    t.forbidden_references = set(_COURSE_FUNCTIONS)
+    cases = [(x, bs, structural, ref.online_softmax(x, bs)) for x, bs, structural in _online_cases()]
+    for x, bs, structural, expected in cases:
+        got, seen = _call_logged(t, x, bs, sources={"x": x}, case=describe_case(x=x, block_size=bs))
+        # An honest function reads a few Python numbers per block and row at most (a max, a sum, a test);
+        # reading every number of x is more than twice that where the rule applies (x_long: 192 vs <= 72).
+        rows, n_blocks = x[..., 0].numel(), math.ceil(x.shape[-1] / bs)
+        reads_limit = x.numel() if structural and 2 * 3 * rows * n_blocks <= x.numel() else None
+        _check_stays_in_torch(t, seen, {"x"}, "x", reads_limit)
         tol = dict(atol=1e-3, rtol=1e-2) if x.dtype == torch.float16 else {}
-        t.tensor(got, ref.online_softmax(x, bs), what="softmax", hint=hint, **tol, mistakes={
-            "when a block raises the running max from m to m_new, the sum so far was taken relative to the old max: "
-            "rescale it, l = l * exp(m - m_new) + sum(exp(block - m_new)).": lambda: _online_model(x, bs, rescale=False),
-            "the last, shorter block was left out of the running max and sum: loop "
-            "`for s in range(0, n, block_size)` (the slice x[..., s:s + block_size] is shorter at the end).": lambda: _online_model(x, bs, drop_last=True),
-        })
+        t.tensor(got, expected, what="softmax", hint=_ONLINE_HINT, mistakes=_online_mistakes(x, bs), **tol)
         if structural:
-            _check_reads_blocks(t, ops, x.shape[-1], bs)
+            _check_reads_blocks(t, seen.ops, x, bs)
 
 
 # =========================================================================== 9.2 tiled attention
@@ -241,18 +271,18 @@ def _tiled_model(q, k, v, causal: bool, bs: int, scale: float | None = None, res
                  rescale_l: bool = True, normalise: bool = True, skip_diag: bool = False, drop_keys: bool = False,
                  strict: bool = False, local_mask: bool = False):
     """A learner's tiled forward in float64 with one mistake switched on -> (out, m, l)."""
-    q, k, v = (x.double() for x in (q, k, v))
+    q, k, v = (x.detach().to("cpu", torch.float64) for x in (q, k, v))
     T, d = q.shape[-2:]
     scale = 1 / math.sqrt(d) if scale is None else scale
     t_keys = T - T % bs if drop_keys else T
-    out = torch.zeros_like(q)
+    out = torch.zeros(q.shape[:-1] + v.shape[-1:], dtype=torch.float64)
     m_all = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float64)
     l_all = torch.zeros(q.shape[:-1], dtype=torch.float64)
     for qs in range(0, T, bs):
         qe = min(qs + bs, T)
         m = torch.full(q.shape[:-2] + (qe - qs,), float("-inf"), dtype=torch.float64)
         l = torch.zeros_like(m)
-        acc = torch.zeros(q.shape[:-2] + (qe - qs, d), dtype=torch.float64)
+        acc = torch.zeros(q.shape[:-2] + (qe - qs, v.shape[-1]), dtype=torch.float64)
         k_end = min(qs if skip_diag else qe, t_keys) if causal else t_keys
         for ks in range(0, k_end, bs):
             ke = min(ks + bs, k_end)
@@ -274,9 +304,9 @@ def _tiled_model(q, k, v, causal: bool, bs: int, scale: float | None = None, res
     return out, m_all, l_all
 
 
-def _tiled_out_mistakes(q, k, v, causal: bool, bs: int, got: torch.Tensor) -> dict[str, Callable]:
+def _tiled_out_mistakes(q, k, v, causal: bool, bs: int, got: Any) -> dict[str, Callable]:
     T = q.shape[-2]
-    out = lambda **kw: _tiled_model(q, k, v, causal, bs, **kw)[0].to(q.dtype)
+    out = lambda **kw: _tiled_model(q, k, v, causal, bs, **kw)[0].to(q.dtype)  # noqa: E731
     mistakes = {
         "the accumulator was not rescaled: when the running max grows, multiply acc by alpha = exp(m - m_new) "
         "before adding p @ v_block (l gets the same factor).": lambda: out(rescale_acc=False),
@@ -299,27 +329,27 @@ def _tiled_out_mistakes(q, k, v, causal: bool, bs: int, got: torch.Tensor) -> di
         })
     else:
         mistakes["causal=False here, but the output is causally masked: only mask when causal is True."] = lambda: _tiled_model(q, k, v, True, bs)[0].to(q.dtype)
-    if T % bs:
+    if T % bs and isinstance(got, torch.Tensor) and got.shape == q.shape:
         t_full = T - T % bs
         mistakes.update({
             "the last, shorter key block was dropped (and perhaps the last query block too): loop "
             "`for ks in range(0, T, block_size)` and slice k[..., ks:ks + block_size, :], shorter at the end; the "
             "same for the query blocks.": lambda: torch.cat([out(drop_keys=True)[..., :t_full, :], got[..., t_full:, :]], dim=-2),
-            f"rows {t_full}..{T - 1} are wrong: the last, shorter query block was dropped or mishandled. Loop "
-            "`for qs in range(0, T, block_size)`; the slice q[..., qs:qs + block_size, :] is shorter at the end.": lambda: torch.cat(
-                [ref.flash_attention_tiled(q, k, v, causal, bs)[0][..., :t_full, :], got[..., t_full:, :]], dim=-2),
+            f"rows {t_full}..{T - 1} are wrong, rows before are right: the last, shorter query block was dropped or "
+            "mishandled. Loop `for qs in range(0, T, block_size)`; the slice q[..., qs:qs + block_size, :] is "
+            "shorter at the end.": lambda: torch.cat([out()[..., :t_full, :], got[..., t_full:, :]], dim=-2),
         })
     return mistakes
 
 
 def _tiled_lse_mistakes(q, k, v, causal: bool, bs: int) -> dict[str, Callable]:
     def stats():
-        _, m, l = _tiled_model(q, k, v, causal, bs)
+        out, m, l = _tiled_model(q, k, v, causal, bs)
         return m, l
 
     return {
         "lse is in log2 units: the contract is the natural log, lse = m + log(l) (divide a log2 value by log2(e)).": lambda: (
-            ref.flash_attention_tiled(q, k, v, causal, bs)[1] * LOG2E),
+            (stats()[0] + stats()[1].log()) * LOG2E).float(),
         "lse is only the running max m: add log(l), lse = m + log(l).": lambda: stats()[0].float(),
         "lse is only log(l): add the running max, lse = m + log(l).": lambda: stats()[1].log().float(),
     }
@@ -328,19 +358,19 @@ def _tiled_lse_mistakes(q, k, v, causal: bool, bs: int) -> dict[str, Callable]:
 def _check_tiles(t: Trial, ops: list, T: int, bs: int) -> None:
     """Fail if torch's fused attention ran, a [T, T] tensor was formed, or a softmax spanned all T keys."""
     __tracebackhide__ = True
-    for op, _, _ in ops:
+    for op, _, _, _ in ops:
         if "scaled_dot_product" in op or "flash_attention" in op or "efficient_attention" in op:
             t.fail(f"your function called torch's fused attention ({op}).",
                    "compute the scores of each [block_size, block_size] tile yourself (q_block @ k_block^T) and "
                    "combine the tiles with the running max, sum and accumulator.")
-    for op, _, outs in ops:
+    for op, _, outs, _ in ops:
         for shape in outs:
             if len(shape) >= 2 and shape[-1] >= T and shape[-2] >= T:
                 t.fail(f"your function created a {list(shape)} tensor ({op}): with T = {T} and block_size = {bs} "
                        "that is a full [T, T] matrix, the memory FlashAttention exists to avoid.",
                        "hold one [block_size, block_size] tile of scores at a time; build the causal mask of a tile "
                        "from torch.arange(qs, qe)[:, None] and torch.arange(ks, ke)[None, :], not from a [T, T] mask.")
-    for op, first, _ in ops:
+    for op, first, _, _ in ops:
         if _is_reduction(op) and len(first) >= 2 and first[-1] >= T:
             t.fail(f"your function reduced over all {T} keys at once ({op} on a {list(first)} tensor): a strip of "
                    "scores against every key is not a tile.",
@@ -364,18 +394,25 @@ _TILED_CASES = [
 ]
 
 
-@exercise("9.2", "tiled FlashAttention in PyTorch", points=3, stars=3, notebook=NB)
+@exercise("9.2", "tiled FlashAttention in PyTorch", points=3, stars=3, notebook=NB, section="3. Tiled attention in PyTorch")
 def flash_attention_tiled(t: Trial) -> None:
     t.error_hints = {
         r"must match the size|size of tensor|cannot be multiplied": "tile shapes: s = q_blk @ k_blk.transpose(-2, -1) is "
         "[B, H, bq, bk]; m and l are [B, H, bq] (use [..., None] to broadcast them against s and acc).",
         r"takes \d+ positional argument": "the signature is flash_attention_tiled(q, k, v, causal, block_size).",
     }
+    t.forbidden_references = set(_COURSE_FUNCTIONS)
+    cases = []
     for i, (B, H, T, d, causal, bs) in enumerate(_TILED_CASES):
         q, k, v = _qkv(B, H, T, d, seed=910 + i)
-        got, ops = _call_logged(t, q, k, v, causal, bs, case=describe_case(q=q, k=k, v=v, causal=causal, block_size=bs))
+        cases.append((q, k, v, causal, bs, *ref.flash_attention_tiled(q, k, v, causal, bs)))
+    for q, k, v, causal, bs, ref_out, ref_lse in cases:
+        B, H, T, d = q.shape
+        got, seen = _call_logged(t, q, k, v, causal, bs, sources={"q": q, "k": k, "v": v},
+                                 case=describe_case(q=q, k=k, v=v, causal=causal, block_size=bs))
+        tiles = B * H * math.ceil(T / bs) ** 2
+        _check_stays_in_torch(t, seen, {"q", "k", "v"}, "q, k or v", q.numel() if 6 * tiles <= q.numel() else None)
         out, lse = t.tuple(got, 2, ("out", "lse"))
-        ref_out, ref_lse = ref.flash_attention_tiled(q, k, v, causal, bs)
         t.tensor(out, ref_out, what="out", hint=_TILED_HINT, mistakes=_tiled_out_mistakes(q, k, v, causal, bs, out))
         if isinstance(lse, torch.Tensor) and lse.shape != ref_lse.shape:
             t.fail(f"lse: expected shape {list(ref_lse.shape)} (one number per query row), got {list(lse.shape)}.",
@@ -383,7 +420,7 @@ def flash_attention_tiled(t: Trial) -> None:
         t.tensor(lse, ref_lse, what="lse", hint="lse = m + log(l), the natural-log log-sum-exp of each row of scaled "
                  "(and masked) scores.", mistakes=_tiled_lse_mistakes(q, k, v, causal, bs))
         if T > bs:
-            _check_tiles(t, ops, T, bs)
+            _check_tiles(t, seen.ops, T, bs)
 
 
 # =========================================================================== instruments (9.3, 9.4)
@@ -404,8 +441,9 @@ def _guarded(x: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 class _GuardAllocations:
     """While active, float tensors from torch.empty / empty_like / zeros / zeros_like and
-    Tensor.new_empty / new_zeros live inside buffers padded with ``_SENTINEL``; ``empty`` ones are
-    filled with ``_EMPTY_FILL``."""
+    Tensor.new_empty / new_zeros on the CPU or a GPU live inside buffers padded with ``_SENTINEL``;
+    ``empty`` ones are filled with ``_EMPTY_FILL``. (Tensors on other devices, such as ``meta``, and
+    allocations made while a guarded one is being built are left alone.)"""
 
     FUNCS = ("empty", "empty_like", "zeros", "zeros_like")
     METHODS = ("new_empty", "new_zeros")
@@ -413,20 +451,27 @@ class _GuardAllocations:
     def __init__(self):
         self.buffers: list[tuple[torch.Tensor, int]] = []
         self.saved: dict[str, Any] = {}
+        self.busy = False
 
     def _guard(self, t: torch.Tensor, fill: float) -> torch.Tensor:
-        if not t.is_floating_point() or not t.is_contiguous() or t.requires_grad:
+        if (not isinstance(t, torch.Tensor) or t.device.type not in ("cpu", "cuda") or not t.is_floating_point()
+                or not t.is_contiguous() or t.requires_grad):
             return t
-        n = t.numel()
-        buf = self.saved["full"]((_PAD_BEFORE + n + _PAD_AFTER,), _SENTINEL, dtype=t.dtype, device=t.device)
-        view = buf[_PAD_BEFORE : _PAD_BEFORE + n].view(t.shape)
-        view.fill_(fill)
+        self.busy = True
+        try:
+            n = t.numel()
+            buf = self.saved["full"]((_PAD_BEFORE + n + _PAD_AFTER,), _SENTINEL, dtype=t.dtype, device=t.device)
+            view = buf[_PAD_BEFORE : _PAD_BEFORE + n].view(t.shape)
+            view.fill_(fill)
+        finally:
+            self.busy = False
         self.buffers.append((buf, n))
         return view
 
     def _wrap(self, real: Callable, fill: float) -> Callable:
         def alloc(*args, **kwargs):
-            return self._guard(real(*args, **kwargs), fill)
+            t = real(*args, **kwargs)
+            return t if self.busy else self._guard(t, fill)
 
         return alloc
 
@@ -478,30 +523,108 @@ def _runner_classes() -> list[type]:
     return [c for c in classes if callable(getattr(c, "run", None))]
 
 
-class _KernelLaunches:
-    """While active, records the source file of every Triton kernel launched."""
+def _tensor_args(args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """The tensors a kernel launch received: tensors, and the tensors inside tensor descriptors."""
+    found = []
+    for a in (*args, *kwargs.values()):
+        for x in (a if isinstance(a, (list, tuple)) else (a,)):
+            base = x if isinstance(x, torch.Tensor) else getattr(x, "base", None)
+            if isinstance(base, torch.Tensor):
+                found.append(base)
+    return found
 
-    def __init__(self):
-        self.files: list[str] = []
-        self.patched: list[tuple[type, Callable]] = []
+
+class _KernelUnsupported(RuntimeError):
+    """Triton could not run an operation of the learner's kernel (removed API, interpreter limits)."""
+
+
+_GPU_KERNEL_ON_CPU = ("your kernel is a compiled (GPU) kernel, and this machine has no GPU: it was decorated with "
+                      "@triton.jit before Triton's interpreter was switched on")
+
+
+class _KernelLaunches:
+    """While active, every Triton kernel launch is recorded (kernel name, source file, tensor
+    arguments) and what it wrote is marked in ``prov``; it runs with the check's dispatch modes,
+    profile hook and trace hook off (the interpreter runs kernels as Python: watching that would
+    only slow it down, about 3x). In the interpreter, ``@triton.autotune`` takes its first config
+    without benchmarking (benchmarks need a GPU)."""
+
+    def __init__(self, prov: Provenance, calls: Calls, interpreter: bool):
+        self.prov, self.calls, self.interpreter = prov, calls, interpreter
+        self.launches: list[tuple[str, str, list[torch.Tensor]]] = []
+        self.patched: list[tuple[type, str, Any]] = []
+
+    def _launch(self, cls: type, original: Callable) -> Callable:
+        launches = self
+
+        def run(this, *args, **kwargs):
+            fn = getattr(this, "fn", None)
+            code = getattr(fn, "__code__", None)
+            tensors = _tensor_args(args, kwargs)
+            launches.launches.append((getattr(fn, "__name__", "?"), code.co_filename if code else "?", tensors))
+            with disabled_modes():
+                before = [x.detach().clone() for x in tensors]
+            # The check machinery's trace hook watches for calls of the course's reference; a kernel body
+            # is no place for one (a launch of the course's kernel is caught here), and traced, the
+            # interpreter runs about 3x slower. It is paused through the machinery's own switch.
+            trace, settrace = sys.gettrace(), getattr(_core, "_own_settrace", None)
+            try:
+                with disabled_modes(), launches.calls.pause():
+                    if settrace is not None and trace is not None:
+                        settrace(None)
+                    return original(this, *args, **kwargs)
+            except NotImplementedError as e:
+                if not e.args:
+                    raise
+                raise _KernelUnsupported(f"Triton {_triton_version()} cannot run this kernel: {e}") from None
+            except Exception as e:
+                text = str(e)
+                if text == "NotImplementedError()":  # the interpreter wraps a kernel body's bare raise
+                    raise NotImplementedError() from None
+                if "active drivers" in text and cls.__name__ == "JITFunction" and not torch.cuda.is_available():
+                    raise RuntimeError(_GPU_KERNEL_ON_CPU) from None
+                raise
+            finally:
+                if settrace is not None and trace is not None:
+                    settrace(trace)
+                with disabled_modes():
+                    launches.prov.kernel_launch(tensors, before)
+
+        return run
+
+    def _patch(self, cls: type, name: str, new: Any) -> None:
+        self.patched.append((cls, name, cls.__dict__.get(name)))  # None: inherited
+        setattr(cls, name, new)
 
     def __enter__(self):
         for cls in _runner_classes():
-            original = cls.run
-
-            def run(this, *args, _original=original, **kwargs):
-                code = getattr(getattr(this, "fn", None), "__code__", None)
-                self.files.append(code.co_filename if code else "?")
-                return _original(this, *args, **kwargs)
-
-            cls.run = run
-            self.patched.append((cls, original))
+            self._patch(cls, "run", self._launch(cls, cls.run))
+        if self.interpreter:
+            try:
+                from triton.runtime.autotuner import Autotuner
+            except ImportError:
+                Autotuner = None
+            if Autotuner is not None and hasattr(Autotuner, "_bench"):
+                self._patch(Autotuner, "_bench", lambda this, *args, config, **meta: [0.0, 0.0, 0.0])
         return self
 
     def __exit__(self, *exc):
-        for cls, original in self.patched:
-            cls.run = original
+        for cls, name, original in reversed(self.patched):
+            if original is None:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, original)
+        self.patched.clear()
         return False
+
+
+def _triton_version() -> str:
+    """The installed Triton's version, read without importing it (importing Triton before
+    helpers.runtime.configure_triton() has run would leave its own library compiled-only)."""
+    try:
+        return importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        return "?"
 
 
 def _kernel_device() -> torch.device:
@@ -512,34 +635,48 @@ def _kernel_device() -> torch.device:
 
 
 _TRITON_ERRORS = {
-    r"NotImplementedError": "your kernel (or launcher) still raises NotImplementedError: fill in its body.",
-    r"active drivers|no GPU|Found no NVIDIA driver": "Triton found no GPU, so it must run in its interpreter: run "
-    "`setup()` (helpers.runtime) before the cell that defines your kernel, then run that cell again.",
+    r"Block pointers have been removed": "tl.make_block_ptr and tl.advance were removed from recent Triton versions "
+    f"(this machine has Triton {_triton_version()}), on a GPU as in the interpreter: load tiles with pointer "
+    "arithmetic and masks, tl.load(K + offsets, mask=offs_n[:, None] < T, other=0.0) (section 4), or with "
+    "tl.make_tensor_descriptor.",
+    r"not supported in interpreter mode": "Triton's interpreter cannot run this operation (the message names it): "
+    "it runs only compiled, on a GPU. Write the kernel with tl.load, tl.store, tl.dot and elementwise operations.",
+    r"decorated with @triton\.jit before": "run `setup()` "
+    "(helpers.runtime) before the cell that defines your kernel, then run that cell again: Triton decides between "
+    "compiling and interpreting when a kernel is decorated.",
+    r"active drivers|no GPU|Found no NVIDIA driver|not compiled with CUDA": "your launcher asked Triton or torch for a GPU, and there is "
+    "none: in Triton's interpreter only the kernel launch itself runs. Remove GPU queries from the launcher "
+    "(triton.runtime.driver.active..., device properties, triton.testing.do_bench, torch.cuda...).",
     r"arange.*power of 2|power of two": "tl.arange needs a power of 2: use block sizes like 16, 32, 64 and pass the "
     "head dim d as a tl.constexpr (HEAD_DIM).",
-    r"constexpr": "sizes used in tl.arange, tl.zeros and tile shapes must be tl.constexpr arguments (BLOCK_M, BLOCK_N, HEAD_DIM).",
-    r"out of resource|shared memory": "the tiles do not fit in this GPU's shared memory: use smaller BLOCK_M / BLOCK_N "
-    "(or fewer num_stages).",
-    r"CompilationError": "Triton could not compile your kernel: the message names the line. tl.dot needs both tiles "
-    "at least 16 x 16 and matching dtypes.",
-    r"ValueError|TypeError|IndexError|RuntimeError": "run your launcher on the case above and read the traceback; "
-    "in the interpreter the kernel runs as Python, so the line is shown.",
+    r"constexpr": "sizes used in tl.arange, tl.zeros and tile shapes must be tl.constexpr arguments (BLOCK_M, "
+    "BLOCK_N, HEAD_DIM).",
+    r"out of resource|shared memory": "the tiles do not fit in this GPU's shared memory: use smaller BLOCK_M / "
+    "BLOCK_N (or fewer num_stages).",
+    r"[Ii]nput shapes should have M >= 16|K >= 16|N >= 16": "tl.dot needs both tiles at least 16 x 16: use "
+    "BLOCK_M, BLOCK_N and HEAD_DIM of 16 or more.",
+    r"[Bb]oth operands must be same dtype|dtype mismatch.*dot": "tl.dot needs both tiles in the same dtype: convert "
+    "p to v's dtype first, tl.dot(p.to(v.dtype), v).",
 }
 
 
-def _call_kernel(t: Trial, *args: Any, case: str) -> Any:
-    """``t.call(*args)`` with guarded allocations and launch recording; fails on a store past the end,
-    on no Triton launch at all, or on a launch of the course's own kernel."""
+def _call_kernel(t: Trial, *args: Any, sources: dict[str, torch.Tensor], case: str) -> tuple[Any, Provenance]:
+    """``t.call(*args)`` with guarded allocations, kernel launches recorded and the data of q, k, v
+    followed. Fails on a store past the end, on no Triton launch at all, on a launch of the course's
+    own kernel, and when the attention was computed outside the learner's kernels."""
     __tracebackhide__ = True
     try:
         import triton  # noqa: F401
     except ImportError:
         t.fail("Triton is not installed here (it is Linux-only), so this exercise cannot run on this machine.",
                "run this notebook on Linux or in Colab (Runtime > Change runtime type > GPU).")
-    launches, guard, fn = _KernelLaunches(), _GuardAllocations(), t.fn
+    warm_up()
+    watched = {"q", "k", "v"}
+    prov, calls, guard, fn = Provenance(sources, watched), Calls(), _GuardAllocations(), t.fn
+    launches = _KernelLaunches(prov, calls, interpreter=_kernel_device().type == "cpu")
 
     def run(*a):
-        with launches, guard, warnings.catch_warnings():
+        with calls, prov, launches, guard, warnings.catch_warnings():
             # NumPy's "invalid value" warnings from a kernel making NaN in the interpreter: the check names it.
             warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.")
             return fn(*a)
@@ -554,12 +691,41 @@ def _call_kernel(t: Trial, *args: Any, case: str) -> Any:
                "gradient changed).",
                "mask every tl.store with the rows (or keys) that exist, e.g. mask=offs_m[:, None] < T for a "
                "[BLOCK_M, HEAD_DIM] tile and mask=offs_m < T for lse.")
-    if not launches.files:
-        t.fail("no Triton kernel ran during your function.", "launch your kernel, `_kernel[grid](...)`, and return what it wrote.")
-    if any(f in _SOLUTION_FILES for f in launches.files) and not _is_reference(fn):
+    if not launches.launches:
+        t.fail("no Triton kernel ran during your function.", "launch your kernel, `_kernel[grid](...)`, and return "
+               "what it wrote.")
+    if any(f in _KERNEL_FILES for _, f, _ in launches.launches) and not t.is_reference:
         t.fail("your function launched the course's kernel (helpers/triton_flash.py) instead of your own.",
                "write the kernel in the notebook: the point of the exercise is to build it.")
-    return got
+    where = "your kernels" if len({name for name, _, _ in launches.launches}) > 1 else "your kernel"
+    if prov.mixed:
+        t.fail(f"your function computed with q, k and v in PyTorch ({prov.mixed[0]}): in this exercise the "
+               f"attention is computed in {where}, not in PyTorch around it.",
+               "pass q, k, v and the output tensors to the kernel and do the arithmetic on them inside it; in "
+               "PyTorch only allocate outputs, compute launch parameters (and, in the backward, D = rowsum(dO * O)).")
+    how = next((how for how, x in calls.exported
+                if x.numel() > 1 and prov.sources(x) & watched and KERNEL not in prov.sources(x)), "")
+    if how:
+        t.fail(f"your function took q, k or v out of PyTorch ({how}): in this exercise the attention is computed "
+               f"in {where}.", "pass q, k, v themselves to the kernel and do the arithmetic inside it.")
+    q = sources["q"]
+    if prov.scalar_reads >= q.numel() // 2:
+        t.fail(f"your function read q, k or v into {prov.scalar_reads} Python numbers one at a time: in this "
+               f"exercise the attention is computed in {where}.",
+               "pass q, k, v themselves to the kernel and do the arithmetic inside it.")
+    return got, prov
+
+
+def _written_by_kernel(t: Trial, prov: Provenance, got: torch.Tensor, what: str, needs: set[str]) -> None:
+    """Fail unless the data of ``got`` comes from a kernel launch that read the inputs in ``needs``."""
+    __tracebackhide__ = True
+    have = prov.sources(got)
+    if not needs | {KERNEL} <= have:
+        read = ", ".join(sorted(have - {KERNEL})) or "none of the inputs"
+        t.fail(f"{what} was not written by a Triton kernel that read {' and '.join(sorted(needs))} (its data comes "
+               f"from: {read}).",
+               f"launch your kernel with {', '.join(sorted(needs))} and {what} among its arguments, let it store the "
+               f"result into {what}, and return that tensor.")
 
 
 def _attention64(q, k, v, causal: bool):
@@ -590,27 +756,86 @@ def _tol(dtype: torch.dtype, device: torch.device, kind: str) -> dict:
     return dict(atol=1e-4, rtol=1e-4) if kind == "fwd" else dict(atol=2e-4, rtol=2e-4)
 
 
-def _close(got: torch.Tensor, expected: torch.Tensor, atol: float, rtol: float) -> bool:
+def _closeness(got: torch.Tensor, expected: torch.Tensor, atol: float, rtol: float) -> torch.Tensor:
+    """Elementwise closeness in float64 on the CPU (NaN where expected is finite counts as wrong)."""
+    return torch.isclose(got.detach().double().cpu(), expected.detach().double().cpu(), atol=atol, rtol=rtol)
+
+
+def _close(got: Any, expected: torch.Tensor, atol: float, rtol: float) -> bool:
     return (isinstance(got, torch.Tensor) and got.shape == expected.shape and got.dtype == expected.dtype
-            and bool(torch.isclose(got.detach().double().cpu(), expected.double().cpu(), atol=atol, rtol=rtol).all()))
+            and bool(_closeness(got, expected, atol, rtol).all()))
 
 
-def _unwritten_hint(got: torch.Tensor, what: str) -> str:
-    """A hint when some entries still hold torch.empty's marker, else ''."""
-    marker = torch.tensor(_EMPTY_FILL, dtype=got.dtype, device=got.device)
-    bad = (got == marker).nonzero()
-    if not len(bad):
+def _ranges(idx: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0..2, 5'."""
+    out, start = [], None
+    for i, x in enumerate(idx):
+        if start is None:
+            start = x
+        if i + 1 == len(idx) or idx[i + 1] != x + 1:
+            out.append(f"{start}" if start == x else f"{start}..{x}")
+            start = None
+    return ", ".join(out)
+
+
+def _unwritten(got: torch.Tensor, what: str) -> tuple[str, str]:
+    """(diagnosis, where) when some entries still hold torch.empty's marker; ('', '') otherwise."""
+    marker = (got.detach().cpu() == _EMPTY_FILL)
+    if not bool(marker.any()):
+        return "", ""
+    B, H, T = got.shape[:3]
+    per_row = marker.reshape(B, H, T, -1).all(-1)  # [B, H, T]: a row never written at all
+    slices_all, slices_any = per_row.all(-1), marker.reshape(B, H, -1).any(-1)
+    if bool(slices_all.any()) and bool((slices_all == slices_any).all()):
+        missing = [tuple(x) for x in slices_all.nonzero().tolist()]
+        return (f"{what}[b, h] was never written for {len(missing)} of the B * H = {B * H} (batch, head) slices "
+                f"(first {missing[0]}): the grid's second axis must launch B * H programs, one per batch and head "
+                "(program_id(1) = b * H + h).", "")
+    rows = per_row.all(0).all(0)
+    if bool(rows.any()) and bool((per_row == rows).all()):
+        r0 = int(rows.nonzero()[0])
+        if bool(rows[r0:].all()):
+            return (f"rows {r0}..{T - 1} of {what} were never written (in every batch and head), rows before were: "
+                    f"T = {T} ends in a partial block. Launch triton.cdiv(T, BLOCK_M) programs along the query "
+                    "axis, not T // BLOCK_M, and store the partial block with mask offs_m < T.", "")
+    first = marker.nonzero()[0].tolist()
+    return "", f"some entries were never written, first at index {first}"
+
+
+def _slices(got: torch.Tensor, expected: torch.Tensor, tol: dict, what: str) -> tuple[str, str]:
+    """(diagnosis, where) for an output whose (batch, head) slices are right in some places only."""
+    B, H = got.shape[:2]
+    ok = _closeness(got, expected, **tol).reshape(B, H, -1).all(-1)
+    if bool(ok.all()) or B * H == 1:
+        return "", ""
+    wrong = [tuple(x) for x in (~ok).nonzero().tolist()]
+    found = {}
+    for b, h in wrong:
+        for b2 in range(B):
+            for h2 in range(H):
+                if (b2, h2) != (b, h) and bool(_closeness(got[b, h], expected[b2, h2], **tol).all()):
+                    found[(b, h)] = (b2, h2)
+    if len(found) == len(wrong):
+        b, h = wrong[0]
+        b2, h2 = found[wrong[0]]
+        what_offset = ("the batch offset" if all(f[1] == w[1] for w, f in found.items())
+                       else "the head offset" if all(f[0] == w[0] for w, f in found.items()) else "the offsets")
+        verb = "are" if what_offset == "the offsets" else "is"
+        return (f"{what}[{b}, {h}] holds the result of (batch, head) ({b2}, {h2}): {what_offset} of a program {verb} "
+                "wrong. With program_id(1) = b * H + h, offset q, k, v and the output by b * stride_b + h * stride_h "
+                "(b = program_id(1) // H, h = program_id(1) % H).", "")
+    right = [tuple(x) for x in ok.nonzero().tolist()]
+    where = f"wrong in (batch, head) slices {wrong[:6]}{' ...' if len(wrong) > 6 else ''}"
+    return "", where + (f", right in {right[:4]}{' ...' if len(right) > 4 else ''}" if right else "")
+
+
+def _rows(got: torch.Tensor, expected: torch.Tensor, tol: dict, T: int) -> str:
+    """'rows r0..T-1' when exactly the last rows (of every slice) are wrong, else ''."""
+    bad = ~_closeness(got, expected, **tol).reshape(-1, T, got.shape[-1]).all(-1).all(0)  # [T]: a row wrong somewhere
+    if not bool(bad.any()):
         return ""
-    return (f"some entries of {what} were never written (first at index {bad[0].tolist()}): launch "
-            "triton.cdiv(T, BLOCK) programs, not T // BLOCK, and store every row that exists (mask offs < T).")
-
-
-def _dtype_check(t: Trial, got: torch.Tensor, dtype: torch.dtype, what: str) -> None:
-    __tracebackhide__ = True
-    if isinstance(got, torch.Tensor) and got.dtype != dtype:
-        t.fail(f"{what}: expected dtype {dtype} (the inputs' dtype), got {got.dtype}.",
-               "allocate it like the inputs (torch.empty_like(q)) and convert the float32 accumulator when you "
-               "store it: tl.store(ptrs, acc.to(Out.dtype.element_ty), mask=...).")
+    r0 = int(bad.nonzero()[0])
+    return f"rows {r0}..{T - 1}" if r0 > 0 and bool(bad[r0:].all()) else ""
 
 
 # =========================================================================== 9.3 Triton forward
@@ -627,8 +852,16 @@ def _split_forward(t: Trial, got: Any) -> tuple[Any, Any]:
     return None, None
 
 
-def _weights_hint(P: torch.Tensor, P_ref: torch.Tensor, raw: torch.Tensor, causal: bool, d: int) -> str:
-    """Name the mistake from the attention weights P [T, T] a kernel produced (float64, CPU)."""
+def _probe(T: int, d: int = 128, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k random ``[1, 1, T, d]`` and v with one-hot rows (v[j] = e_j), so that out[i, :T] = P[i, :]."""
+    g = seeded(seed)
+    q = torch.randn(1, 1, T, d, generator=g)
+    k = torch.randn(1, 1, T, d, generator=g)
+    return q, k, torch.eye(T, d).view(1, 1, T, d)
+
+
+def _weights_hint(P: torch.Tensor, P_ref: torch.Tensor, raw: torch.Tensor, causal: bool, d: int, ragged: bool) -> str:
+    """Name the mistake from the attention weights P [T, T] a kernel produced (float64, CPU), or ''."""
     T = P.shape[-1]
     scale = 1 / math.sqrt(d)
     nan_rows = torch.isnan(P).any(dim=-1)
@@ -648,12 +881,20 @@ def _weights_hint(P: torch.Tensor, P_ref: torch.Tensor, raw: torch.Tensor, causa
                         "With causal=True, query block start_m needs key blocks up to and including its own: loop "
                         "`for start_n in range(0, min((start_m + 1) * BLOCK_M, T), BLOCK_N)`.")
     if nan_rows.any():
-        return ("NaN in the output: 0/0 (a row whose sum l stayed 0, e.g. every key masked), -inf - (-inf) (a fully "
-                "masked block while m is still -inf), or loads past the end of q, k, v (mask them).")
+        return ""
+    if causal and (P.diagonal()[1:].abs() < 1e-6).all():
+        return ("no query attends to itself: the mask hides the diagonal. Query i may attend to keys j <= i "
+                "(offs_m[:, None] >= offs_n[None, :], not >).")
+    dead = ((P.abs() < 1e-12) & (P_ref > 1e-9)).any(0) & ~(P.abs() >= 1e-12).any(0)  # keys nobody weighs
+    if dead.any():
+        keys = dead.nonzero().flatten().tolist()
+        if keys[-1] == T - 1 and keys == list(range(keys[0], T)):
+            return (f"keys {keys[0]}..{T - 1} got no weight from any query: the loop over key blocks stops before the "
+                    f"last, partial block (T = {T}). Loop `for start_n in range(0, hi, BLOCK_N)` with hi = T "
+                    "(or the causal limit), and mask the keys >= T of that block instead of skipping it.")
+        return (f"keys {_ranges(keys)} got no weight from any query: those key blocks were skipped. Every query "
+                "block must visit every key block (with causal=True: up to and including its diagonal block).")
     if causal:
-        if (P.diagonal()[1:].abs() < 1e-6).all():
-            return ("no query attends to itself: the mask hides the diagonal. Query i may attend to keys j <= i "
-                    "(offs_m[:, None] >= offs_n[None, :], not >).")
         past = ~future & (P_ref > 1e-6)
         if (P[past].abs() < 1e-9).any():
             return ("some keys j <= i got no weight at all: key blocks were skipped. With causal=True the loop over key "
@@ -661,10 +902,15 @@ def _weights_hint(P: torch.Tensor, P_ref: torch.Tensor, raw: torch.Tensor, causa
     sums = P.sum(dim=-1)
     if not torch.allclose(sums, torch.ones_like(sums), atol=1e-3):
         if torch.allclose(P / sums[:, None], P_ref, atol=1e-4, rtol=1e-2):
-            return ("the weights are right up to a factor per row: divide the accumulator by l at the end "
-                    "(acc / l_i[:, None]), and rescale l by alpha whenever the running max grows.")
-        return ("rows of weights do not sum to 1 and their shape is off: when a block raises the running max, rescale "
-                "both acc and l by alpha = exp2(m_old - m_new) before adding the new block.")
+            if bool((sums > 1).all()):
+                return ("the weights are right up to a factor per row, the row's sum l (> 1): divide the accumulator "
+                        "by l at the end (acc / l_i[:, None]).")
+            if ragged and bool((sums < 1).all()):
+                return (f"T = {T} is not a multiple of the block here, and keys at positions >= T got weight: the "
+                        "weights on the real keys sum to less than 1 (row 0: "
+                        f"{float(sums[0]):.3f}). After loading k and v with mask=offs_n[:, None] < T, other=0.0, set "
+                        "the scores of those keys to -inf: qk = tl.where(offs_n[None, :] < T, qk, float('-inf')).")
+        return ""
     # Rows sum to 1: compare the effective softmax temperature with known mistakes.
     for factor, hint in (
         (math.sqrt(d), "the scores are not scaled by 1 / sqrt(d) (sm_scale)."),
@@ -681,36 +927,22 @@ def _weights_hint(P: torch.Tensor, P_ref: torch.Tensor, raw: torch.Tensor, causa
     return ""
 
 
-def _probe(T: int, d: int = 128, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q, k random ``[1, 1, T, d]`` and v with one-hot rows (v[j] = e_j), so that out[i, :T] = P[i, :]."""
-    g = seeded(seed)
-    q = torch.randn(1, 1, T, d, generator=g)
-    k = torch.randn(1, 1, T, d, generator=g)
-    return q, k, torch.eye(T, d).view(1, 1, T, d)
-
-
-def _forward_hint(kind: str, P: torch.Tensor, P_ref: torch.Tensor, raw: torch.Tensor, causal: bool, heads: int,
-                  T: int, d: int) -> str:
-    """The hint for a wrong forward output; P is out[0, 0, :, :T] (the weights when v is one-hot)."""
-    if kind == "probe":
-        return _weights_hint(P, P_ref, raw, causal, d) or _FWD_HINT
-    if kind == "ragged-probe" and torch.isnan(P).any():  # the T = 128 probes passed: the ragged end is the problem
-        return ("NaN when T is not a multiple of the block: your kernel read past the end of q, k or v (the memory "
-                "after them holds NaN here). Mask the loads: tl.load(k_ptrs, mask=offs_n[:, None] < T, other=0.0), "
-                "and the same for q (offs_m) and v.")
-    if kind == "ragged-probe" and not causal:
-        return ("T is not a multiple of the block here, and keys at positions >= T got weight: after loading k and v "
-                "with mask=offs_n[:, None] < T, other=0.0, set the scores of those keys to -inf: "
-                "qk = tl.where(offs_n[None, :] < T, qk, float('-inf')).")
-    if kind == "ragged-probe":
-        return ("T is not a multiple of the block here: check the masks of the last, partial blocks (loads, scores "
-                "and stores all need offs < T) and the end of the key loop, min((start_m + 1) * BLOCK_M, T).")
-    if T == 1:
-        return "T = 1 is one short block: every load and store needs its mask (offs < T)."
-    if heads > 1:
-        return ("cases with B = H = 1 passed but this one has several batches and heads: program_id(1) is b * H + h, "
-                "so offset q, k, v and out by b * stride_b + h * stride_h (and lse by (b * H + h) * T).")
-    return _FWD_HINT
+def _rescale_hint(out: torch.Tensor, q, k, v, causal: bool, tol: dict) -> str:
+    """Is ``out`` a tiled forward without a rescale (for some power-of-2 key block size)? Name it, or ''."""
+    variants = {
+        "the accumulator was not rescaled: when a key block raises the running max, multiply acc by alpha = "
+        "exp2(m_i - m_new) before adding the new block (l_i gets the same factor).": dict(rescale_acc=False),
+        "the running sum l_i was not rescaled: when a key block raises the running max, l_i = l_i * alpha + "
+        "rowsum(p) with alpha = exp2(m_i - m_new), just like acc.": dict(rescale_l=False),
+        "neither acc nor l_i was rescaled when a key block raised the running max: multiply both by alpha = "
+        "exp2(m_i - m_new) before adding the new block.": dict(rescale_acc=False, rescale_l=False),
+    }
+    T = q.shape[-2]
+    for hint, kw in variants.items():
+        for bs in (16, 32, 64, 128):
+            if bs < T and _close(out, _tiled_model(q, k, v, causal, bs, **kw)[0].to(out.dtype), **tol):
+                return hint
+    return ""
 
 
 _FWD_HINT = ("per key block: qk = tl.dot(q, tl.trans(k)) * sm_scale * log2(e); m_new = max(m_i, rowmax(qk)); "
@@ -718,40 +950,94 @@ _FWD_HINT = ("per key block: qk = tl.dot(q, tl.trans(k)) * sm_scale * log2(e); m
              "acc = acc * alpha[:, None] + tl.dot(p, v); then out = acc / l_i[:, None].")
 
 
-def _forward_case(t: Trial, q, k, v, causal: bool, dtype: torch.dtype, kind: str) -> None:
-    """Run one forward case; ``kind``: "probe" (T = 128, B = H = 1, v one-hot), "ragged-probe" (T = 100,
-    after the probes passed), or "full" (several heads, after both). Fails with a diagnosed hint."""
+def _forward_cases(dev: torch.device) -> list[dict]:
+    """Every case of 9.3 with its expected values, built before the learner's code runs."""
+    specs = []
+    # 1-2: T = 128, a multiple of every block size, and v one-hot: out is the attention weights.
+    for causal in (False, True):
+        specs.append((*_probe(128, seed=930 + causal), causal, torch.float32, "probe"))
+    # 3-4: T = 100 is ragged for every block size from 8 to 64 (and shorter than 128).
+    for causal in (False, True):
+        specs.append((*_probe(100, seed=932 + causal), causal, torch.float32, "ragged-probe"))
+    # then several batches and heads, short and ragged T.
+    for i, (B, H, T, d, causal, dtype) in enumerate(_FORWARD_CASES):
+        specs.append((*_qkv(B, H, T, d, seed=940 + i, spread=1.0), causal, dtype, "full"))
+    cases = []
+    for q, k, v, causal, dtype, kind in specs:
+        q, k, v = (x.to(dtype) for x in (q, k, v))
+        out64, lse64, P64, raw = _attention64(q, k, v, causal)
+        cases.append(dict(q=q, k=k, v=v, causal=causal, dtype=dtype, kind=kind, P64=P64, raw=raw,
+                          out=out64.to(device=dev, dtype=dtype), lse=lse64.to(device=dev, dtype=torch.float32),
+                          args=[_guarded(x, dev) for x in (q, k, v)]))
+    return cases
+
+
+def _forward_case(t: Trial, c: dict, passed: list[str]) -> None:
+    """Run one forward case (see _forward_cases) and compare, naming what it can recognise."""
     __tracebackhide__ = True
     dev = _kernel_device()
-    B, H, T, d = q.shape
-    out64, lse64, P64, raw = _attention64(q.to(dtype), k.to(dtype), v.to(dtype), causal)
-    qg, kg, vg = (_guarded(x.to(dtype), dev) for x in (q, k, v))
-    got = _call_kernel(t, qg, kg, vg, causal, case=describe_case(q=qg, k=kg, v=vg, causal=causal) + f" on {dev.type}")
+    qg, kg, vg = c["args"]
+    causal, dtype, kind, expected = c["causal"], c["dtype"], c["kind"], c["out"]
+    B, H, T, d = qg.shape
+    got, prov = _call_kernel(t, qg, kg, vg, causal, sources={"q": qg, "k": kg, "v": vg},
+                             case=describe_case(q=qg, k=kg, v=vg, causal=causal) + f" on {dev.type}")
     out, lse = _split_forward(t, got)
-    expected = out64.to(device=dev, dtype=dtype)
     if isinstance(out, torch.Tensor) and out.shape == expected.shape:
         _dtype_check(t, out, dtype, "out")
     tol = _tol(dtype, dev, "probe" if "probe" in kind else "fwd")
-    hint = _FWD_HINT
-    if isinstance(out, torch.Tensor) and out.shape == expected.shape and not _close(out, expected, **tol):
+    diagnosis, what = "", "out"
+    if isinstance(out, torch.Tensor) and out.shape == expected.shape and out.dtype == dtype and not _close(out, expected, **tol):
+        diagnosis, where = _unwritten(out, "out")
         P = out.detach().double().cpu()[0, 0, :, :T]
-        hint = _unwritten_hint(out, "out") or _forward_hint(kind, P, P64[0, 0], raw[0, 0], causal, B * H, T, d)
-    t.tensor(out, expected, what="out", hint=hint, **tol)
+        if not diagnosis and not where and "probe" in kind:
+            if kind == "ragged-probe" and torch.isnan(P).any() and "probe" in passed:
+                diagnosis = ("NaN now that T is not a multiple of the block (the cases with T = 128 passed): your kernel "
+                             "read past the end of q, k or v (the memory after them holds NaN here). Mask the loads: "
+                             "tl.load(k_ptrs, mask=offs_n[:, None] < T, other=0.0), and the same for q (offs_m) and v.")
+            diagnosis = diagnosis or _weights_hint(P, c["P64"][0, 0], c["raw"][0, 0], causal, d, kind == "ragged-probe")
+        if not diagnosis and not where:
+            diagnosis, where = _slices(out, expected, tol, "out")
+        if not diagnosis and not where:
+            diagnosis = _rescale_hint(out, c["q"], c["k"], c["v"], causal, tol)
+        if not diagnosis and not where:
+            rows = _rows(out, expected, tol, T)
+            if rows and T % 16:
+                diagnosis = (f"{rows} of out (the last, partial query block: T = {T}) are wrong, the rows before are "
+                             "right: mask that block's loads, scores and stores with offs < T.")
+            elif causal and "plain-" + str((B, H, T, d, dtype)) in passed:
+                diagnosis = ("the same shapes passed with causal=False, so look at the causal parts: keep scores where "
+                             "offs_m[:, None] >= offs_n[None, :], and loop over key blocks up to the end of this query "
+                             "block, (start_m + 1) * BLOCK_M.")
+        what = f"out ({where})" if where else "out"
+    t.tensor(out, expected, what=what, hint=_FWD_HINT, diagnosis=diagnosis, **tol)
+    if T > 1:  # with one key, out = v: a kernel's output is then also a copy of an input
+        _written_by_kernel(t, prov, out, "out", {"q", "k", "v"})
     if lse is not None:
-        ref_lse = lse64.to(device=dev, dtype=torch.float32)
+        ref_lse = c["lse"]
         if isinstance(lse, torch.Tensor) and lse.shape != ref_lse.shape:
             t.fail(f"lse: expected shape {list(ref_lse.shape)} ([B, H, T]), got {list(lse.shape)}.",
                    "allocate lse as torch.empty((B, H, T), dtype=torch.float32, device=q.device), or return only out.")
         if isinstance(lse, torch.Tensor) and lse.dtype != torch.float32:
             t.fail(f"lse: expected float32, got {lse.dtype}.", "keep the running statistics m_i, l_i and lse in float32.")
-        lse_hint = _unwritten_hint(lse, "lse") if isinstance(lse, torch.Tensor) else ""
-        t.tensor(lse, ref_lse, what="lse", hint=lse_hint or "lse = (m_i + tl.log2(l_i)) * ln(2) when m_i is in log2 "
-                 "units (natural log: m + log(l)).", **_tol(dtype, dev, "lse"), mistakes={
+        lse_diag = _unwritten(lse[..., None], "lse")[0] if isinstance(lse, torch.Tensor) else ""
+        t.tensor(lse, ref_lse, what="lse", diagnosis=lse_diag, hint="lse = (m_i + tl.log2(l_i)) * ln(2) when m_i is in "
+                 "log2 units (natural log: m + log(l)).", **_tol(dtype, dev, "lse"), mistakes={
                      "lse is in log2 units: multiply m_i + log2(l_i) by ln(2) to get the natural log.": lambda: ref_lse * LOG2E,
                      "lse is only the running max: add the log of the running sum, lse = m + log(l).": lambda: (
-                         raw / math.sqrt(d)).masked_fill(causal & ~att.causal_mask(T), float("-inf")).amax(-1).to(
+                         c["raw"] / math.sqrt(d)).masked_fill(causal & ~att.causal_mask(T), float("-inf")).amax(-1).to(
                          device=dev, dtype=torch.float32),
                  })
+    passed.append(kind)
+    if not causal:
+        passed.append("plain-" + str((B, H, T, d, dtype)))
+
+
+def _dtype_check(t: Trial, got: torch.Tensor, dtype: torch.dtype, what: str) -> None:
+    __tracebackhide__ = True
+    if isinstance(got, torch.Tensor) and got.dtype != dtype:
+        t.fail(f"{what}: expected dtype {dtype} (the inputs' dtype), got {got.dtype}.",
+               "allocate it like the inputs (torch.empty_like(q)) and convert the float32 accumulator when you "
+               "store it: tl.store(ptrs, acc.to(Out.dtype.element_ty), mask=...).")
 
 
 # (B, H, T, d, causal, dtype) after the probes: several batches and heads, short and ragged T.
@@ -763,20 +1049,14 @@ _FORWARD_CASES = [
 ]
 
 
-@exercise("9.3", "FlashAttention forward in Triton", points=3, stars=3, notebook=NB, time_limit=TRITON_TIME_LIMIT_S)
+@exercise("9.3", "FlashAttention forward in Triton", points=3, stars=3, notebook=NB, time_limit=TRITON_TIME_LIMIT_S,
+          section="4. The Triton kernel, block by block")
 def flash_attention_triton(t: Trial) -> None:
     t.error_hints = _TRITON_ERRORS
-    # 1-2: T = 128, a multiple of every block size, and v one-hot: out is the attention weights.
-    for causal in (False, True):
-        q, k, v = _probe(128, seed=930 + causal)
-        _forward_case(t, q, k, v, causal, torch.float32, "probe")
-    # 3-4: T = 100 is ragged for every block size from 8 to 64 (and shorter than 128).
-    for causal in (False, True):
-        q, k, v = _probe(100, seed=932 + causal)
-        _forward_case(t, q, k, v, causal, torch.float32, "ragged-probe")
-    for i, (B, H, T, d, causal, dtype) in enumerate(_FORWARD_CASES):
-        q, k, v = _qkv(B, H, T, d, seed=940 + i, spread=1.0)
-        _forward_case(t, q, k, v, causal, dtype, "full")
+    t.forbidden_references = set(_COURSE_FUNCTIONS)
+    passed: list[str] = []
+    for case in _forward_cases(_kernel_device()):
+        _forward_case(t, case, passed)
 
 
 # =========================================================================== 9.4 Triton backward
@@ -845,45 +1125,69 @@ _BACKWARD_CASES = [  # (B, H, T, d, causal, dtype): friendly T = 128 first, then
 ]
 
 
-@exercise("9.4", "FlashAttention backward in Triton", points=3, stars=3, notebook=NB,
-          time_limit=TRITON_TIME_LIMIT_S, bonus=True)
-def flash_attention_triton_backward(t: Trial) -> None:
-    t.error_hints = _TRITON_ERRORS
-    dev = _kernel_device()
-    ragged_passed = plain_passed = False
+def _backward_cases(dev: torch.device) -> list[dict]:
+    """Every case of 9.4 with its expected gradients (autograd through SDPA in float64), built first."""
+    cases = []
     for i, (B, H, T, d, causal, dtype) in enumerate(_BACKWARD_CASES):
         q, k, v = (x.to(dtype) for x in _qkv(B, H, T, d, seed=950 + i, spread=1.0))
         do = torch.randn(B, H, T, d, generator=seeded(960 + i)).to(dtype)
         out64, lse64, _, _ = _attention64(q, k, v, causal)
         lse = lse64.float()
         qr, kr, vr = (x.detach().double().requires_grad_() for x in (q, k, v))
-        o = torch.nn.functional.scaled_dot_product_attention(qr, kr, vr, is_causal=causal)
-        o.backward(do.double())
-        expected = [x.grad.to(device=dev, dtype=dtype) for x in (qr, kr, vr)]
-        args = [_guarded(x, dev) for x in (q, k, v, out64.to(dtype), lse, do)]
+        with torch.enable_grad():
+            o = torch.nn.functional.scaled_dot_product_attention(qr, kr, vr, is_causal=causal)
+            o.backward(do.double())
+        cases.append(dict(q=q, k=k, v=v, do=do, lse=lse, causal=causal, dtype=dtype,
+                          expected=[x.grad.to(device=dev, dtype=dtype) for x in (qr, kr, vr)],
+                          args=[_guarded(x, dev) for x in (q, k, v, out64.to(dtype), lse, do)]))
+    return cases
+
+
+@exercise("9.4", "FlashAttention backward in Triton", points=3, stars=3, notebook=NB,
+          time_limit=TRITON_TIME_LIMIT_S, bonus=True, section="5. The backward pass")
+def flash_attention_triton_backward(t: Trial) -> None:
+    t.error_hints = _TRITON_ERRORS
+    t.forbidden_references = set(_COURSE_FUNCTIONS)
+    dev = _kernel_device()
+    passed: list[tuple] = []
+    for c in _backward_cases(dev):
+        args, causal, dtype = c["args"], c["causal"], c["dtype"]
+        B, H, T, d = args[0].shape
         case = describe_case(q=args[0], k=args[1], v=args[2], out=args[3], lse=args[4], grad_out=args[5],
                              causal=causal) + f" on {dev.type}"
-        got = t.tuple(_call_kernel(t, *args, causal, case=case), 3, ("grad_q", "grad_k", "grad_v"))
+        names = ("q", "k", "v", "out", "lse", "grad_out")
+        got, prov = _call_kernel(t, *args, causal, sources=dict(zip(names, args)), case=case)
+        got = t.tuple(got, 3, ("grad_q", "grad_k", "grad_v"))
         tol = _tol(dtype, dev, "bwd")
         for which, name in ((2, "dv"), (1, "dk"), (0, "dq")):
-            g, e = got[which], expected[which]
+            g, e = got[which], c["expected"][which]
+            what = f"grad_{name[1]}"
             if isinstance(g, torch.Tensor) and g.shape == e.shape:
-                _dtype_check(t, g, dtype, f"grad_{name[1]}")
-            hint = _BWD_HINTS[name]
-            if isinstance(g, torch.Tensor) and g.shape == e.shape and not _close(g, e, **tol):
-                hint = _unwritten_hint(g, f"grad_{name[1]}")
-                if not hint and T % 16 and not ragged_passed:
-                    hint = ("T is not a multiple of the block here: mask the loads of q, k, v, dO, lse and D with offs < T "
-                            "(other=0), set P to 0 for positions >= T (tl.where), and mask the stores.")
-                elif not hint and B * H > 1 and ragged_passed:
-                    hint = ("cases with B = H = 1 passed but this one has several batches and heads: program_id(1) is "
-                            "b * H + h; offset every tensor by b * stride_b + h * stride_h (lse and D by (b * H + h) * T).")
-                elif not hint and causal and plain_passed:
-                    hint = ("the non-causal case passed, so look at the causal parts: P must be 0 for keys j > i "
-                            "(offs_m[:, None] >= offs_n[None, :]) in both kernels, and the loops must cover every pair "
-                            "j <= i: dK/dV from the key block's first query on, dQ up to the end of its query block.")
-                hint = hint or _BWD_HINTS[name]
-            t.tensor(g, e, what=f"grad_{name[1]}", hint=hint, **tol,
-                     mistakes=_backward_mistakes(q, k, v, lse, do, causal, which, dtype, dev))
-        ragged_passed = ragged_passed or bool(T % 16)
-        plain_passed = plain_passed or not causal
+                _dtype_check(t, g, dtype, what)
+            diagnosis = ""
+            if isinstance(g, torch.Tensor) and g.shape == e.shape and g.dtype == e.dtype and not _close(g, e, **tol):
+                diagnosis, where = _unwritten(g, what)
+                if not diagnosis and not where and torch.isnan(g).any() and T % 16 and any(p[2] % 16 == 0 for p in passed):
+                    diagnosis = (f"NaN now that T is not a multiple of the block here (T = {T}; the cases with T = 128 "
+                                 "passed): your kernels read past the end of q, k, v, dO, lse or D (the memory after them "
+                                 "holds NaN here). Mask those loads with offs < T (other=0), set P to 0 for positions "
+                                 ">= T (tl.where), and mask the stores.")
+                if not diagnosis and not where:
+                    diagnosis, where = _slices(g, e, tol, what)
+                if not diagnosis and not where:
+                    rows = _rows(g, e, tol, T)
+                    if rows and T % 16:
+                        diagnosis = (f"{rows} of {what} (the last, partial block: T is not a multiple of the block here) "
+                                     "are wrong, the rows before are right: mask the loads of that block with offs < T "
+                                     "(other=0), set P to 0 for positions >= T, and mask the stores.")
+                    elif causal and (B, H, T, d, dtype, False) in passed:
+                        diagnosis = ("the same shapes passed with causal=False, so look at the causal parts: P must be 0 "
+                                     "for keys j > i (offs_m[:, None] >= offs_n[None, :]) in both kernels, and the loops "
+                                     "must cover every pair j <= i: dK/dV from the key block's first query on, dQ up to "
+                                     "the end of its query block.")
+                what = f"{what} ({where})" if where else what
+            t.tensor(g, e, what=what, hint=_BWD_HINTS[name], diagnosis=diagnosis, **tol,
+                     mistakes=_backward_mistakes(c["q"], c["k"], c["v"], c["lse"], c["do"], causal, which, dtype, dev))
+            if T > 1:  # with one key, grad_q = grad_k = 0 and grad_v = grad_out: nothing to compute
+                _written_by_kernel(t, prov, g, f"grad_{name[1]}", {"q", "k"})
+        passed.append((B, H, T, d, dtype, causal))

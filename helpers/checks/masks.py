@@ -41,9 +41,10 @@ def _mask(t: Trial, got, expected: torch.Tensor, mistakes: dict, hint: str) -> N
 # --------------------------------------------------------------------------- 3.1
 
 
-@exercise("3.1", "causal mask", points=1, stars=1, notebook=NB)
+@exercise("3.1", "causal mask", points=1, stars=1, notebook=NB, section="1. A mask is a yes/no table")
 def causal_mask(t: Trial) -> None:
-    for T in (5, 1, 8):
+    cases = [(T, ref.causal_mask(T)) for T in (5, 1, 8)]
+    for T, expected in cases:
         got = t.call(T, case=describe_case(T=T))
         mistakes = {
             "you built the upper triangle: row i is query i, so it must allow keys j <= i (the lower triangle "
@@ -53,17 +54,18 @@ def causal_mask(t: Trial) -> None:
             "your mask lets query i see key i + 1, one step into the future: the rule is j <= i.": lambda: _tril(T, 1),
             "return the [T, T] mask itself; broadcasting adds the batch and head axes later.": lambda: _tril(T)[None, None],
         }
-        _mask(t, got, ref.causal_mask(T), mistakes, hint="torch.ones(T, T, dtype=torch.bool).tril(): True on and below the diagonal.")
+        _mask(t, got, expected, mistakes, hint="torch.ones(T, T, dtype=torch.bool).tril(): True on and below the diagonal.")
 
 
 # --------------------------------------------------------------------------- 3.2
 
 
-@exercise("3.2", "padding mask", points=2, stars=2, notebook=NB)
+@exercise("3.2", "padding mask", points=2, stars=2, notebook=NB, section="2.1 Padding: a mask on keys, shaped to broadcast")
 def padding_mask(t: Trial) -> None:
     # B != T everywhere; a zero length (all keys padding) and a full length are included.
     cases = [(torch.tensor([3, 6, 1, 0]), 6), (torch.tensor([2, 5], dtype=torch.int32), 7), (torch.tensor([4, 4, 1]), 4)]
-    for lengths, T in cases:
+    cases = [(lengths, T, ref.padding_mask(lengths, T)) for lengths, T in cases]
+    for lengths, T, expected in cases:
         got = t.call(lengths, T, case=describe_case(lengths=lengths.tolist(), T=T))
         B = lengths.shape[0]
         j = torch.arange(T)
@@ -86,7 +88,7 @@ def padding_mask(t: Trial) -> None:
             "the last lengths[b] positions (left padding).": lambda: (j >= T - L)[:, None, None, :],
             POLARITY + " Careful: nn.MultiheadAttention's key_padding_mask uses the opposite (True = ignore).": lambda: ~keys[:, None, None, :],
         }
-        _mask(t, got, ref.padding_mask(lengths, T), mistakes, hint="(torch.arange(T) < lengths[:, None])[:, None, None, :]")
+        _mask(t, got, expected, mistakes, hint="(torch.arange(T) < lengths[:, None])[:, None, None, :]")
 
 
 # --------------------------------------------------------------------------- 3.3
@@ -97,11 +99,24 @@ OVERFLOW = ("exp overflowed: exp(1e4) is inf in float32 (so is anything above ~8
 NAN_ROWS = ("rows with nothing allowed came out NaN: softmax over a row of all -inf is 0/0. Those rows must be all "
             "zeros, e.g. torch.where(allowed.any(-1, keepdim=True), p, 0.0) (or compute exp/sum yourself and divide "
             "only where the sum is > 0).")
+_SOFTMAX_RECIPE = ("p = torch.softmax(scores.masked_fill(~allowed, float('-inf')), dim=-1) (torch.softmax subtracts "
+                   "each row's max), then torch.where(allowed.any(-1, keepdim=True), p, 0.0) for rows with nothing allowed.")
+
+
+def _fill_text(fill: float) -> str:
+    """-1e9 as "-1e9", the float32 minimum as "torch.finfo(dtype).min"."""
+    if fill == torch.finfo(torch.float32).min:
+        return "torch.finfo(dtype).min"
+    exponent = round(math.log10(-fill))
+    return f"-1e{exponent}" if fill == -(10.0 ** exponent) else f"{fill:g}"
 
 
 def _softmax_mistakes(s: torch.Tensor, allowed: torch.Tensor) -> dict:
     a = allowed.expand_as(s)
     filled = s.masked_fill(~a, float("-inf"))
+    any_row = a.any(-1, keepdim=True)
+    empty_rows = int((~any_row).sum())
+    lowest = float(s[a].min()) if bool(a.any()) else 0.0
 
     def renormalised():
         p = torch.softmax(s, -1) * a
@@ -112,7 +127,11 @@ def _softmax_mistakes(s: torch.Tensor, allowed: torch.Tensor) -> dict:
         e = torch.exp(s) * a
         return e / e.sum(-1, keepdim=True).clamp_min(1e-30)
 
-    return {
+    def no_max_filled():
+        e = torch.exp(filled)
+        return e / e.sum(-1, keepdim=True)
+
+    mistakes = {
         NAN_ROWS: lambda: torch.softmax(filled, -1),
         "you masked after the softmax and renormalised: exact on paper, but when a blocked score is far larger "
         "than the allowed ones (logits of 1e4) the allowed probabilities underflow to 0 before you renormalise. "
@@ -121,15 +140,25 @@ def _softmax_mistakes(s: torch.Tensor, allowed: torch.Tensor) -> dict:
         "a denominator that still contains the blocked keys (so blocked tokens still move the output). Fill "
         "blocked scores with -inf *before* the softmax.": lambda: torch.softmax(s, -1) * a,
         OVERFLOW: no_max,
-        "you filled blocked scores with a finite number instead of -inf: a row with nothing allowed then "
-        "becomes uniform over all keys (1/T_k each) instead of all zeros, and a large fill can still lose "
-        "against logits of 1e4.": lambda: torch.softmax(s.masked_fill(~a, -1e9), -1),
+        OVERFLOW.replace("exp overflowed:", "exp overflowed (after the -inf fill):"): no_max_filled,
         POLARITY + " You blocked the allowed keys and kept the others.": lambda: att.masked_softmax(s, ~allowed),
         "the softmax runs over the keys, the last dim (dim=-1): each query's row sums to 1.": lambda: torch.softmax(filled, -2).nan_to_num(0.0),
     }
+    # A finite fill instead of -inf: right where it is far below every allowed score and rows with
+    # nothing allowed are set to zero (a -1e9 fill that does both passes); wrong otherwise.
+    if empty_rows:
+        mistakes[f"you filled blocked scores with a finite number instead of -inf: a row with nothing allowed (here "
+                 f"{empty_rows}) then becomes uniform over all keys (1/T_k each) instead of all zeros."] = (
+            lambda: torch.softmax(s.masked_fill(~a, -1e9), -1))
+    for fill in (-1e4, -1e5, -1e6):
+        mistakes[f"you filled blocked scores with {_fill_text(fill)}, but here allowed scores go down to {lowest:.3g}: "
+                 "a blocked key can then outweigh an allowed one. Fill with -inf, which is below every score."] = (
+            lambda fill=fill: torch.where(any_row, torch.softmax(s.masked_fill(~a, fill), -1), 0.0))
+    return mistakes
 
 
-@exercise("3.3", "masked softmax", points=2, stars=2, notebook=NB)
+@exercise("3.3", "masked softmax", points=2, stars=2, notebook=NB,
+          section="4.4 A row with nothing allowed: NaN, and how it spreads")
 def masked_softmax(t: Trial) -> None:
     t.error_hints = {
         r"shape of the mask|must match the size|does not match": "allowed only *broadcasts* to scores (it may be "
@@ -152,19 +181,19 @@ def masked_softmax(t: Trial) -> None:
     s4 = torch.randn(5, 7, generator=g) * 3
     a4 = torch.rand(5, 7, generator=g) < 0.6
     a4[2] = False
-    basic = ("fill blocked scores with -inf, subtract each row's max (torch.softmax does), and give rows with "
-             "nothing allowed zeros.")
-    for s, a, hint in [(s1, a1, basic), (s2, a2, NAN_ROWS), (s3, a3, OVERFLOW), (s4, a4, basic)]:
+    cases = [(s, a, ref.masked_softmax(s, a)) for s, a in [(s1, a1), (s2, a2), (s3, a3), (s4, a4)]]
+    for s, a, expected in cases:
         got = t.call(s, a, case=describe_case(scores=s, allowed=a))
-        t.tensor(got, ref.masked_softmax(s, a), what="weights", mistakes=_softmax_mistakes(s, a), atol=1e-6, hint=hint)
+        t.tensor(got, expected, what="weights", mistakes=_softmax_mistakes(s, a), atol=1e-6, hint=_SOFTMAX_RECIPE)
 
 
 # --------------------------------------------------------------------------- 3.4
 
 
-@exercise("3.4", "prefix-LM mask", points=2, stars=2, notebook=NB)
+@exercise("3.4", "prefix-LM mask", points=2, stars=2, notebook=NB, section="2.2 Prefix-LM: a bidirectional prefix, then causal")
 def prefix_lm_mask(t: Trial) -> None:
-    for T, p in [(7, 3), (6, 0), (5, 5), (9, 4)]:
+    cases = [(T, p, ref.prefix_lm_mask(T, p)) for T, p in [(7, 3), (6, 0), (5, 5), (9, 4)]]
+    for T, p, expected in cases:
         got = t.call(T, p, case=describe_case(T=T, prefix_len=p))
         i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
         causal = j <= i
@@ -178,16 +207,19 @@ def prefix_lm_mask(t: Trial) -> None:
             "the prefix positions must see each other in both directions; you returned a plain causal mask.": lambda: causal,
             "after the prefix, attention is causal: suffix tokens must not see later suffix tokens.": lambda: torch.ones(T, T, dtype=torch.bool),
         }
-        _mask(t, got, ref.prefix_lm_mask(T, p), mistakes,
+        _mask(t, got, expected, mistakes,
               hint="start from the causal mask and set the [prefix_len, prefix_len] top-left block to True.")
 
 
 # --------------------------------------------------------------------------- 3.5
 
 
-@exercise("3.5", "packed (block-diagonal causal) mask", points=2, stars=2, notebook=NB)
+@exercise("3.5", "packed (block-diagonal causal) mask", points=2, stars=2, notebook=NB,
+          section="2.3 Packed sequences: block-diagonal causal (varlen)")
 def packed_causal_mask(t: Trial) -> None:
-    for seq_lens in ([3, 2, 4], [5], [1, 4, 2, 3], [2, 1, 1]):
+    # The learner gets a list of its own; the machinery of t.call notices if it is changed in place.
+    cases = [(seq_lens, ref.packed_causal_mask(seq_lens)) for seq_lens in ((3, 2, 4), (5,), (1, 4, 2, 3), (2, 1, 1))]
+    for seq_lens, expected in cases:
         got = t.call(list(seq_lens), case=describe_case(seq_lens=list(seq_lens)))
         N = sum(seq_lens)
         cu = torch.tensor([0, *seq_lens]).cumsum(0)
@@ -203,7 +235,7 @@ def packed_causal_mask(t: Trial) -> None:
             "cu_seqlens[s+1]-1, with cu_seqlens = [0, cumsum(seq_lens)].": lambda: (shifted[:, None] == shifted[None, :]) & causal,
             "each sequence may see its own past, not only itself: you kept the diagonal only.": lambda: torch.eye(N, dtype=torch.bool),
         }
-        _mask(t, got, ref.packed_causal_mask(seq_lens), mistakes,
+        _mask(t, got, expected, mistakes,
               hint="torch.block_diag(*[causal_mask(n) for n in seq_lens]), or (seq_id[:, None] == seq_id[None, :]) & causal.")
 
 
@@ -275,14 +307,14 @@ def _pairs_text(pairs) -> str:
     return "[" + ", ".join(map(str, pairs[:6])) + (", ..." if len(pairs) > 6 else "") + f"] ({len(pairs)})"
 
 
-@exercise("3.6", "find mask leaks by perturbation", points=3, stars=3, notebook=NB)
+@exercise("3.6", "find mask leaks by perturbation", points=3, stars=3, notebook=NB, section="5. Mask tests: perturb and watch")
 def find_mask_leaks(t: Trial) -> None:
     t.error_hints = {
         r"attention_fn expects": "build x with shape [1, T, d_model] (T = allowed.shape[-1]), as a float tensor: "
         "torch.randn(1, T, d_model, dtype=torch.float64).",
     }
-    for name, fn, allowed, d_model, denominator, roundoff in _leak_cases():
-        expected = ref.find_mask_leaks(fn, allowed, d_model)
+    cases = [(*case, ref.find_mask_leaks(case[1], case[2], case[3])) for case in _leak_cases()]
+    for name, fn, allowed, d_model, denominator, roundoff, expected in cases:
         got = t.call(fn, allowed, d_model, case=f"{name}: allowed=bool{list(allowed.shape)}, d_model={d_model}")
         if got is None:
             t.fail("expected a list of (i, j) pairs, got None.", "did you forget the `return` statement?")
@@ -330,7 +362,9 @@ def find_mask_leaks(t: Trial) -> None:
                    "its weight on j is 0. Start from a random base input (not zeros), so every score and every output is "
                    "non-trivial, and perturb with a random vector.")
         if g > e:
-            t.fail(head + f" extra {_pairs_text(sorted(g - e))}.", ROUNDOFF)
+            t.fail(head + f" extra {_pairs_text(sorted(g - e))}: perturbing x[0, j] leaves output row i of these "
+                   "pairs unchanged.", "report a pair only when the output row actually moved (by more than a small "
+                   "tolerance) after perturbing position j, never from the mask or the weights alone.")
         t.fail(head + f" missing {_pairs_text(sorted(e - g))}, extra {_pairs_text(sorted(g - e))}.",
-               "perturb each position j in turn from a random float64 base input, and report (i, j) when output row i "
-               "moves by more than a small tolerance and allowed[i, j] is False.")
+               recipe="perturb each position j in turn from a random float64 base input, and report (i, j) when "
+               "output row i moves by more than a small tolerance and allowed[i, j] is False.")

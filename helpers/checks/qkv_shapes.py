@@ -1,4 +1,9 @@
-"""Checks for notebook 01_qkv_shapes: exercises 1.1-1.3."""
+"""Checks for notebook 01_qkv_shapes: exercises 1.1-1.3.
+
+Every case and its expected output are built before the learner's function first runs; the
+mistakes each check recognises are outputs of known wrong implementations, named at the first
+failure; the ``hint=`` of a comparison is the full recipe, shown only when the check fails again.
+"""
 
 from __future__ import annotations
 
@@ -16,64 +21,93 @@ NB = "01_qkv_shapes"
 _QKV_CASES = [(2, 5, 12, 3), (1, 7, 8, 2), (3, 4, 30, 5)]  # (B, T, D, H)
 
 
+# --------------------------------------------------------------------------- 1.1
 
-@exercise("1.1", "Q/K/V projection and head split", points=1, stars=1, notebook=NB)
+
+def _qkv_mistakes(x: torch.Tensor, w: torch.Tensor, H: int, expected: tuple, i: int) -> dict:
+    """hint -> output i (0: q, 1: k, 2: v) of a known wrong projection or head split."""
+    B, T, D = x.shape
+    d_k = D // H
+    proj = lambda: (x @ w).split(D, dim=-1)[i]  # noqa: E731
+    name = "qkv"[i]
+    mistakes = {
+        "you reshaped straight to [B, H, T, d_k]: that regroups the numbers of different tokens. "
+        "View as [B, T, H, d_k] first, then transpose(1, 2).": lambda: proj().reshape(B, H, T, d_k),
+        "you split into heads but did not transpose: after .view(B, T, H, d_k) call .transpose(1, 2) "
+        "to get [B, H, T, d_k].": lambda: proj().view(B, T, H, d_k),
+        "the head split is d_k-major: view as [B, T, H, d_k] (head h = columns h*d_k:(h+1)*d_k), "
+        "not [B, T, d_k, H].": lambda: proj().view(B, T, d_k, H).permute(0, 3, 1, 2),
+        "the projection is x @ w_qkv (w_qkv is [D, 3D]); x @ w_qkv.T or w_qkv @ x mixes the wrong axes.": lambda: ref.split_heads(
+            (x @ w.T.reshape(D, 3 * D)).split(D, dim=-1)[i], H),
+    }
+    for j, other in enumerate("qkv"):
+        if j != i:
+            mistakes[f"your {name} holds the {other} columns: w_qkv's columns are Q, K, V in that order "
+                     f"(q = columns 0:D, k = D:2D, v = 2D:3D)."] = expected[j]
+    return mistakes
+
+
+@exercise("1.1", "Q/K/V projection and head split", points=1, stars=1, notebook=NB,
+          section="2. The seven steps, with every shape")
 def qkv_projection(t: Trial) -> None:
     t.error_hints = {
-        r"shape '\[.*\]' is invalid|view size is not compatible": "reshape the projected [B, T, D] tensor to [B, T, H, D/H] first, then transpose(1, 2).",
+        r"shape '\[.*\]' is invalid|view size is not compatible": "a view/reshape asked for a shape whose size does "
+        "not fit: the projected tensor is [B, T, D] per part; view it as [B, T, H, D // H], then transpose(1, 2).",
         r"cannot be multiplied": "the projection is x @ w_qkv: x is [B, T, D] and w_qkv is [D, 3D].",
     }
+    cases = []
     for seed, (B, T, D, H) in enumerate(_QKV_CASES):
         g = seeded(seed)
         x = torch.randn(B, T, D, generator=g)
         w = torch.randn(D, 3 * D, generator=g) / math.sqrt(D)
+        cases.append((x, w, H, ref.qkv_projection(x, w, H)))
+    for x, w, H, expected in cases:
         got = t.tuple(t.call(x, w, H, case=describe_case(x=x, w_qkv=w, n_heads=H)), 3, ("q", "k", "v"))
-        expected = ref.qkv_projection(x, w, H)
-        proj = (x @ w).split(D, dim=-1)
-        d_k = D // H
         for i, name in enumerate("qkv"):
-            mistakes = {
-                "you reshaped straight to [B, H, T, d_k]: that regroups the numbers of different tokens. "
-                "View as [B, T, H, d_k] first, then transpose(1, 2).": lambda i=i: proj[i].reshape(B, H, T, d_k),
-                "you split into heads but did not transpose: after .view(B, T, H, d_k) call .transpose(1, 2) "
-                "to get [B, H, T, d_k].": lambda i=i: proj[i].view(B, T, H, d_k),
-                "the head split is d_k-major: view as [B, T, H, d_k] (head h = columns h*d_k:(h+1)*d_k), "
-                "not [B, T, d_k, H].": lambda i=i: proj[i].view(B, T, d_k, H).permute(0, 3, 1, 2),
-                "the projection is x @ w_qkv (w_qkv is [D, 3D]); x @ w_qkv.T or w_qkv @ x mixes the wrong axes.": lambda i=i: ref.split_heads(
-                    (x @ w.T.reshape(D, 3 * D)).split(D, dim=-1)[i], H
-                ),
-            }
-            for j, other in enumerate("qkv"):
-                if j != i:
-                    mistakes[f"your {name} holds the {other} columns: w_qkv's columns are Q, K, V in that order "
-                             f"(q = columns 0:D, k = D:2D, v = 2D:3D)."] = lambda j=j: expected[j]
-            t.tensor(got[i], expected[i], what=name, mistakes=mistakes,
+            t.tensor(got[i], expected[i], what=name, mistakes=_qkv_mistakes(x, w, H, expected, i),
                      hint="q, k, v = (x @ w_qkv).split(D, dim=-1), then each .view(B, T, H, D // H).transpose(1, 2).")
 
 
-@exercise("1.2", "merge heads back to [B, T, D]", points=1, stars=1, notebook=NB)
+# --------------------------------------------------------------------------- 1.2
+
+
+@exercise("1.2", "merge heads back to [B, T, D]", points=1, stars=1, notebook=NB,
+          section="2. The seven steps, with every shape")
 def merge_heads(t: Trial) -> None:
     t.error_hints = {
         r"view size is not compatible|view\(\)": "after transpose(1, 2) the tensor is not contiguous, so .view fails: "
         "use .reshape(B, T, H * d_k) (or .contiguous().view(...)).",
     }
+    cases = []
     for seed, (B, H, T, d_k) in enumerate([(2, 3, 5, 4), (1, 4, 6, 2), (3, 2, 7, 5)]):
         o = torch.randn(B, H, T, d_k, generator=seeded(100 + seed))
+        cases.append((o, ref.merge_heads(o)))
+    for o, expected in cases:
+        B, H, T, d_k = o.shape
         got = t.call(o, case=describe_case(o=o))
         mistakes = {
             "you reshaped [B, H, T, d_k] straight to [B, T, H*d_k]: transpose(1, 2) first so that the "
-            "heads of one token sit side by side.": lambda: o.reshape(B, T, H * d_k),
+            "heads of one token sit side by side.": lambda o=o: o.reshape(B, T, H * d_k),
             "the columns are d_k-major: head h must occupy columns h*d_k:(h+1)*d_k, so transpose to "
-            "[B, T, H, d_k] (not [B, T, d_k, H]) before reshaping.": lambda: o.permute(0, 2, 3, 1).reshape(B, T, H * d_k),
+            "[B, T, H, d_k] (not [B, T, d_k, H]) before reshaping.": lambda o=o: o.permute(0, 2, 3, 1).reshape(B, T, H * d_k),
+            "you transposed but did not merge: the result must be [B, T, H * d_k], one row of D numbers per "
+            "token (reshape after the transpose).": lambda o=o: o.transpose(1, 2),
         }
-        t.tensor(got, ref.merge_heads(o), what="merged", mistakes=mistakes,
-                 hint="o.transpose(1, 2).reshape(B, T, H * d_k)")
+        t.tensor(got, expected, what="merged", mistakes=mistakes, hint="o.transpose(1, 2).reshape(B, T, H * d_k)")
+
+
+# --------------------------------------------------------------------------- 1.3
 
 
 def _sdpa_mistakes(q, k, v):
     d_k, d_v = q.shape[-1], v.shape[-1]
     s = q @ k.transpose(-2, -1)
+    weights = lambda: torch.softmax(s / math.sqrt(d_k), -1)  # noqa: E731
     return {
+        "you returned the attention weights softmax(q k^T / sqrt(d_k)) ([..., T_q, T_k]): the output is "
+        "weights @ v ([..., T_q, d_v]), each query's weighted average of the values.": weights,
+        "you averaged the keys (weights @ k): the weights mix the values, weights @ v. Keys only decide "
+        "where a query looks; values are what it reads.": lambda: weights() @ k,
         "you forgot to divide the scores by sqrt(d_k).": lambda: torch.softmax(s, -1) @ v,
         "you divided by d_k; divide by sqrt(d_k).": lambda: torch.softmax(s / d_k, -1) @ v,
         "you scaled by sqrt(d_v) (the value width); the scale is 1/sqrt(d_k), the query/key width.": lambda: torch.softmax(s / math.sqrt(d_v), -1) @ v,
@@ -84,19 +118,24 @@ def _sdpa_mistakes(q, k, v):
     }
 
 
-@exercise("1.3", "scaled dot-product attention", points=1, stars=1, notebook=NB)
+@exercise("1.3", "scaled dot-product attention", points=1, stars=1, notebook=NB,
+          section="1. What queries, keys and values are for")
 def scaled_dot_product_attention(t: Trial) -> None:
     t.error_hints = {
-        r"cannot be multiplied|must match the size|size of tensor a|Expected size for first two dimensions": "scores are q @ k.transpose(-2, -1) (k is [..., T_k, d_k]), "
-        "then weights @ v. Transpose the last two axes of k, not of q or v.",
+        r"cannot be multiplied|must match the size|size of tensor a|Expected size for first two dimensions": "a matrix "
+        "product got shapes that do not fit: scores = q @ k.transpose(-2, -1) ([..., T_q, d_k] @ [..., d_k, T_k]), "
+        "then weights @ v ([..., T_q, T_k] @ [..., T_k, d_v]). Transpose the last two axes of k, not of q or v.",
     }
     # (leading dims, T_q, T_k, d_k, d_v): T != d_k everywhere; cross-attention and d_v != d_k included.
-    cases = [((2, 3), 5, 5, 4, 4), ((2,), 3, 6, 8, 5), ((1, 2), 7, 7, 6, 3), ((), 4, 9, 2, 7)]
-    for seed, (lead, T_q, T_k, d_k, d_v) in enumerate(cases):
+    cases = []
+    for seed, (lead, T_q, T_k, d_k, d_v) in enumerate([((2, 3), 5, 5, 4, 4), ((2,), 3, 6, 8, 5), ((1, 2), 7, 7, 6, 3),
+                                                       ((), 4, 9, 2, 7)]):
         g = seeded(200 + seed)
         q = torch.randn(*lead, T_q, d_k, generator=g) * 1.5
         k = torch.randn(*lead, T_k, d_k, generator=g) * 1.5
         v = torch.randn(*lead, T_k, d_v, generator=g)
+        cases.append((q, k, v, ref.scaled_dot_product_attention(q, k, v)))
+    for q, k, v, expected in cases:
         got = t.call(q, k, v, case=describe_case(q=q, k=k, v=v))
-        t.tensor(got, ref.scaled_dot_product_attention(q, k, v), mistakes=_sdpa_mistakes(q, k, v),
+        t.tensor(got, expected, mistakes=_sdpa_mistakes(q, k, v),
                  hint="torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d_k), dim=-1) @ v")

@@ -163,6 +163,60 @@ def ab_torch_func(q, k, v, grad_out, causal):
     return vjp(grad_out)
 
 
+def _out(q, k, v, causal):
+    return _forward(q, k, causal) @ v
+
+
+def ab_finite_differences(q, k, v, grad_out, causal, eps=1e-6):
+    """Central differences of <out, grad_out>, one input entry at a time: exact enough in float64."""
+    grads = []
+    for i, x in enumerate((q, k, v)):
+        g = torch.zeros_like(x)
+        for idx in range(x.numel()):
+            hi, lo = [t.clone() for t in (q, k, v)], [t.clone() for t in (q, k, v)]
+            hi[i].view(-1)[idx] += eps
+            lo[i].view(-1)[idx] -= eps
+            g.view(-1)[idx] = ((_out(*hi, causal) - _out(*lo, causal)) * grad_out).sum() / (2 * eps)
+        grads.append(g)
+    return tuple(grads)
+
+
+def ab_forward_ad(q, k, v, grad_out, causal):
+    import torch.autograd.forward_ad as fwAD
+
+    grads = []
+    for i, x in enumerate((q, k, v)):
+        g = torch.zeros_like(x)
+        for idx in range(x.numel()):
+            tangent = torch.zeros_like(x)
+            tangent.view(-1)[idx] = 1.0
+            with fwAD.dual_level():
+                inputs = [q, k, v]
+                inputs[i] = fwAD.make_dual(x, tangent)
+                g.view(-1)[idx] = (fwAD.unpack_dual(_out(*inputs, causal)).tangent * grad_out).sum()
+        grads.append(g)
+    return tuple(grads)
+
+
+def ab_jacfwd(q, k, v, grad_out, causal):
+    jac = torch.func.jacfwd(lambda a, b, c: _out(a, b, c, causal), argnums=(0, 1, 2))(q, k, v)
+    dims = grad_out.ndim
+    return tuple(torch.tensordot(grad_out, j, dims=dims) for j in jac)
+
+
+def ab_jvp_per_entry(q, k, v, grad_out, causal):
+    grads = []
+    for i, x in enumerate((q, k, v)):
+        g = torch.zeros_like(x)
+        for idx in range(x.numel()):
+            tangents = [torch.zeros_like(t) for t in (q, k, v)]
+            tangents[i].view(-1)[idx] = 1.0
+            _, dout = torch.func.jvp(lambda a, b, c: _out(a, b, c, causal), (q, k, v), tuple(tangents))
+            g.view(-1)[idx] = (dout * grad_out).sum()
+        grads.append(g)
+    return tuple(grads)
+
+
 def ab_float32(q, k, v, grad_out, causal):
     q, k, v, grad_out = (x.float() for x in (q, k, v, grad_out))
     p = _forward(q, k, causal)
@@ -212,6 +266,10 @@ WRONG = {
         (ab_backward_call, "by hand"),
         (ab_torch_func, "by hand"),
         (ab_float32, "expected dtype torch.float64"),
+        (ab_finite_differences, "finite differences"),
+        (ab_forward_ad, "used automatic differentiation (torch.autograd"),
+        (ab_jacfwd, "used automatic differentiation (torch.func.jacfwd)"),
+        (ab_jvp_per_entry, "used automatic differentiation (torch.func.jvp)"),
         (ab_returns_two, "expected a tuple of 3"),
     ],
 }

@@ -114,6 +114,40 @@ def online_calls_helper(x, block_size):
     return online_softmax(x, block_size)
 
 
+def online_numpy_whole_row(x, block_size):
+    import numpy as np
+
+    a = x.numpy()  # the whole-row softmax, where the op log cannot see it
+    e = np.exp(a - a.max(-1, keepdims=True))
+    return torch.from_numpy(np.nan_to_num(e / e.sum(-1, keepdims=True)))
+
+
+def online_two_pass_vectorised(x, block_size):
+    n = x.shape[-1]
+    n_blocks = -(-n // block_size)
+    padded = F.pad(x, (0, n_blocks * block_size - n), value=_INF)
+    m = padded.unflatten(-1, (n_blocks, block_size)).amax(-1).amax(-1)  # every block's max in one step
+    safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    l = torch.zeros(x.shape[:-1], dtype=x.dtype)
+    for s in range(0, n, block_size):  # then a second pass for the sum
+        l = l + torch.exp(x[..., s : s + block_size] - safe[..., None]).sum(dim=-1)
+    out = torch.exp(x - safe[..., None]) / l[..., None]
+    return torch.where(l[..., None] > 0, out, torch.zeros_like(out))
+
+
+def online_python_numbers(x, block_size):
+    flat = x.reshape(-1, x.shape[-1])
+    out = torch.zeros_like(flat)
+    for r in range(flat.shape[0]):
+        row = [float(v) for v in flat[r]]  # one Python number at a time
+        m = max(row)
+        if m == _INF:
+            continue
+        e = [math.exp(v - m) for v in row]
+        out[r] = torch.tensor([v / sum(e) for v in e], dtype=x.dtype)
+    return out.reshape(x.shape)
+
+
 # ----------------------------------------------------------------- 9.2 flash_attention_tiled
 def _learner_tiled(q, k, v, causal, block_size, rescale_acc=True, normalise=True, lse_log2=False, skip_diag=False,
                    full_blocks_only=False, strict_mask=False, scale=True, lse_m_only=False):
@@ -211,6 +245,19 @@ def tiled_calls_helper(q, k, v, causal, block_size):
     return reference.flash_attention_tiled(q, k, v, causal, block_size)
 
 
+def tiled_numpy_full_attention(q, k, v, causal, block_size):
+    import numpy as np
+
+    s = q.numpy() @ np.swapaxes(k.numpy(), -1, -2) / math.sqrt(q.shape[-1])  # [B, H, T, T], unseen by torch
+    if causal:
+        T = q.shape[-2]
+        s = np.where(np.tril(np.ones((T, T), dtype=bool)), s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    e = np.exp(s - m)
+    out = (e / e.sum(-1, keepdims=True)) @ v.numpy()
+    return torch.from_numpy(out), torch.from_numpy((m[..., 0] + np.log(e.sum(-1))).astype(np.float32))
+
+
 def tiled_no_lse(q, k, v, causal, block_size):
     return _learner_tiled(q, k, v, causal, block_size)[0]
 
@@ -230,7 +277,10 @@ WRONG = {
         (online_drops_last_block, "the last, shorter block was left out"),
         (online_no_max, "subtract the running max before exp"),
         (online_returns_float32, "expected dtype torch.float16"),
-        (online_calls_helper, "the course's own solution"),
+        (online_calls_helper, "called the course's own solution"),
+        (online_numpy_whole_row, "took x out of PyTorch (.numpy())"),
+        (online_two_pass_vectorised, "two-pass safe softmax"),
+        (online_python_numbers, "into 192 Python numbers one at a time"),
     ],
     "flash_attention_tiled": [
         (tiled_no_acc_rescale, "the accumulator was not rescaled"),
@@ -244,8 +294,9 @@ WRONG = {
         (tiled_full_scores, "a full [T, T] matrix"),
         (tiled_row_strips, "a strip of scores against every key"),
         (tiled_calls_sdpa, "torch's fused attention"),
-        (tiled_calls_helper, "the course's own solution"),
+        (tiled_calls_helper, "called the course's own solution"),
         (tiled_no_lse, "expected a tuple of 2 (out, lse)"),
+        (tiled_numpy_full_attention, "took q, k or v out of PyTorch"),
         (tiled_lse_keepdim, "lse: expected shape [2, 3, 48]"),
     ],
 }
@@ -265,9 +316,18 @@ if triton is not None:
         CAUSAL_MODE: tl.constexpr,  # 0: keep j <= i; 1: keep j < i; 2: keep j >= i (wrong axis)
         SKIP_DIAG: tl.constexpr, SCALE_MODE: tl.constexpr,  # 0: sm_scale * log2(e); 1: no sm_scale; 2: no log2(e)
         RESCALE: tl.constexpr, NORMALISE: tl.constexpr, LSE_LOG2: tl.constexpr, LOADS_IGNORE_BATCH: tl.constexpr,
+        FULL_KEY_BLOCKS_ONLY: tl.constexpr = False,
+        GRID: tl.constexpr = 0,  # 0: (query blocks, B * H); 1: (B * H, query blocks); 2: (query blocks, H, B)
     ):
-        start_m = tl.program_id(0)
-        off_bh = tl.program_id(1)
+        if GRID == 0:
+            start_m = tl.program_id(0)
+            off_bh = tl.program_id(1)
+        elif GRID == 1:
+            start_m = tl.program_id(1)
+            off_bh = tl.program_id(0)
+        else:
+            start_m = tl.program_id(0)
+            off_bh = tl.program_id(2) * H + tl.program_id(1)
         base = (off_bh // H) * stride_b + (off_bh % H) * stride_h
         load_base = base
         if LOADS_IGNORE_BATCH:
@@ -289,6 +349,8 @@ if triton is not None:
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
         hi = T
+        if FULL_KEY_BLOCKS_ONLY:
+            hi = (T // BLOCK_N) * BLOCK_N  # "the last block is partial, skip it"
         if CAUSAL:
             if SKIP_DIAG:
                 hi = start_m * BLOCK_M
@@ -335,8 +397,9 @@ if triton is not None:
             tl.store(o_ptrs, acc.to(Out.dtype.element_ty))
             tl.store(Lse + off_bh * T + offs_m, lse)
 
-    def _forward(name, grid_floor=False, out_fp32=False, return_lse=False, block=BLOCK, **mistakes):
-        """A learner's launcher around _learner_fwd with the given mistakes switched on."""
+    def _forward(name, grid_floor=False, out_fp32=False, return_lse=False, block=BLOCK, grid_heads=True, **mistakes):
+        """A learner's launcher around _learner_fwd with the given mistakes switched on (GRID=1 or 2: the
+        same kernel on another, correct, grid layout)."""
         flags = dict(MASK_LOADS=True, MASK_SCORES=True, MASK_STORE=True, CAUSAL_MODE=0, SKIP_DIAG=False,
                      SCALE_MODE=0, RESCALE=True, NORMALISE=True, LSE_LOG2=False, LOADS_IGNORE_BATCH=False)
         flags.update(mistakes)
@@ -346,7 +409,8 @@ if triton is not None:
             out = torch.empty(q.shape, dtype=torch.float32, device=q.device) if out_fp32 else torch.empty_like(q)
             lse = torch.empty((B, H, T), dtype=torch.float32, device=q.device)
             n_blocks = T // block if grid_floor else triton.cdiv(T, block)
-            _learner_fwd[(n_blocks, B * H)](
+            grid = {0: (n_blocks, B * H if grid_heads else B), 1: (B * H, n_blocks), 2: (n_blocks, H, B)}[flags.get("GRID", 0)]
+            _learner_fwd[grid](
                 q, k, v, out, lse, 1 / math.sqrt(d), q.stride(0), q.stride(1), q.stride(2), H, T,
                 HEAD_DIM=d, CAUSAL=causal, BLOCK_M=block, BLOCK_N=block, **flags,
             )
@@ -515,6 +579,46 @@ if triton is not None:
         F.scaled_dot_product_attention(q, k, v, is_causal=causal).backward(grad_out)
         return q.grad, k.grad, v.grad
 
+    @triton.jit
+    def _copy_kernel(Src, Dst, N, Q, K, V, BLOCK: tl.constexpr):
+        """Copies Src into Dst; takes q, k and v too, without using them."""
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(Dst + offs, tl.load(Src + offs, mask=offs < N), mask=offs < N)
+
+    def _copy_with_kernel(src, q, k, v):
+        dst = torch.empty_like(src)
+        _copy_kernel[(triton.cdiv(src.numel(), 256),)](src.contiguous(), dst, src.numel(), q, k, v, BLOCK=256)
+        return dst
+
+    def triton_forward_copies_sdpa(q, k, v, causal=False):
+        return _copy_with_kernel(F.scaled_dot_product_attention(q, k, v, is_causal=causal), q, k, v)
+
+    def triton_forward_copies_numpy(q, k, v, causal=False):
+        import numpy as np
+
+        s = q.numpy() @ np.swapaxes(k.numpy(), -1, -2) / math.sqrt(q.shape[-1])
+        if causal:
+            T = q.shape[-2]
+            s = np.where(np.tril(np.ones((T, T), dtype=bool)), s, -np.inf)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        out = torch.from_numpy((p / p.sum(-1, keepdims=True)) @ v.numpy()).to(q.dtype)
+        return _copy_with_kernel(out, q, k, v)
+
+    def triton_forward_laundered_through_copies(q, k, v, causal=False):
+        """Copies q, k, v with a kernel first (so that their copies look kernel-made), computes the
+        attention of the copies in PyTorch, and copies the result out with the kernel again."""
+        q2, k2, v2 = (_copy_with_kernel(t, q, k, v) for t in (q, k, v))
+        return _copy_with_kernel(F.scaled_dot_product_attention(q2, k2, v2, is_causal=causal), q, k, v)
+
+    def triton_forward_returns_meta(q, k, v, causal=False):
+        _forward("correct")(q, k, v, causal)
+        return torch.empty_like(q, device="meta")
+
+    def triton_backward_copies_autograd(q, k, v, out, lse, grad_out, causal=False):
+        q2, k2, v2 = (t.detach().requires_grad_() for t in (q, k, v))
+        F.scaled_dot_product_attention(q2, k2, v2, is_causal=causal).backward(grad_out)
+        return tuple(_copy_with_kernel(t.grad, q, k, v) for t in (q2, k2, v2))
+
     WRONG["flash_attention_triton"] = [
         (_forward("fwd_unmasked_loads", MASK_LOADS=False), "read past the end of q, k or v"),
         (_forward("fwd_keys_past_T_not_masked", MASK_SCORES=False), "set the scores of those keys to -inf"),
@@ -525,16 +629,23 @@ if triton is not None:
         (_forward("fwd_causal_skips_diagonal", SKIP_DIAG=True), "diagonal block"),
         (_forward("fwd_no_sm_scale", SCALE_MODE=1), "not scaled by 1 / sqrt(d)"),
         (_forward("fwd_exp2_without_log2e", SCALE_MODE=2), "not multiplied by log2(e)"),
-        (_forward("fwd_no_rescale", RESCALE=False), "rescale both acc and l by alpha"),
+        (_forward("fwd_no_rescale", RESCALE=False), "the accumulator was not rescaled"),
         (_forward("fwd_no_normalisation", NORMALISE=False), "divide the accumulator by l"),
         (_forward("fwd_lse_log2", return_lse=True, LSE_LOG2=True), "lse is in log2 units"),
         (_forward("fwd_out_float32", out_fp32=True), "expected dtype torch.float16"),
         (_forward("fwd_loads_ignore_batch", LOADS_IGNORE_BATCH=True), "b * stride_b + h * stride_h"),
         (triton_forward_in_pytorch, "no Triton kernel ran"),
-        (triton_forward_calls_course_kernel, "the course's kernel"),
+        (triton_forward_calls_course_kernel, "the course's own solution"),
+        (_forward("fwd_grid_forgets_heads", grid_heads=False), "one per batch and head"),
+        (_forward("fwd_skips_last_key_block", FULL_KEY_BLOCKS_ONLY=True),
+         "got no weight from any query: the loop over key blocks stops before the last, partial block"),
+        (triton_forward_copies_sdpa, "computed with q, k and v in PyTorch"),
+        (triton_forward_copies_numpy, "took q, k or v out of PyTorch"),
+        (triton_forward_laundered_through_copies, "computed with q, k and v in PyTorch"),
+        (triton_forward_returns_meta, "meta device"),
     ]
     WRONG["flash_attention_triton_backward"] = [
-        (_backward("bwd_causal_blocks_but_no_mask", CAUSAL_MODE=3), "the non-causal case passed"),
+        (_backward("bwd_causal_blocks_but_no_mask", CAUSAL_MODE=3), "the same shapes passed with causal=False"),
         (_backward("bwd_no_sm_scale", SCALE_GRADS=False), "miss the softmax scale"),
         (_backward("bwd_no_delta", USE_DELTA=False), "D is missing"),
         (_backward("bwd_lse_not_converted", LSE_CONVERT=False), "lse in the wrong units"),
@@ -544,4 +655,5 @@ if triton is not None:
         (_backward("bwd_unmasked_store", MASK_STORE=False), "wrote past the end"),
         (_backward("bwd_grads_float32", grads_fp32=True), "expected dtype torch.float16"),
         (triton_backward_in_pytorch, "no Triton kernel ran"),
+        (triton_backward_copies_autograd, "computed with q, k and v in PyTorch"),
     ]

@@ -103,6 +103,15 @@ def softmax_big_negative(scores, allowed):
     return torch.softmax(scores.masked_fill(~allowed, -1e9), dim=-1)
 
 
+def softmax_fill_minus_1e4(scores, allowed):
+    return torch.softmax(scores.masked_fill(~allowed, -1e4), dim=-1)
+
+
+def softmax_fill_minus_1e4_empty_rows_zeroed(scores, allowed):
+    p = torch.softmax(scores.masked_fill(~allowed, -1e4), dim=-1)
+    return torch.where(allowed.any(-1, keepdim=True), p, torch.zeros_like(p))
+
+
 def softmax_in_place(scores, allowed):
     scores.masked_fill_(~allowed, float("-inf"))
     p = torch.softmax(scores, dim=-1)
@@ -184,6 +193,12 @@ def packed_float(seq_lens):
 def packed_additive(seq_lens):
     allowed = torch.block_diag(*[torch.ones(n, n).tril() for n in seq_lens]).bool()
     return torch.zeros(allowed.shape).masked_fill(~allowed, float("-inf"))
+
+
+def packed_reverses_seq_lens(seq_lens):
+    mask = torch.block_diag(*[torch.ones(n, n, dtype=torch.bool).tril() for n in seq_lens])
+    seq_lens.reverse()  # changes the caller's list
+    return mask
 
 
 # ----------------------------------------------------------------- 3.6 find_mask_leaks
@@ -296,7 +311,9 @@ WRONG = {
         (softmax_mask_after, "you masked after the softmax:"),
         (softmax_mask_after_renormalised, "masked after the softmax and renormalised"),
         (softmax_no_max_subtraction, "exp overflowed"),
-        (softmax_big_negative, "finite number instead of -inf"),
+        (softmax_big_negative, "finite number instead of -inf: a row with nothing allowed"),
+        (softmax_fill_minus_1e4, "finite number instead of -inf: a row with nothing allowed"),
+        (softmax_fill_minus_1e4_empty_rows_zeroed, "you filled blocked scores with -1e4, but here allowed scores go down to"),
         (softmax_in_place, "modified one of its input tensors in place"),
         (softmax_inverted, "the mask is inverted"),
         (softmax_boolean_index, "allowed only *broadcasts* to scores"),
@@ -316,6 +333,7 @@ WRONG = {
         (packed_boundary_off_by_one, "boundaries are off by one"),
         (packed_float, "return a bool tensor"),
         (packed_additive, "additive (0 / -inf) mask"),
+        (packed_reverses_seq_lens, "modified its argument `seq_lens` (list) in place"),
     ],
     "find_mask_leaks": [
         (leaks_report_everything, "every disallowed pair without testing"),

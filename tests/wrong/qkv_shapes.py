@@ -114,6 +114,16 @@ def sdpa_nan(q, k, v):
     return out.index_fill(-1, torch.tensor([0]), float("nan"))
 
 
+def sdpa_returns_weights(q, k, v):
+    # the Math-for-LLMs notes' mistake 3: the weights are not the output
+    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
+
+
+def sdpa_mixes_keys(q, k, v):
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
+    return weights @ k  # keys where the values belong
+
+
 def sdpa_broadcast_shape(q, k, v):
     out = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1) @ v
     return out.unsqueeze(0)
@@ -147,5 +157,7 @@ WRONG = {
         (sdpa_not_attempted, "not attempted yet"),
         (sdpa_nan, "got NaN"),
         (sdpa_broadcast_shape, "expected shape"),
+        (sdpa_returns_weights, "you returned the attention weights"),
+        (sdpa_mixes_keys, "you averaged the keys (weights @ k)"),
     ],
 }

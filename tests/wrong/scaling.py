@@ -108,6 +108,14 @@ def entropy_clamp_in_place(p):
     return -(p * p.log()).sum(dim=-1)
 
 
+def entropy_clamp(p):
+    return -(p * p.clamp(min=1e-3).log()).sum(dim=-1)  # "avoids log(0)", changes every p < 1e-3
+
+
+def entropy_eps_in_log(p):
+    return -(p * torch.log(p + 1e-6)).sum(dim=-1)
+
+
 # ----------------------------------------------------------------- 2.3 dot_product_std
 def std_returns_variance(d_k, n_samples, generator):
     q = torch.randn(n_samples, d_k, generator=generator)
@@ -219,6 +227,30 @@ def std_all_pairs(d_k, n_samples, generator):
     return (q @ k.T).std().item()
 
 
+def std_twice_the_samples(d_k, n_samples, generator):
+    q = torch.randn(2 * n_samples, d_k, generator=generator)  # "more samples, better estimate"
+    k = torch.randn(2 * n_samples, d_k, generator=generator)
+    return (q * k).sum(-1).std().item()
+
+
+def std_half_the_samples(d_k, n_samples, generator):
+    q = torch.randn(n_samples // 2, d_k, generator=generator)
+    k = torch.randn(n_samples // 2, d_k, generator=generator)
+    return (q * k).sum(-1).std().item()
+
+
+def std_returns_nan(d_k, n_samples, generator):
+    q = torch.randn(n_samples, d_k, generator=generator)
+    k = torch.randn(n_samples, d_k, generator=generator)
+    return (q * k).sum().std().item()  # the std of one number: NaN
+
+
+def std_returns_int(d_k, n_samples, generator):
+    q = torch.randn(n_samples, d_k, generator=generator)
+    k = torch.randn(n_samples, d_k, generator=generator)
+    return round((q * k).sum(-1).std().item())
+
+
 def std_returns_tensor(d_k, n_samples, generator):
     q = torch.randn(n_samples, d_k, generator=generator)
     k = torch.randn(n_samples, d_k, generator=generator)
@@ -249,6 +281,8 @@ WRONG = {
         (entropy_normalised, "normalised entropy"),
         (entropy_python_floats, "expected dtype torch.float64"),
         (entropy_clamp_in_place, "modified one of its input tensors in place"),
+        (entropy_clamp, "you clamped p at 0.001 before the log"),
+        (entropy_eps_in_log, "you added 1e-06 inside the log"),
     ],
     "dot_product_std": [
         (std_returns_variance, "returned the variance"),
@@ -264,11 +298,15 @@ WRONG = {
         (std_reseeds_global, "torch.manual_seed"),
         (std_own_generator, "never drew from the generator"),
         (std_numpy, "never drew from the generator"),
-        (std_reseeds_given_generator, "do not reseed the generator you were given"),
+        (std_reseeds_given_generator, "your function reseeds the generator it is given"),
         (std_theoretical, "theoretical value"),
         (std_fixed_sample_count, "exactly n_samples"),
         (std_too_few_samples, "exactly n_samples"),
         (std_all_pairs, "n_samples**2 pairs"),
         (std_returns_tensor, "return `.item()`"),
+        (std_twice_the_samples, "not 2 * n_samples"),
+        (std_half_the_samples, "use all of them"),
+        (std_returns_nan, "returned nan, not a finite number"),
+        (std_returns_int, "returned int 32"),
     ],
 }
