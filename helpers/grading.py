@@ -1,34 +1,57 @@
-"""Grade exercise notebooks: ``python -m helpers.grading [NOTEBOOK_OR_FOLDER ...]`` (``make grade``).
+"""Grade exercise notebooks: ``python -m helpers.grading [PATH ...]`` (``make grade``).
 
-Each notebook runs top to bottom in a fresh kernel with a per-cell time limit; every
-``checks.<name>(...)`` call records its outcome, and the table lists each exercise the notebook
-contains with its points, status (passed / failed / not attempted / error / timed out / not run)
-and hint. The exit code is 0 only when every exercise passed (bonus exercises are scored apart and
-never block a pass).
+PATH is a notebook, a folder of one student's notebooks, or a folder of student folders (a class).
+What a notebook must contain comes from the course, not from the notebook: its ``NN_topic`` name
+selects the exercises (``EXERCISES[name].notebook``). Each notebook runs in its own process, forked
+from a server that has imported torch and the course's helpers once; its code cells run in order
+with a per-cell time limit (its own check cells are skipped), then the grader runs each exercise's
+check on the function of that name, and reports passed / failed / not attempted / error /
+timed out / missing with the check's hint. Results travel to the grading process with a secret
+made after the notebook's code has run. A table (per notebook and per student), a gradebook CSV
+for a class, exit code 0 only when every exercise that is not a bonus passed.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import csv
 import json
+import multiprocessing
 import os
 import re
-import subprocess
+import resource
+import secrets
+import signal
 import sys
-import tempfile
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
 import nbformat
 
-from .checks import EXERCISES
-from .checks._core import GRADE_LOG_ENV
-
 DEFAULT_CELL_TIMEOUT_S = 300
+STATUSES = ("passed", "failed", "not attempted", "error", "timed out", "missing", "not run")
+START_TIMEOUT_S = 60.0  # a notebook's process setting itself up (before its first cell)
+GRACE_S = 10.0  # after an interrupt, how long a notebook has to stop before it is killed
+MAX_MESSAGE_BYTES = 1 << 20
+# Imported once by the fork server; every notebook's process starts with them loaded. The grading
+# process itself does not import torch: it learns the course's exercises from a forked process.
+# torch._dynamo is imported by torch on first use of a dispatch mode (the checks' op log): seconds.
+PRELOAD = ["helpers.grading", "helpers.checks", "helpers.reference", "helpers.runtime", "helpers.triton_flash",
+           "torch._dynamo", "IPython.core.interactiveshell", "matplotlib.pyplot"]
+# A code cell that only calls an exercise's check: the grader runs that check itself.
+CHECK_CELL = re.compile(r"^\s*checks\.(\w+)\(\s*(\w+)\s*\)\s*;?\s*$")
 
 
 class UnreadableNotebook(Exception):
     """The file could not be read as a Jupyter notebook."""
+
+
+class NotACourseNotebook(Exception):
+    """The file's name does not say which of the course's notebooks it answers."""
 
 
 @dataclass
@@ -40,89 +63,562 @@ class Row:
     status: str
     hint: str = ""
     bonus: bool = False
+    student: str = ""
 
     @property
     def earned(self) -> int:
         return self.points if self.status == "passed" else 0
 
 
-def _check_calls(source: str) -> list[str]:
-    return [n for n in re.findall(r"\bchecks\.(\w+)\s*\(", source) if n in EXERCISES]
+@dataclass
+class Submission:
+    """One notebook to grade: ``path`` None means the student did not hand it in."""
+
+    student: str
+    stem: str
+    path: Path | None
+    note: str = ""
 
 
-def _cell_error(cell) -> str:
-    for out in cell.get("outputs", []):
-        if out.get("output_type") == "error":
-            return f"{out.get('ename', 'Error')}: {out.get('evalue', '')}".strip()
-    return ""
+# --------------------------------------------------------------------------- what the course expects
 
 
-def grade_notebook(path: Path, cell_timeout: int = DEFAULT_CELL_TIMEOUT_S) -> list[Row]:
-    """Execute one notebook in a fresh kernel and return one row per exercise it checks."""
-    from nbclient import NotebookClient
+@dataclass(frozen=True)
+class Ex:
+    """What the grader needs of one of the course's exercises (``helpers.checks.EXERCISES``)."""
 
+    id: str
+    name: str
+    points: int
+    notebook: str
+    bonus: bool = False
+
+
+_COURSE: list[Ex] = []
+
+
+def _describe(conn: Connection | None = None) -> list[Ex]:
+    """The course's exercises from the checks' registry (sent as JSON through ``conn`` if given)."""
+    try:
+        from .checks import EXERCISES
+    except Exception as e:  # noqa: BLE001 - say why, in the grading process
+        if conn is None:
+            raise
+        conn.send_bytes(json.dumps({"error": _summary(e)}).encode())
+        return []
+    found = [Ex(e.id, e.name, int(e.points), e.notebook, bool(e.bonus)) for e in EXERCISES.values()]
+    if conn is not None:
+        conn.send_bytes(json.dumps([vars(e) for e in found]).encode())
+    return found
+
+
+def course_notebooks() -> dict[str, list[Ex]]:
+    """Course notebook stem -> its exercises, in exercise order (``EXERCISES[name].notebook``)."""
+    if not _COURSE:
+        if "helpers.checks" in sys.modules:
+            _COURSE[:] = _describe()
+        else:  # without importing torch here: a process forked from the fork server tells
+            parent, child = multiprocessing.Pipe()
+            with _anonymous_main():
+                process = _context().Process(target=_describe, args=(child,), daemon=True)
+                process.start()
+            child.close()
+            try:
+                described = json.loads(parent.recv_bytes().decode())
+            except EOFError:
+                described = {"error": "the process that imports them ended"}
+            process.join()
+            if isinstance(described, dict):
+                raise SystemExit(f"make grade: the course's checks could not be imported ({described['error']}); "
+                                 "`python -c 'import helpers.checks'` shows the traceback.")
+            _COURSE[:] = [Ex(**e) for e in described]
+    out: dict[str, list[Ex]] = {}
+    for ex in sorted(_COURSE, key=lambda e: tuple(int(p) for p in e.id.split("."))):
+        out.setdefault(ex.notebook, []).append(ex)
+    return dict(sorted(out.items()))
+
+
+@contextlib.contextmanager
+def _anonymous_main():
+    """Start processes without multiprocessing re-running the main script in each of them (it
+    would, for a script without an ``if __name__ == "__main__"`` guard); they need nothing from it."""
+    main = sys.modules["__main__"]
+    saved = {k: main.__dict__[k] for k in ("__spec__", "__file__") if k in main.__dict__}
+    main.__spec__ = None
+    main.__dict__.pop("__file__", None)
+    try:
+        yield
+    finally:
+        main.__dict__.update(saved)
+
+
+def identify(path: Path) -> tuple[str, str]:
+    """(course notebook stem, note) for a submitted file, from its name: the exact stem, or its
+    ``NN_`` number when only one course notebook has it (``Copy of 01_qkv_shapes (2).ipynb``)."""
+    stems = course_notebooks()
+    if path.stem in stems:
+        return path.stem, ""
+    numbers = re.findall(r"(?<!\d)(\d\d)_", path.stem)
+    matches = sorted({s for s in stems for n in numbers if s.startswith(n + "_")})
+    if len(matches) == 1:
+        return matches[0], f"{path.name} graded as {matches[0]}"
+    raise NotACourseNotebook(
+        f"{path} is not one of the course's exercise notebooks ({', '.join(f'{s}.ipynb' for s in stems)}): "
+        "name the file after the notebook it answers."
+    )
+
+
+def _notebooks_in(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.glob("*.ipynb") if p.is_file())
+
+
+def collect(targets: Iterable[str]) -> tuple[list[Submission], list[str]]:
+    """The submissions to grade and notes about files that were skipped or renamed.
+
+    Each target is a notebook, a folder of one student's notebooks (the student is the folder's
+    name), or a folder of student folders. When several students are graded, a notebook that some
+    handed in and another did not is graded as missing for the latter.
+    """
+    found: dict[str, dict[str, Submission]] = {}  # student -> stem -> submission
+    notes: list[str] = []
+
+    def add(student: str, path: Path, explicit: bool) -> None:
+        try:
+            stem, note = identify(path)
+        except NotACourseNotebook as e:
+            if explicit:
+                raise SystemExit(f"make grade: {e}") from None
+            notes.append(f"skipped {e}")
+            return
+        mine = found.setdefault(student, {})
+        if stem in mine and (mine[stem].path is None or mine[stem].path.stem == stem or path.stem != stem):
+            notes.append(f"skipped {path}: {mine[stem].path} is graded as {stem}")
+            return
+        if stem in mine:
+            notes.append(f"skipped {mine[stem].path}: {path} is graded as {stem}")
+        mine[stem] = Submission(student, stem, path, note)
+
+    for t in targets:
+        p = Path(t)
+        if p.is_file() and p.suffix == ".ipynb":
+            add(p.resolve().parent.name, p, explicit=True)
+        elif p.is_dir() and _notebooks_in(p):
+            found.setdefault(p.resolve().name, {})
+            for nb in _notebooks_in(p):
+                add(p.resolve().name, nb, explicit=False)
+        elif p.is_dir() and any(_notebooks_in(d) for d in p.iterdir() if d.is_dir()):
+            for d in sorted(d for d in p.iterdir() if d.is_dir() and not d.name.startswith(".")):
+                found.setdefault(d.name, {})
+                for nb in _notebooks_in(d):
+                    add(d.name, nb, explicit=False)
+        elif p.is_dir():
+            raise SystemExit(f"make grade: no notebooks found in {t} (nor in folders inside it).")
+        else:
+            raise SystemExit(f"make grade: {t!r} is neither a notebook (.ipynb) nor a folder of notebooks.")
+    expected = sorted({stem for mine in found.values() for stem in mine})
+    if not expected:
+        raise SystemExit(f"make grade: no course notebooks found in {', '.join(targets)}." + "".join(f"\n  {n}" for n in notes))
+    subs = []
+    for student in sorted(found):
+        for stem in expected if len(found) > 1 else sorted(found[student]):
+            subs.append(found[student].get(stem) or Submission(student, stem, None))
+    return subs, [n for s in subs if s.note for n in [s.note]] + notes
+
+
+# --------------------------------------------------------------------------- one notebook, in its own process
+
+
+def _summary(e: BaseException) -> str:
+    try:
+        text = str(e).strip()
+    except Exception:  # noqa: BLE001 - a hostile __str__
+        text = ""
+    if isinstance(e, SyntaxError):
+        text = f"{e.msg} (line {e.lineno})" if e.lineno else str(e.msg)
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}".strip().rstrip(":")
+
+
+def _run_check(evaluate: Callable, name: str, fn: object) -> tuple[str, str]:
+    """Run one exercise's check on the learner's function: (status, hint)."""
+    try:
+        result = evaluate(fn)
+        status, hint, is_reference = str(result.status), str(result.hint or ""), bool(result.is_reference)
+    except KeyboardInterrupt:  # the grader's interrupt after the time limit
+        return "timed out", "the check was interrupted after the per-cell time limit."
+    except BaseException as e:  # noqa: BLE001 - whatever escapes a check is not a pass
+        return "error", f"the check stopped with {_summary(e)}"
+    if is_reference:
+        return "failed", f"`{name}` is the course's own reference implementation, not yours."
+    return (status, hint) if status in STATUSES else ("error", f"the check returned an unknown status {status!r}")
+
+
+def _child(conn: Connection, path: str, cells: list[tuple[int, str]], names: list[str], threads: int) -> None:
+    """Run one notebook's code cells, then its checks; report to the grader through ``conn``.
+
+    Runs in a fresh process forked from the fork server. Everything the reporting needs (the
+    checks, the channel, the exception classes) is bound here, before the notebook's code runs.
+    """
+    from . import checks as _checks
+    from .checks import _core
+
+    send = conn.send_bytes
+    evaluate = {name: getattr(_checks, name).evaluate for name in names}
+    verify_integrity, reset_attempts = _core.verify_integrity, _core.reset_attempts
+    interrupted = KeyboardInterrupt
+    dumps = json.dumps
+    try:
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        os.environ[_core.RAISE_NOT_ATTEMPTED_ENV] = "1"  # an unattempted exercise fails, not a notice
+        os.environ["MPLBACKEND"] = "agg"
+        import matplotlib
+
+        matplotlib.use("agg")
+        import torch
+
+        torch.set_num_threads(threads)
+        from IPython.core.interactiveshell import InteractiveShell
+        from traitlets.config import Config
+
+        folder = str(Path(path).parent.resolve())
+        os.chdir(folder)
+        sys.path.insert(0, folder)
+        config = Config()
+        config.HistoryAccessor.enabled = False  # no sqlite history: nothing shared, nothing kept
+        shell = InteractiveShell.instance(config=config)
+        for index, source in cells:
+            send(dumps({"type": "cell", "index": index}).encode())
+            try:
+                result = shell.run_cell(source, store_history=True)
+                error = result.error_before_exec or result.error_in_exec
+            except BaseException as e:  # noqa: BLE001 - run_cell itself should not raise; be sure
+                error = e
+            if error is not None:
+                kind = "timed out" if isinstance(error, interrupted) else "error"
+                send(dumps({"type": "cell_error", "index": index, "kind": kind, "error": _summary(error)}).encode())
+        namespace = shell.user_ns
+    except BaseException as e:  # noqa: BLE001 - the grader's own set-up failed: say so
+        send(dumps({"type": "crash", "error": _summary(e)}).encode())
+        os._exit(1)
+    send(dumps({"type": "cells_done"}).encode())
+    if not conn.poll(60):
+        os._exit(1)
+    secret = json.loads(conn.recv_bytes(1024).decode()).get("secret", "")
+    try:  # what the notebook's code replaced among the course's and torch's functions is put back
+        changed = [str(c) for c in verify_integrity(restore=True)]
+        reset_attempts()  # every check's hint is a first failure's hint
+    except BaseException as e:  # noqa: BLE001
+        changed = [f"the integrity check failed ({_summary(e)})"]
+    send(dumps({"type": "integrity", "secret": secret, "changed": changed[:10]}).encode())
+    for name in names:
+        send(dumps({"type": "check", "name": name}).encode())
+        fn = namespace.get(name, None) if type(namespace) is dict else None
+        status, hint = ("missing", "") if fn is None else _run_check(evaluate[name], name, fn)
+        send(dumps({"type": "result", "secret": secret, "name": name, "status": status, "hint": hint}).encode())
+    usage = resource.getrusage(resource.RUSAGE_SELF)  # this process's own CPU time, since its fork
+    send(dumps({"type": "usage", "secret": secret, "cpu_s": usage.ru_utime + usage.ru_stime}).encode())
+    os._exit(0)
+
+
+@dataclass
+class _Running:
+    sub: Submission
+    process: multiprocessing.process.BaseProcess
+    conn: Connection
+    code_cells: dict[int, str]
+    names: list[str]
+    cell_timeout: float
+    current: tuple[str, object] = ("start", None)  # ("cell", index) or ("check", name)
+    started: float = field(default_factory=time.monotonic)
+    interrupted_at: float | None = None
+    secret: str | None = None
+    cell_errors: dict[int, tuple[str, str]] = field(default_factory=dict)
+    timed_out_cells: set[int] = field(default_factory=set)
+    results: dict[str, tuple[str, str]] = field(default_factory=dict)
+    tampered: str = ""
+    changed: list[str] = field(default_factory=list)
+    cpu_s: float = 0.0
+    crash: str = ""
+    done: bool = False
+
+
+def _context():
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
+def _read_cells(path: Path) -> dict[int, str]:
     try:
         nb = nbformat.read(path, as_version=4)
+        return {i: c.source for i, c in enumerate(nb.cells) if c.cell_type == "code" and isinstance(c.source, str)}
     except Exception as e:  # noqa: BLE001 - not JSON, not a notebook, a newer format...
         raise UnreadableNotebook(f"{path} is not a readable notebook ({type(e).__name__}: {str(e).strip()[:200]})") from None
-    expected: list[tuple[str, int]] = []  # (exercise name, index of the cell that checks it)
-    for i, cell in enumerate(nb.cells):
-        if cell.cell_type == "code":
-            expected += [(name, i) for name in _check_calls(cell.source) if name not in {n for n, _ in expected}]
-    if not expected:
-        return []
-    with tempfile.TemporaryDirectory() as tmp:
-        log = Path(tmp) / "grade.jsonl"
-        log.touch()
-        client = NotebookClient(
-            nb, timeout=cell_timeout, kernel_name="python3", allow_errors=True, interrupt_on_timeout=True,
-            resources={"metadata": {"path": str(path.parent)}},
-        )
-        startup_error = ""
+
+
+def _start(ctx, sub: Submission, cell_timeout: float, threads: int) -> _Running | list[Row]:
+    exercises = course_notebooks()[sub.stem]
+    names = [ex.name for ex in exercises]
+    if sub.path is None:
+        return [_row(sub, ex, "missing", "notebook not handed in.") for ex in exercises]
+    try:
+        code = _read_cells(sub.path)
+    except UnreadableNotebook as e:
+        return [_row(sub, ex, "error", str(e)) for ex in exercises]
+    known = {ex.name for exs in course_notebooks().values() for ex in exs}
+    run = [(i, s) for i, s in code.items() if not ((m := CHECK_CELL.match(s)) and m.group(1) in known)]
+    parent, child = ctx.Pipe(duplex=True)
+    process = ctx.Process(target=_child, args=(child, str(sub.path), run, names, threads), daemon=True)
+    with _anonymous_main():
+        process.start()
+    child.close()
+    return _Running(sub, process, parent, code, names, cell_timeout)
+
+
+def _row(sub: Submission, ex, status: str, hint: str) -> Row:
+    return Row(sub.stem, ex.id, ex.name, ex.points, status, hint, ex.bonus, sub.student)
+
+
+def _first_line(source: str) -> str:
+    line = next((ln.strip() for ln in source.splitlines() if ln.strip() and not ln.strip().startswith("#")), "")
+    return line if len(line) <= 50 else line[:47] + "..."
+
+
+def _receive(r: _Running) -> None:
+    """Handle every message waiting on ``r.conn``; EOF means the process ended."""
+    while not r.done and r.conn.poll():
         try:
-            # The kernel's environment tells the checks where to record; its own log lines are noise here.
-            client.execute(env={**os.environ, GRADE_LOG_ENV: str(log)}, stderr=subprocess.DEVNULL)
-        except Exception as e:  # noqa: BLE001 - the kernel died or could not start: grade what was recorded
-            startup_error = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
-        records: dict[str, dict] = {}
-        for line in log.read_text(encoding="utf-8").splitlines():
-            rec = json.loads(line)
-            records[rec["name"]] = rec  # the last call of a check counts
-    timed_out = {i for i, c in enumerate(nb.cells) if c.cell_type == "code" and _cell_error(c).startswith(("KeyboardInterrupt", "CellTimeoutError"))}
-    rows = []
-    previous_check_cell = -1
-    for name, cell_index in expected:
-        ex = EXERCISES[name]
-        if name in records:
-            status, hint = records[name]["status"], records[name]["hint"]
-        elif any(previous_check_cell < i <= cell_index for i in timed_out):
-            status, hint = "timed out", f"a cell ran longer than the {cell_timeout} s limit and was interrupted."
-        elif _cell_error(nb.cells[cell_index]):
-            status, hint = "error", f"the check cell raised {_cell_error(nb.cells[cell_index])}"
+            raw = r.conn.recv_bytes(MAX_MESSAGE_BYTES)
+            msg = json.loads(raw.decode())
+            kind = msg["type"]
+        except EOFError:
+            r.done = True
+            return
+        except Exception:  # noqa: BLE001 - an oversized or malformed message is not the grader's
+            r.tampered = r.tampered or "an unreadable message on the grader's channel"
+            continue
+        if kind in ("cell", "check"):
+            if (kind == "cell") != (r.secret is None):
+                r.tampered = r.tampered or f"an out-of-order '{kind}' message"
+            r.current = (kind, msg.get("index") if kind == "cell" else msg.get("name"))
+            r.started, r.interrupted_at = time.monotonic(), None
+        elif kind == "cell_error" and r.secret is None:
+            index = msg.get("index")
+            if msg.get("kind") == "timed out" or index in r.timed_out_cells:
+                r.timed_out_cells.add(index)
+            else:
+                r.cell_errors[index] = (str(msg.get("error", "")), "")
+        elif kind == "cells_done" and r.secret is None:
+            r.secret = secrets.token_hex(16)
+            r.current, r.started = ("check", None), time.monotonic()
+            try:
+                r.conn.send_bytes(json.dumps({"secret": r.secret}).encode())
+            except OSError:
+                r.done = True
+        elif kind == "result" and r.secret is not None and msg.get("secret") == r.secret \
+                and msg.get("name") in r.names and msg.get("name") not in r.results and msg.get("status") in STATUSES:
+            r.results[msg["name"]] = (msg["status"], str(msg.get("hint", ""))[:2000])
+        elif kind == "integrity" and r.secret is not None and msg.get("secret") == r.secret:
+            r.changed = [str(c) for c in msg.get("changed", [])][:10]
+        elif kind == "usage" and r.secret is not None and msg.get("secret") == r.secret:
+            r.cpu_s = float(msg.get("cpu_s", 0.0))
+            r.done = True
+        elif kind == "crash" and r.secret is None:
+            r.crash = str(msg.get("error", ""))
         else:
-            status, hint = "not run", startup_error or "the check cell did not run."
-        previous_check_cell = cell_index
-        rows.append(Row(path.name, ex.id, name, ex.points, status, hint, ex.bonus))
+            r.tampered = r.tampered or f"a forged or repeated '{kind}' message"
+
+
+def _watch(r: _Running) -> None:
+    """Interrupt a cell or check that runs past the limit; kill a notebook that does not stop."""
+    now = time.monotonic()
+    limit = max(r.cell_timeout, START_TIMEOUT_S) if r.current[0] == "start" else r.cell_timeout
+    if r.interrupted_at is None and now - r.started > limit:
+        r.interrupted_at = now
+        if r.current[0] == "cell":
+            r.timed_out_cells.add(r.current[1])
+        try:
+            os.kill(r.process.pid, signal.SIGINT)
+        except (ProcessLookupError, TypeError):
+            pass
+    elif r.interrupted_at is not None and now - r.interrupted_at > GRACE_S:
+        r.process.kill()
+        r.done = True
+
+
+def _rows(r: _Running) -> list[Row]:
+    """The rows of a finished notebook: what its checks reported, else why there is no result."""
+    exercises = course_notebooks()[r.sub.stem]
+    if r.tampered:
+        return [_row(r.sub, ex, "error", f"the notebook interfered with the grader ({r.tampered}); review it by hand.")
+                for ex in exercises]
+    rows = []
+    for ex in exercises:
+        if ex.name in r.results:
+            status, hint = r.results[ex.name]
+            if status == "missing":
+                status, hint = _why_missing(r, ex.name)
+        elif r.current == ("check", ex.name) and r.interrupted_at is not None:
+            status, hint = "timed out", f"the check did not stop within {r.cell_timeout:g} s and was killed."
+        elif r.current == ("check", ex.name):
+            status, hint = "error", "the grading process died while checking this function (a crash or os._exit)."
+        elif r.crash:
+            status, hint = "error", f"the grader could not run the notebook: {r.crash}"
+        elif r.secret is None and r.current[0] == "cell":
+            index = r.current[1]
+            why = "ran past the time limit and did not stop" if r.interrupted_at is not None else "ended the process"
+            status, hint = ("timed out" if r.interrupted_at is not None else "error"), (
+                f"cell {index + 1} (`{_first_line(r.code_cells.get(index, ''))}`) {why}; nothing after it ran.")
+        else:
+            status, hint = "not run", "the grading process ended before this check ran."
+        if r.changed:
+            hint = (hint + " " if hint else "") + (
+                f"(note: the notebook replaced {'; '.join(r.changed[:6])}; put back before grading: review it.)")
+        rows.append(_row(r.sub, ex, status, hint))
     return rows
 
 
-def format_table(rows: list[Row]) -> str:
-    """A plain-text table: exercise, points, status, hint; then the score (bonus points apart)."""
-    header = ("exercise", "points", "status", "hint")
-    body = [(f"{r.id} {r.name}", f"{r.earned}/{r.points}" + (" bonus" if r.bonus else ""), r.status,
-             r.hint.replace("\n", " ")) for r in rows]
-    widths = [max(len(x[i]) for x in [header, *body]) for i in range(3)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(header[:3], widths)) + "  " + header[3]]
-    lines.append("  ".join("-" * w for w in widths) + "  " + "-" * 4)
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row[:3], widths)) + "  " + row[3] for row in body]
+DEF = r"^(?:\s*@.*\n)*\s*(?:async\s+)?def\s+{name}\s*\(|^\s*{name}\s*=(?!=)"
+
+
+def _why_missing(r: _Running, name: str) -> tuple[str, str]:
+    pattern = re.compile(DEF.format(name=re.escape(name)), re.M)
+    defining = [i for i, s in r.code_cells.items() if pattern.search(s)]
+    for i in reversed(defining):
+        where = f"cell {i + 1} (`{_first_line(r.code_cells[i])}`)"
+        if i in r.timed_out_cells:
+            return "timed out", f"{where} ran longer than the {r.cell_timeout:g} s limit and was interrupted, so `{name}` was never defined."
+        if i in r.cell_errors:
+            return "error", f"{where} raised {r.cell_errors[i][0]}, so `{name}` was never defined."
+    if defining:
+        return "missing", f"`{name}` was not defined when the notebook ended (was it deleted with `del`?)."
+    return "missing", f"no function named `{name}`: its exercise cell was deleted or the function renamed."
+
+
+def grade(subs: list[Submission], jobs: int | None = None, cell_timeout: float = DEFAULT_CELL_TIMEOUT_S,
+          progress: bool | None = None, stats: dict | None = None) -> list[Row]:
+    """Grade submissions in parallel (``jobs`` processes; default: the number of cores). ``stats``,
+    if given, receives ``cpu_s``: the CPU seconds the notebooks' processes used, all together."""
+    from tqdm import tqdm
+
+    jobs = max(1, jobs or os.cpu_count() or 1)
+    threads = max(1, (os.cpu_count() or 1) // min(jobs, max(1, len(subs))))
+    ctx = _context()
+    # Notebooks worth more points usually take longer: start them first, so that no core idles
+    # at the end waiting for one long notebook (the rows keep the order of ``subs``).
+    weight = {stem: sum(ex.points for ex in exs) for stem, exs in course_notebooks().items()}
+    pending = sorted(subs, key=lambda s: (s.path is not None, weight.get(s.stem, 0)))
+    running: list[_Running] = []
+    by_sub: dict[int, list[Row]] = {}
+    bar = tqdm(total=len(subs), unit="nb", desc="grading", disable=True if progress is False else None,
+               file=sys.stderr, dynamic_ncols=True)
+    try:
+        while pending or running:
+            while pending and len(running) < jobs:
+                sub = pending.pop()
+                started = _start(ctx, sub, cell_timeout, threads)
+                if isinstance(started, list):
+                    by_sub[id(sub)] = started
+                    bar.update()
+                else:
+                    running.append(started)
+            if not running:
+                continue
+            wait([r.conn for r in running] + [r.process.sentinel for r in running], timeout=0.5)
+            for r in list(running):
+                _receive(r)
+                if not r.done and not r.process.is_alive():
+                    _receive(r)
+                    r.done = True
+                if not r.done:
+                    _watch(r)
+                if r.done:
+                    r.process.join(timeout=2)
+                    if r.process.is_alive():
+                        r.process.kill()
+                        r.process.join()
+                    r.conn.close()
+                    by_sub[id(r.sub)] = _rows(r)
+                    if stats is not None:
+                        stats["cpu_s"] = stats.get("cpu_s", 0.0) + r.cpu_s
+                    running.remove(r)
+                    bar.update()
+    finally:
+        for r in running:
+            r.process.kill()
+        bar.close()
+    return [row for sub in subs for row in by_sub[id(sub)]]
+
+
+def grade_notebook(path: Path, cell_timeout: float = DEFAULT_CELL_TIMEOUT_S) -> list[Row]:
+    """Grade one notebook (named after a course notebook); one row per exercise it must contain."""
+    stem, _ = identify(Path(path))
+    return grade([Submission(Path(path).resolve().parent.name, stem, Path(path))], jobs=1,
+                 cell_timeout=cell_timeout, progress=False)
+
+
+# --------------------------------------------------------------------------- reporting
+
+
+def _score(rows: list[Row], unit: str = "") -> str:
+    """``5/8``, or ``5/8 + 0/3 bonus`` (bonus points apart); ``unit`` goes after the first part."""
     core = [r for r in rows if not r.bonus]
     bonus = [r for r in rows if r.bonus]
-    score = f"score: {sum(r.earned for r in core)}/{sum(r.points for r in core)} points"
+    text = f"{sum(r.earned for r in core)}/{sum(r.points for r in core)}{unit}"
     if bonus:
-        score += f" + {sum(r.earned for r in bonus)}/{sum(r.points for r in bonus)} bonus"
-    passed = sum(r.status == "passed" for r in core)
-    lines.append(f"{score}, {passed}/{len(core)} exercises passed")
+        text += f" + {sum(r.earned for r in bonus)}/{sum(r.points for r in bonus)} bonus"
+    return text
+
+
+def _columns(header: tuple[str, ...], body: list[tuple[str, ...]]) -> list[str]:
+    """Left-aligned columns; the last one is not padded."""
+    widths = [max(len(x[i]) for x in [header, *body]) for i in range(len(header) - 1)]
+    lines = []
+    for row in [header, tuple("-" * max(len(h), 4) for h in header), *body]:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(row[:-1], widths)) + "  " + row[-1])
+    return [ln.rstrip() for ln in lines]
+
+
+def format_table(rows: list[Row]) -> str:
+    """Rows (student, notebook, exercise, points, status, hint), then scores per notebook and per
+    student, then the total (bonus points apart). The student column appears for a class."""
+    students = sorted({r.student for r in rows})
+    with_student = len(students) > 1
+    header = (("student",) if with_student else ()) + ("notebook", "exercise", "points", "status", "hint")
+    body = [(((r.student,) if with_student else ())
+             + (r.notebook, f"{r.id} {r.name}", f"{r.earned}/{r.points}" + (" bonus" if r.bonus else ""), r.status,
+                " ".join(r.hint.split()))) for r in rows]
+    lines = _columns(header, body)
+    stems = sorted({r.notebook for r in rows})
+    lines.append("")
+    if with_student:  # one line per student, one column per notebook
+        scores = [(s, *(_score([r for r in rows if r.student == s and r.notebook == n]) for n in stems),
+                   _score([r for r in rows if r.student == s])) for s in students]
+        lines += _columns(("student", *stems, "total"), scores)
+    else:
+        lines += _columns(("notebook", "score"), [(n, _score([r for r in rows if r.notebook == n])) for n in stems])
+    core = [r for r in rows if not r.bonus]
+    n_passed = sum(r.status == "passed" for r in core)
+    lines.append("")
+    lines.append(f"score: {_score(rows, ' points')}, {n_passed}/{len(core)} exercises passed"
+                 + (f" ({len(students)} students)" if with_student else ""))
     return "\n".join(lines)
+
+
+GRADEBOOK_FIELDS = ("student", "notebook", "exercise", "function", "points", "max_points", "bonus", "status", "hint")
+
+
+def write_gradebook(rows: list[Row], path: Path) -> None:
+    """One CSV row per student and exercise: student, notebook, exercise, function, points earned,
+    max_points, bonus, status, hint (the format an LMS or a spreadsheet imports)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(GRADEBOOK_FIELDS)
+        for r in rows:
+            w.writerow([r.student, r.notebook, r.id, r.name, r.earned, r.points, int(r.bonus), r.status,
+                        " ".join(r.hint.split())])
 
 
 def passed(rows: list[Row]) -> bool:
@@ -130,44 +626,107 @@ def passed(rows: list[Row]) -> bool:
     return bool(rows) and all(r.status == "passed" for r in rows if not r.bonus)
 
 
-def _collect(targets: list[str]) -> list[Path]:
-    paths: list[Path] = []
-    for t in targets:
-        p = Path(t)
-        if p.is_dir():
-            paths += sorted(p.glob("[0-9][0-9]_*.ipynb"))
-        elif p.suffix == ".ipynb" and p.exists():
-            paths.append(p)
-        else:
-            raise SystemExit(f"make grade: {t!r} is neither a notebook (.ipynb) nor a folder of notebooks.")
-    if not paths:
-        raise SystemExit(f"make grade: no NN_topic.ipynb notebooks found in {', '.join(targets)}.")
-    return paths
+# --------------------------------------------------------------------------- nbgrader
+
+NBGRADER_CONFIG = """\
+# nbgrader configuration for the course, written by `python -m helpers.grading --nbgrader-course`.
+import os
+
+from nbconvert.preprocessors import TagRemovePreprocessor
+from nbgrader.converters import GenerateAssignment
+
+c = get_config()  # noqa: F821
+c.CourseDirectory.course_id = "attention-course"
+# The student version is exactly exercises/: answer cells get the course's stub, and the cells
+# tagged solution-only (numbers behind the model answers) are dropped.
+c.ClearSolutions.text_stub = {text_stub!r}
+c.TagRemovePreprocessor.enabled = True
+c.TagRemovePreprocessor.remove_cell_tags = [{solution_only!r}]
+c.GenerateAssignment.preprocessors = [
+    TagRemovePreprocessor, *GenerateAssignment.class_traits()["preprocessors"].default()]
+# Kernels started by nbgrader (validate, autograde) inherit this: an unattempted exercise's check
+# raises (scored 0) instead of printing a notice.
+os.environ[{env!r}] = "1"
+c.Execute.timeout = {timeout}  # seconds per cell: the Triton checks run in the interpreter on a CPU
+"""
+
+
+def write_nbgrader_course(course: Path, stems: Iterable[str] | None = None) -> list[Path]:
+    """Lay ``solutions/`` out as an nbgrader course in ``course``: ``nbgrader_config.py`` and
+    ``source/NN_topic/NN_topic.ipynb`` (one assignment per notebook, with nbgrader's cell metadata
+    from :func:`helpers.notebooks.nbgrader_source`). Returns the notebooks written."""
+    from . import notebooks as nbtools
+    from .checks import _core
+
+    course.mkdir(parents=True, exist_ok=True)
+    (course / "nbgrader_config.py").write_text(NBGRADER_CONFIG.format(
+        text_stub=nbtools.EMPTY_ANSWER, solution_only=nbtools.SOLUTION_ONLY_TAG, env=_core.RAISE_NOT_ATTEMPTED_ENV,
+        timeout=DEFAULT_CELL_TIMEOUT_S), encoding="utf-8")
+    written = []
+    for path in nbtools.notebook_paths("solutions"):
+        if stems is not None and path.stem not in stems:
+            continue
+        target = course / "source" / path.stem / path.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        nbtools.write(nbtools.nbgrader_source(nbtools.read(path)), target)
+        written.append(target)
+    return written
+
+
+def _shard(text: str) -> tuple[int, int]:
+    m = re.fullmatch(r"(\d+)/(\d+)", text)
+    if not m or not 1 <= int(m.group(1)) <= int(m.group(2)):
+        raise argparse.ArgumentTypeError(f"expected K/N with 1 <= K <= N, got {text!r}")
+    return int(m.group(1)), int(m.group(2))
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="make grade", description=__doc__.splitlines()[0])
-    parser.add_argument("targets", nargs="*", default=["exercises"], help="notebooks or folders (default: exercises)")
-    parser.add_argument("--cell-timeout", type=int, default=DEFAULT_CELL_TIMEOUT_S, help="seconds per cell")
+    parser = argparse.ArgumentParser(prog="python -m helpers.grading", description=__doc__.split("\n\n")[0])
+    parser.add_argument("targets", nargs="*", default=["exercises"],
+                        help="notebooks, a student's folder, or a folder of student folders (default: exercises)")
+    parser.add_argument("-j", "--jobs", type=int, default=None, help="notebooks graded at once (default: the number of cores)")
+    parser.add_argument("--cell-timeout", type=float, default=DEFAULT_CELL_TIMEOUT_S, help="seconds per cell and per check")
+    parser.add_argument("--gradebook", type=Path, default=None,
+                        help="CSV to write (default: gradebook.csv when more than one student is graded)")
+    parser.add_argument("--shard", type=_shard, default=None, metavar="K/N",
+                        help="grade only the K-th of N equal shares of the students (for a CI matrix or a batch system)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--nbgrader-course", type=Path, default=None, metavar="DIR",
+                        help="write solutions/ as an nbgrader course in DIR (then run nbgrader there) and exit")
     args = parser.parse_args(argv)
-    rows: list[Row] = []
-    unreadable = []
-    for path in _collect(args.targets):
-        print(f"grading {path} ...", flush=True)
-        try:
-            got = grade_notebook(path, args.cell_timeout)
-        except UnreadableNotebook as e:
-            print(f"  error: {e}")
-            unreadable.append(path)
-            continue
-        if not got:
-            print(f"  (no graded exercises in {path.name})")
-        rows += got
+    start = time.perf_counter()
+    if args.nbgrader_course:
+        for path in write_nbgrader_course(args.nbgrader_course):
+            print(f"wrote {path}")
+        print(f"next: cd {args.nbgrader_course} && nbgrader generate_assignment '*'")
+        return 0
+    subs, notes = collect(args.targets)
+    if args.shard:
+        k, n = args.shard
+        students = sorted({s.student for s in subs})[k - 1 :: n]
+        subs = [s for s in subs if s.student in students]
+    for note in notes:
+        print(f"note: {note}")
+    n_students = len({s.student for s in subs})
+    print(f"grading {len(subs)} notebook{'s' if len(subs) != 1 else ''}"
+          + (f" of {n_students} students" if n_students > 1 else ""), flush=True)
+    stats: dict = {}
+    rows = grade(subs, args.jobs, args.cell_timeout, progress=False if args.no_progress else None, stats=stats)
+    seconds = time.perf_counter() - start
     print(format_table(rows))
-    if unreadable:
-        print(f"not graded (unreadable): {', '.join(str(p) for p in unreadable)}")
-    return 0 if passed(rows) and not unreadable else 1
+    print(f"graded in {seconds:.1f} s (start-up included): {len(subs) / seconds:.2f} notebooks/s; "
+          f"the notebooks' processes used "
+          f"{stats.get('cpu_s', 0.0):.1f} CPU-s")
+    gradebook = args.gradebook or (Path("gradebook.csv") if n_students > 1 else None)
+    if gradebook:
+        write_gradebook(rows, gradebook)
+        print(f"gradebook: {gradebook} ({len(rows)} rows)")
+    return 0 if passed(rows) else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run as `python -m helpers.grading`: use the module by its name, so that the processes forked
+    # for notebooks find `helpers.grading._child` (not `__main__._child`).
+    from helpers import grading
+
+    sys.exit(grading.main())

@@ -5,13 +5,15 @@
   put in place first, and exercises/ regenerated when solutions/ were run.
 - ``exercises``: write ``exercises/`` from ``solutions/`` (``make exercises``): solution bodies become
   ``raise NotImplementedError()``, model answers an empty answer cell, hidden tests and
-  solution-only cells are removed, outputs are cleared.
+  solution-only cells are removed, outputs are cleared. The model answers go to
+  ``helpers/model_answers.json`` (package data), which a passing check shows.
 - ``sync``: rewrite the Colab bootstrap cell of every notebook and the README's notebook map from
   the repository URL in ``pyproject.toml`` (the one place it is configured).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -46,7 +48,8 @@ if "google.colab" in sys.modules:
     import torch
 
     REPO = "{repo}"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", f"git+{{REPO}}", f"torch=={{torch.__version__}}"], check=True)'''
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", f"git+{{REPO}}",
+                    f"torch=={{torch.__version__}}"], check=True)'''
 
 
 def repo_url() -> str:
@@ -154,14 +157,78 @@ def _replace_block(source: str, begin: str, end: str, replacement: str | None) -
     return "\n".join(out)
 
 
+EXERCISE_HEADING = re.compile(r"^##\s+Exercise\s+(\d+)\.(\d+)\b.*?\((?:bonus,\s*)?(\d+)\s+points?\)", re.M)
+CHECK_CALL = re.compile(r"^checks\.(\w+)\(", re.M)
+
+
+def nbgrader_cells(nb: nbformat.NotebookNode) -> dict[int, dict]:
+    """nbgrader's metadata (schema 3) for the exercise cells of a solutions notebook, by cell index.
+
+    Under each ``## Exercise N.M ... (P points)`` heading: the code cells with a solution block are
+    solution cells (grade id: the checked function's name), the ``checks.<name>(...)`` cell is an
+    autograded test cell worth P points (``check_<name>``), and the ``model-answer`` cell is a
+    manually graded answer worth 0 points (``answer_<name>``): the course's points are the checks'.
+    """
+    sections: list[tuple[int, list[int]]] = []  # (points, cell indices) per exercise section
+    for i, cell in enumerate(nb.cells):
+        heading = EXERCISE_HEADING.search(cell.source) if cell.cell_type == "markdown" else None
+        if heading:
+            sections.append((int(heading.group(3)), []))
+        elif sections:
+            sections[-1][1].append(i)
+    meta: dict[int, dict] = {}
+    for points, indices in sections:
+        calls = [m.group(1) for i in indices if nb.cells[i].cell_type == "code"
+                 for m in CHECK_CALL.finditer(nb.cells[i].source)]
+        if not calls:
+            continue
+        name, n_solution = calls[0], 0
+        for i in indices:
+            cell = nb.cells[i]
+            tags = cell.get("metadata", {}).get("tags", [])
+            if cell.cell_type == "code" and any(line.strip() == BEGIN_SOLUTION for line in cell.source.split("\n")):
+                n_solution += 1
+                part = f"_part{n_solution}" if n_solution > 1 else ""
+                grade_id, grade, solution, cell_points = name + part, False, True, None
+            elif cell.cell_type == "code" and CHECK_CALL.search(cell.source):
+                grade_id, grade, solution, cell_points = f"check_{name}", True, False, points
+            elif cell.cell_type == "markdown" and MODEL_ANSWER_TAG in tags:
+                grade_id, grade, solution, cell_points = f"answer_{name}", True, True, 0
+            else:
+                continue
+            m = {"grade": grade, "grade_id": grade_id, "locked": grade and not solution, "schema_version": 3,
+                 "solution": solution, "task": False}
+            if cell_points is not None:
+                m["points"] = cell_points
+            meta[i] = m
+    return meta
+
+
+def nbgrader_source(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """A copy of a solutions notebook with nbgrader's cell metadata: the ``source/`` version that
+    ``nbgrader generate_assignment`` turns into the student version (``exercises/`` is that version)."""
+    src = nbformat.from_dict(nb)  # deep copy
+    for i, m in nbgrader_cells(nb).items():
+        src.cells[i].metadata["nbgrader"] = m
+    return src
+
+
 def make_exercise(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    """The exercise notebook generated from a solutions notebook (the input is not modified)."""
-    ex = nbformat.from_dict(nb)  # deep copy
+    """The exercise notebook generated from a solutions notebook (the input is not modified).
+
+    Exercise cells carry nbgrader's metadata, locked as ``nbgrader generate_assignment`` locks them
+    (a check cell cannot be edited or deleted in Jupyter; a solution or answer cell cannot be deleted)."""
+    ex = nbgrader_source(nb)
     cells = []
     for cell in ex.cells:
         tags = cell.get("metadata", {}).get("tags", [])
         if SOLUTION_ONLY_TAG in tags:
             continue
+        grader = cell.metadata.get("nbgrader")
+        if grader:
+            cell.metadata["deletable"] = False
+            if grader["grade"] and not grader["solution"]:
+                cell.metadata["editable"] = False
         if cell.cell_type == "code":
             src = _replace_block(cell.source, BEGIN_SOLUTION, END_SOLUTION, "# YOUR CODE HERE\nraise NotImplementedError()")
             cell.source = _replace_block(src, BEGIN_HIDDEN, END_HIDDEN, None).rstrip("\n")
@@ -189,6 +256,51 @@ def exercises_in_sync() -> list[str]:
     return stale
 
 
+MODEL_ANSWERS_PATH = ROOT / "helpers" / "model_answers.json"
+_WHY_IT_MATTERS = re.compile(r"\*\*Why it matters[^*]*\*\*:?\s*(.+?)(?:\n\s*\n|\Z)", re.S)
+
+
+def model_answers() -> dict[str, dict[str, str]]:
+    """``name -> {exercise, notebook, question, answer}`` for every markdown cell tagged
+    ``model-answer`` in ``solutions/``: the exercise is the last ``## Exercise N.M`` heading above
+    it, the name that of the last ``checks.<name>(...)`` call, the question the statement's "Why it
+    matters" paragraph."""
+    answers: dict[str, dict[str, str]] = {}
+    for path in notebook_paths("solutions"):
+        ex_id = question = name = ""
+        for cell in read(path).cells:
+            source = cell.source
+            if cell.cell_type == "code":
+                calls = CHECK_CALL.findall(source)
+                name = calls[-1] if calls else name
+                continue
+            heading = EXERCISE_HEADING.search(source)
+            if heading:
+                ex_id, name = f"{heading.group(1)}.{heading.group(2)}", ""
+                why = _WHY_IT_MATTERS.search(source)
+                question = " ".join(why.group(1).split()) if why else ""
+            if MODEL_ANSWER_TAG in cell.get("metadata", {}).get("tags", []) and name:
+                answers[name] = {"exercise": ex_id, "notebook": path.stem, "question": question,
+                                 "answer": source.strip()}
+    return answers
+
+
+def model_answers_json() -> str:
+    return json.dumps(model_answers(), indent=1, ensure_ascii=False, sort_keys=True) + "\n"
+
+
+def model_answers_in_sync() -> bool:
+    """Is ``helpers/model_answers.json`` what ``make exercises`` would write?"""
+    return MODEL_ANSWERS_PATH.exists() and MODEL_ANSWERS_PATH.read_text(encoding="utf-8") == model_answers_json()
+
+
+def write_model_answers() -> None:
+    text = model_answers_json()
+    if not MODEL_ANSWERS_PATH.exists() or MODEL_ANSWERS_PATH.read_text(encoding="utf-8") != text:
+        MODEL_ANSWERS_PATH.write_text(text, encoding="utf-8")
+        print(f"{MODEL_ANSWERS_PATH.relative_to(ROOT)} <- model answers of solutions/")
+
+
 def write_exercises() -> None:
     (ROOT / "exercises").mkdir(exist_ok=True)
     solutions = notebook_paths("solutions")
@@ -198,6 +310,7 @@ def write_exercises() -> None:
     for path in solutions:
         write(make_exercise(read(path)), ROOT / "exercises" / path.name)
         print(f"exercises/{path.name} <- solutions/{path.name}")
+    write_model_answers()
 
 
 # --------------------------------------------------------------------------- sync: bootstrap + README
@@ -287,6 +400,8 @@ def _main(argv: list[str]) -> int:
         for a in args or ["notebooks", "solutions"]:
             p = Path(a).resolve()
             targets += sorted(p.glob("[0-9][0-9]_*.ipynb")) if p.is_dir() else [p]
+        if any(p.parent.name == "solutions" for p in targets):
+            write_model_answers()  # a passing check shows them: current before the notebooks run
         for path in targets:
             seconds = execute(path)
             print(f"executed {path.relative_to(ROOT)} in {seconds:.1f} s")

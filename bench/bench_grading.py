@@ -1,0 +1,166 @@
+"""Grading throughput: how many notebooks per second `make grade` grades a class at.
+
+    python bench/bench_grading.py [--students 4] [-j JOBS] [--baseline] [--out bench/results]
+
+Builds classes in a temporary folder: every student hands in every course notebook that has
+exercises, solved (solutions/: every check runs all its cases) or blank (exercises/: every check
+stops at "not attempted"); one class half solved and half blank, one all solved. Then it times,
+on this machine:
+
+1. each notebook alone (solved and blank), graded through the API with the fork server already
+   up: what one notebook costs;
+2. each whole class through the command line (`python -m helpers.grading CLASS -j JOBS`), from the
+   start of the process to its exit: the figure to compare with the goal (>= 1 notebook/s on 2
+   cores);
+3. with ``--baseline``, the old way for comparison: each solved notebook in a fresh Jupyter kernel
+   (nbclient), one after the other.
+
+Writes ``<out>/grading.md`` (machine, load, mix, figures). A benchmark, not a test: the machine's
+other work shows in the figures, so the load average is recorded with them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from helpers import notebooks as nbtools  # noqa: E402
+from helpers.grading import Submission, course_notebooks, grade  # noqa: E402
+
+
+def graded_stems() -> list[str]:
+    """Course notebooks that have exercises and a solutions notebook."""
+    course = course_notebooks()
+    return [p.stem for p in nbtools.notebook_paths("solutions") if p.stem in course]
+
+
+def build_class(folder: Path, stems: list[str], students: int, solved: int) -> None:
+    """``students`` folders of every notebook: the first ``solved`` solved, the others blank."""
+    for s in range(students):
+        source = "solutions" if s < solved else "exercises"
+        student = folder / f"student{s:03d}_{source}"
+        student.mkdir(parents=True)
+        for stem in stems:
+            shutil.copy(ROOT / source / f"{stem}.ipynb", student / f"{stem}.ipynb")
+
+
+def per_notebook(stems: list[str]) -> dict[tuple[str, str], tuple[float, float]]:
+    """(notebook, kind) -> (wall seconds, CPU seconds) of each notebook graded alone, fork server warm."""
+    grade([Submission("warm-up", stems[0], ROOT / "exercises" / f"{stems[0]}.ipynb")], jobs=1, progress=False)
+    out = {}
+    for stem in stems:
+        for kind in ("solutions", "exercises"):
+            start, stats = time.perf_counter(), {}
+            rows = grade([Submission(kind, stem, ROOT / kind / f"{stem}.ipynb")], jobs=1, progress=False, stats=stats)
+            out[stem, kind] = (time.perf_counter() - start, stats["cpu_s"])
+            statuses = ",".join(sorted({r.status for r in rows}))
+            print(f"  {stem:22s} {kind:10s} {out[stem, kind][0]:6.2f} s wall {out[stem, kind][1]:6.2f} s CPU  {statuses}",
+                  flush=True)
+    return out
+
+
+def whole_class(folder: Path, jobs: int) -> tuple[float, float, str]:
+    """(wall seconds from process start to exit, CPU seconds of the notebooks' processes, score line)."""
+    start = time.perf_counter()
+    result = subprocess.run([sys.executable, "-m", "helpers.grading", str(folder), "-j", str(jobs), "--no-progress",
+                             "--gradebook", str(folder.parent / "gradebook.csv")], cwd=ROOT, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    score = next((ln for ln in result.stdout.splitlines() if ln.startswith("score:")), result.stdout[-500:])
+    cpu = re.search(r"processes used ([\d.]+) CPU-s", result.stdout)
+    return seconds, float(cpu.group(1)) if cpu else float("nan"), score
+
+
+def baseline(stems: list[str]) -> float:
+    """The previous grader's way: a fresh kernel per notebook, serially (solved notebooks)."""
+    from nbclient import NotebookClient
+
+    start = time.perf_counter()
+    for stem in stems:
+        nb = nbtools.read(ROOT / "solutions" / f"{stem}.ipynb")
+        NotebookClient(nb, timeout=600, kernel_name="python3", allow_errors=True,
+                       resources={"metadata": {"path": str(ROOT / "solutions")}}).execute(stderr=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def main() -> int:
+    from helpers.runtime import machine_name
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--students", type=int, default=4)
+    parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--baseline", action="store_true", help="also time the fresh-kernel-per-notebook way")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    args = parser.parse_args()
+    stems = graded_stems()
+    load = os.getloadavg()
+    print(f"machine: {machine_name()}; load average {load[0]:.1f}; notebooks: {', '.join(stems)}", flush=True)
+    print("each notebook alone (fork server warm):", flush=True)
+    alone = per_notebook(stems)
+    n = args.students * len(stems)
+    mixes = {"half solved, half blank": (args.students + 1) // 2, "all solved": args.students}
+    classes = {}
+    for mix, solved in mixes.items():
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = Path(tmp) / "class"
+            build_class(folder, stems, args.students, solved)
+            print(f"a class of {args.students} students x {len(stems)} notebooks = {n} notebooks, {mix}, "
+                  f"-j {args.jobs}:", flush=True)
+            seconds, cpu, score = classes[mix] = whole_class(folder, args.jobs)
+            print(f"  {seconds:.1f} s, {n / seconds:.2f} notebooks/s; {cpu / n:.2f} CPU-s per notebook ({score})",
+                  flush=True)
+    old = None
+    if args.baseline:
+        print("baseline: a fresh kernel per solved notebook, serially:", flush=True)
+        old = baseline(stems)
+        print(f"  {old:.1f} s for {len(stems)} notebooks, {len(stems) / old:.2f} notebooks/s", flush=True)
+    load_after = os.getloadavg()
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    lines = [
+        "# Grading throughput (`python bench/bench_grading.py`)",
+        "",
+        f"- Machine: {machine_name()}",
+        f"- Load average (1 min) before / after: {load[0]:.1f} / {load_after[0]:.1f} "
+        f"(other work on the machine shows in the figures)",
+        f"- Notebooks: {', '.join(stems)}",
+        f"- Class: {args.students} students, each hands in all {len(stems)} notebooks ({n} notebooks): solved "
+        "ones (from solutions/: every check runs all its cases) or blank ones (from exercises/: every check "
+        "stops at \"not attempted\").",
+        "- Timed: `python -m helpers.grading CLASS -j "
+        f"{args.jobs}`, from the start of the process to its exit (imports and the fork server's start included).",
+        "",
+        "| what | notebooks | seconds | notebooks/s |",
+        "|---|---|---|---|",
+    ]
+    tail = [""]
+    for mix, (seconds, cpu, _) in classes.items():
+        lines.append(f"| whole class, {mix} | {n} | {seconds:.1f} | **{n / seconds:.2f}** |")
+        tail.append(f"- {mix}: the notebooks' processes used {cpu:.1f} CPU-seconds, {cpu / n:.2f} per notebook; "
+                    f"on {os.cpu_count()} otherwise idle cores that bounds the rate at {os.cpu_count() * n / cpu:.2f} "
+                    "notebooks/s, before the one-off start-up.")
+    if old is not None:
+        lines.append(f"| baseline: fresh Jupyter kernel per solved notebook, serially | {len(stems)} | {old:.1f} | "
+                     f"{len(stems) / old:.2f} |")
+    lines += tail
+    lines += ["", "Each notebook alone, fork server already up: wall seconds (CPU seconds of its process):", "",
+              "| notebook | solved | blank |", "|---|---|---|"]
+    for stem in stems:
+        (ws, cs), (wb, cb) = alone[stem, "solutions"], alone[stem, "exercises"]
+        lines.append(f"| {stem} | {ws:.2f} ({cs:.2f}) | {wb:.2f} ({cb:.2f}) |")
+    (args.out / "grading.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print(f"wrote {args.out / 'grading.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

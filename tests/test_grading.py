@@ -1,0 +1,372 @@
+"""`make grade`: what a notebook must contain comes from the course, the grader runs the checks,
+results cannot be forged from the notebook, reports per notebook and per student, a class in
+parallel with a gradebook CSV."""
+
+from __future__ import annotations
+
+import csv
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from helpers import notebooks as nbtools
+from helpers.grading import (
+    Row,
+    Submission,
+    collect,
+    course_notebooks,
+    format_table,
+    grade,
+    grade_notebook,
+    identify,
+    passed,
+    write_gradebook,
+)
+from helpers.grading import main as grade_main
+
+ROOT = nbtools.ROOT
+GRADED_STEMS = sorted(p.stem for p in nbtools.notebook_paths("solutions") if p.stem in course_notebooks())
+
+
+def _notebook(stem: str, folder: str = "solutions") -> nbformat.NotebookNode:
+    return nbtools.read(ROOT / folder / f"{stem}.ipynb")
+
+
+def _edit(nb: nbformat.NotebookNode, old: str, new: str) -> nbformat.NotebookNode:
+    """Replace `old` by `new` in the one code cell that contains it (`new` None deletes the cell)."""
+    hits = [c for c in nb.cells if c.cell_type == "code" and old in c.source]
+    assert len(hits) == 1, f"{old!r} found in {len(hits)} cells"
+    if new is None:
+        nb.cells.remove(hits[0])
+    else:
+        hits[0].source = hits[0].source.replace(old, new)
+    return nb
+
+
+def _insert_after_setup(nb: nbformat.NotebookNode, source: str) -> nbformat.NotebookNode:
+    index = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code" and "setup(" in c.source)
+    nb.cells.insert(index + 1, nbformat.v4.new_code_cell(source))
+    return nb
+
+
+def _by_name(rows: list[Row]) -> dict[str, Row]:
+    return {r.name: r for r in rows}
+
+
+# --------------------------------------------------------------------------- fast: no notebook runs
+
+
+def test_every_graded_notebook_is_known_to_the_grader():
+    """The exercises a notebook must contain come from the checks' registry, by notebook stem."""
+    with_exercises = {p.stem for p in nbtools.notebook_paths("solutions") if "checks." in p.read_text()}
+    assert with_exercises <= set(course_notebooks())
+    for stem in GRADED_STEMS:
+        nb = _notebook(stem)
+        checked = {name for c in nb.cells if c.cell_type == "code" for name in nbtools.CHECK_CALL.findall(c.source)}
+        assert checked == {ex.name for ex in course_notebooks()[stem]}, stem
+
+
+def test_identify_by_name_or_number(tmp_path):
+    assert identify(Path("01_qkv_shapes.ipynb")) == ("01_qkv_shapes", "")
+    stem, note = identify(Path("Copy of 01_qkv_shapes (2).ipynb"))
+    assert stem == "01_qkv_shapes" and "graded as 01_qkv_shapes" in note
+    with pytest.raises(Exception, match="not one of the course's exercise notebooks .*01_qkv_shapes.ipynb"):
+        identify(Path("homework.ipynb"))
+    (tmp_path / "homework.ipynb").write_text("{}")
+    with pytest.raises(SystemExit, match="homework.ipynb is not one of the course's exercise notebooks"):
+        collect([str(tmp_path / "homework.ipynb")])
+
+
+def test_grade_rejects_bad_targets(tmp_path, capsys):
+    with pytest.raises(SystemExit, match="neither a notebook"):
+        grade_main([str(tmp_path / "missing.txt")])
+    with pytest.raises(SystemExit, match="no notebooks found"):
+        grade_main([str(tmp_path)])
+    broken = tmp_path / "01_qkv_shapes.ipynb"
+    broken.write_text("{not json")
+    assert grade_main([str(broken), "--no-progress"]) == 1
+    out = capsys.readouterr().out
+    assert "is not a readable notebook (NotJSONError" in out and "1.1 qkv_projection" in out, out
+
+
+def test_a_class_folder_lists_missing_notebooks_and_skips_strangers(tmp_path):
+    for student, files in {"alice": ["01_qkv_shapes.ipynb", "02_scaling.ipynb", "scratch.ipynb"],
+                           "bob": ["Copy of 01_qkv_shapes.ipynb"]}.items():
+        (tmp_path / student).mkdir()
+        for f in files:
+            (tmp_path / student / f).write_text("{}")
+    subs, notes = collect([str(tmp_path)])
+    got = {(s.student, s.stem): s.path.name if s.path else None for s in subs}
+    assert got == {("alice", "01_qkv_shapes"): "01_qkv_shapes.ipynb", ("alice", "02_scaling"): "02_scaling.ipynb",
+                   ("bob", "01_qkv_shapes"): "Copy of 01_qkv_shapes.ipynb", ("bob", "02_scaling"): None}
+    assert any("scratch.ipynb is not one of the course's" in n for n in notes), notes
+    assert any("graded as 01_qkv_shapes" in n for n in notes), notes
+    rows = grade([s for s in subs if s.path is None], progress=False)  # nothing to run
+    assert {(r.student, r.status, r.hint) for r in rows} == {("bob", "missing", "notebook not handed in.")}
+
+
+def test_bonus_points_are_scored_apart_and_never_block_a_pass():
+    rows = [Row("nb", "9.3", "a", 3, "passed"), Row("nb", "9.4", "b", 3, "not attempted", bonus=True)]
+    table = format_table(rows)
+    assert "score: 3/3 points + 0/3 bonus, 1/1 exercises passed" in table and "0/3 bonus" in table
+    assert passed(rows)
+    assert not passed([Row("nb", "9.3", "a", 3, "failed"), Row("nb", "9.4", "b", 3, "passed", bonus=True)])
+    assert not passed([])
+
+
+def test_table_has_notebook_and_student_columns_and_scores(tmp_path):
+    rows = [Row("01_qkv_shapes", "1.1", "qkv_projection", 1, "passed", student="alice"),
+            Row("01_qkv_shapes", "1.2", "merge_heads", 1, "failed", "transpose first", student="alice"),
+            Row("02_scaling", "2.3", "dot_product_std", 2, "passed", student="alice"),
+            Row("01_qkv_shapes", "1.1", "qkv_projection", 1, "missing", "notebook not handed in.", student="bob"),
+            Row("01_qkv_shapes", "1.2", "merge_heads", 1, "missing", "notebook not handed in.", student="bob"),
+            Row("02_scaling", "2.3", "dot_product_std", 2, "passed", student="bob")]
+    lines = format_table(rows).splitlines()
+    assert lines[0].split() == ["student", "notebook", "exercise", "points", "status", "hint"]
+    assert lines[3].split()[:6] == ["alice", "01_qkv_shapes", "1.2", "merge_heads", "0/1", "failed"]
+    scores = {ln.split()[0]: ln.split()[1:] for ln in lines if ln.startswith(("alice ", "bob "))
+              and "_" not in ln.split()[1]}
+    assert scores == {"alice": ["1/2", "2/2", "3/4"], "bob": ["0/2", "2/2", "2/4"]}, lines
+    assert lines[-1] == "score: 5/8 points, 3/6 exercises passed (2 students)"
+    one = format_table([r for r in rows if r.student == "alice"]).splitlines()
+    assert one[0].split()[0] == "notebook" and "student" not in one[0]
+    assert one[one.index("notebook       score") + 2:][:2] == ["01_qkv_shapes  1/2", "02_scaling     2/2"], one
+    write_gradebook(rows, tmp_path / "gb.csv")
+    with open(tmp_path / "gb.csv", newline="") as f:
+        book = list(csv.DictReader(f))
+    assert list(book[0])[:5] == ["student", "notebook", "exercise", "function", "points"]
+    assert book[1] == {"student": "alice", "notebook": "01_qkv_shapes", "exercise": "1.2", "function": "merge_heads",
+                       "points": "0", "max_points": "1", "bonus": "0", "status": "failed", "hint": "transpose first"}
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_grade_is_wired():
+    def dry_run(*args):
+        return subprocess.run(["make", "--no-print-directory", "-n", "grade", "PY=python", *args], cwd=ROOT,
+                              capture_output=True, text=True, check=True).stdout.strip()
+
+    assert dry_run() == "python -m helpers.grading exercises"
+    assert dry_run("NB=exercises/01_qkv_shapes.ipynb") == "python -m helpers.grading exercises/01_qkv_shapes.ipynb"
+    assert dry_run("NB=submissions", "JOBS=8") == "python -m helpers.grading -j 8 submissions"
+
+
+# --------------------------------------------------------------------------- slow: notebooks run
+
+
+@pytest.mark.slow
+def test_blank_exercises_grade_zero_and_solutions_full_marks():
+    subs = [Submission(folder, stem, ROOT / folder / f"{stem}.ipynb") for folder in ("exercises", "solutions")
+            for stem in GRADED_STEMS]
+    rows = grade(subs, jobs=2, progress=False)
+    for stem in GRADED_STEMS:
+        blank = [r for r in rows if r.student == "exercises" and r.notebook == stem]
+        solved = [r for r in rows if r.student == "solutions" and r.notebook == stem]
+        assert blank and {r.status for r in blank} == {"not attempted"}, format_table(blank)
+        assert solved and {r.status for r in solved} == {"passed"}, format_table(solved)
+        assert len(blank) == len(course_notebooks()[stem])
+
+
+MERGE_OK = "return o.transpose(1, 2).reshape(B, T, H * d_k)"
+MERGE_WRONG = "return o.reshape(B, T, H * d_k)"
+CHEAT_LOG = '''import json, os
+for name in ("qkv_projection", "merge_heads", "scaled_dot_product_attention"):
+    for var in ("ATTN_COURSE_GRADE_LOG", "GRADE_LOG"):
+        if os.environ.get(var):
+            with open(os.environ[var], "a") as f:
+                f.write(json.dumps({"name": name, "status": "passed", "hint": ""}) + "\\n")
+    print(f"✓ 1.1 {name}: passed")'''
+CHEAT_CHANNEL = '''import gc, json
+from multiprocessing.connection import Connection
+for o in gc.get_objects():
+    if isinstance(o, Connection) and not o.closed:
+        for name in ("qkv_projection", "merge_heads", "scaled_dot_product_attention"):
+            o.send_bytes(json.dumps({"type": "result", "secret": "", "name": name, "status": "passed",
+                                     "hint": ""}).encode())'''
+
+
+def _cheats() -> dict[str, nbformat.NotebookNode]:
+    """Notebooks named 01_qkv_shapes.ipynb that try to score what they did not earn."""
+    blank = lambda: _notebook("01_qkv_shapes", "exercises")  # noqa: E731
+    solved = lambda: _notebook("01_qkv_shapes")  # noqa: E731
+    return {
+        # 1.2 is wrong and its check cell is deleted / replaced by code that does not call the check
+        "deleted_check": _edit(_edit(solved(), MERGE_OK, MERGE_WRONG), "checks.merge_heads(merge_heads)", None),
+        "replaced_check": _edit(_edit(solved(), MERGE_OK, MERGE_WRONG), "checks.merge_heads(merge_heads)",
+                                'print("✓ 1.2 merge_heads: merging the heads (1 pt) passed")'),
+        # only 1.1 left in the file: the other exercises are missing, not absent from the grade
+        "deleted_exercises": _edit(_edit(_edit(_edit(solved(), "def merge_heads", None), "checks.merge_heads(", None),
+                                         "def scaled_dot_product_attention", None),
+                                   "checks.scaled_dot_product_attention(", None),
+        # a blank notebook whose check cells run the checks on the course's own reference functions
+        "checks_on_reference": _edit(_edit(_edit(
+            blank(), "checks.qkv_projection(qkv_projection)",
+            "import helpers.attention\nchecks.qkv_projection(helpers.attention.qkv_projection)"),
+            "checks.merge_heads(merge_heads)", "checks.merge_heads(helpers.attention.merge_heads)"),
+            "checks.scaled_dot_product_attention(scaled_dot_product_attention)",
+            "checks.scaled_dot_product_attention(helpers.attention.scaled_dot_product_attention)"),
+        # a blank notebook that binds the exercise names to the course's reference at the end
+        "reference_as_mine": _append(blank(), (
+            "import helpers.attention, helpers.reference, functools\n"
+            "qkv_projection = helpers.attention.qkv_projection\n"
+            "merge_heads = functools.partial(helpers.reference.merge_heads)\n"
+            "scaled_dot_product_attention = lambda q, k, v: helpers.reference.scaled_dot_product_attention(q, k, v)")),
+        # a blank notebook that replaces the checks themselves, and torch's comparisons
+        "patched_checks": _insert_after_setup(blank(), (
+            "import helpers.checks, torch\n"
+            "for name in ('qkv_projection', 'merge_heads', 'scaled_dot_product_attention'):\n"
+            "    setattr(helpers.checks, name, lambda fn: print('passed'))\n"
+            "checks.merge_heads = lambda fn: None\n"
+            "torch.allclose = lambda *a, **k: True\n"
+            "torch.isclose = lambda a, b, **k: torch.ones_like(a, dtype=torch.bool)")),
+        # a blank notebook that appends "passed" lines to the grade log and prints pass lines
+        "forged_log": _append(blank(), CHEAT_LOG),
+        # a blank notebook that writes forged results to the grader's own channel
+        "forged_channel": _append(blank(), CHEAT_CHANNEL),
+    }
+
+
+def _append(nb: nbformat.NotebookNode, source: str) -> nbformat.NotebookNode:
+    nb.cells.append(nbformat.v4.new_code_cell(source))
+    return nb
+
+
+@pytest.fixture(scope="module")
+def cheat_rows(tmp_path_factory) -> dict[str, dict[str, Row]]:
+    """Every cheat graded once, in parallel: {cheat: {exercise name: row}}."""
+    root = tmp_path_factory.mktemp("cheats")
+    subs = []
+    for cheat, nb in _cheats().items():
+        (root / cheat).mkdir()
+        nbformat.write(nb, root / cheat / "01_qkv_shapes.ipynb")
+        subs.append(Submission(cheat, "01_qkv_shapes", root / cheat / "01_qkv_shapes.ipynb"))
+    rows = grade(subs, jobs=2, cell_timeout=120, progress=False)
+    return {cheat: _by_name([r for r in rows if r.student == cheat]) for cheat in _cheats()}
+
+
+@pytest.mark.slow
+def test_a_deleted_or_replaced_check_cell_cannot_make_a_wrong_function_pass(cheat_rows):
+    for cheat in ("deleted_check", "replaced_check"):
+        rows = cheat_rows[cheat]
+        assert rows["merge_heads"].status == "failed", format_table(list(rows.values()))
+        assert "transpose(1, 2) first" in rows["merge_heads"].hint
+        assert rows["qkv_projection"].status == rows["scaled_dot_product_attention"].status == "passed"
+        assert not passed(list(rows.values()))
+
+
+@pytest.mark.slow
+def test_deleted_exercises_are_missing_not_absent(cheat_rows):
+    rows = cheat_rows["deleted_exercises"]
+    assert [r.status for r in rows.values()] == ["passed", "missing", "missing"], format_table(list(rows.values()))
+    assert "no function named `merge_heads`" in rows["merge_heads"].hint
+    assert not passed(list(rows.values()))
+
+
+@pytest.mark.slow
+def test_checks_run_on_the_course_reference_do_not_count(cheat_rows):
+    rows = cheat_rows["checks_on_reference"]
+    assert {r.status for r in rows.values()} == {"not attempted"}, format_table(list(rows.values()))
+    rows = cheat_rows["reference_as_mine"]
+    assert {r.status for r in rows.values()} == {"failed"}, format_table(list(rows.values()))
+
+
+@pytest.mark.slow
+def test_patched_checks_and_torch_do_not_count_and_are_reported(cheat_rows):
+    rows = cheat_rows["patched_checks"]
+    assert {r.status for r in rows.values()} == {"not attempted"}, format_table(list(rows.values()))
+    hint = rows["merge_heads"].hint
+    assert "the notebook replaced" in hint and "helpers.checks.merge_heads" in hint and "torch." in hint, hint
+
+
+@pytest.mark.slow
+def test_forged_log_lines_and_printed_passes_do_not_count(cheat_rows):
+    rows = cheat_rows["forged_log"]
+    assert {r.status for r in rows.values()} == {"not attempted"}, format_table(list(rows.values()))
+
+
+@pytest.mark.slow
+def test_forged_messages_on_the_graders_channel_are_caught(cheat_rows):
+    rows = cheat_rows["forged_channel"]
+    assert {r.status for r in rows.values()} == {"error"}, format_table(list(rows.values()))
+    assert "interfered with the grader" in rows["merge_heads"].hint
+
+
+@pytest.mark.slow
+def test_one_wrong_exercise_is_reported_alone_with_its_hint(tmp_path, capsys):
+    path = tmp_path / "01_qkv_shapes.ipynb"
+    nbformat.write(_edit(_notebook("01_qkv_shapes"), MERGE_OK, MERGE_WRONG), path)
+    assert grade_main([str(path), "--no-progress"]) == 1
+    out = capsys.readouterr().out
+    rows = {line.split()[2]: line for line in out.splitlines() if re.match(r"01_qkv_shapes +1\.\d ", line)}
+    assert "passed" in rows["qkv_projection"] and "passed" in rows["scaled_dot_product_attention"], out
+    assert "failed" in rows["merge_heads"] and "transpose(1, 2) first" in rows["merge_heads"], out
+    assert "01_qkv_shapes  2/3" in out and "score: 2/3 points" in out
+
+
+@pytest.mark.slow
+def test_syntax_errors_timeouts_and_a_dying_notebook_are_reported_as_such(tmp_path):
+    nb = _notebook("01_qkv_shapes")
+    for cell in nb.cells:  # a cell that loops at top level before its def, and a syntax error
+        if cell.source.startswith("def merge_heads"):
+            cell.source = "while True:\n    pass\n" + cell.source
+        if cell.source.startswith("def scaled_dot_product_attention"):
+            cell.source = "import math\n\ndef scaled_dot_product_attention(q, k, v)\n    return q"
+    nbformat.write(nb, tmp_path / "01_qkv_shapes.ipynb")
+    rows = _by_name(grade_notebook(tmp_path / "01_qkv_shapes.ipynb", cell_timeout=3))
+    table = format_table(list(rows.values()))
+    assert rows["qkv_projection"].status == "passed", table
+    assert rows["merge_heads"].status == "timed out" and "was interrupted" in rows["merge_heads"].hint, table
+    sdpa = rows["scaled_dot_product_attention"]
+    assert sdpa.status == "error" and "SyntaxError" in sdpa.hint and "line 3" in sdpa.hint, table
+    assert "NameError" not in sdpa.hint
+
+    (tmp_path / "died").mkdir()
+    nbformat.write(_insert_after_setup(_notebook("01_qkv_shapes"), "import os\nos._exit(0)"),
+                   tmp_path / "died" / "01_qkv_shapes.ipynb")
+    rows = grade_notebook(tmp_path / "died" / "01_qkv_shapes.ipynb")
+    assert {r.status for r in rows} == {"error"} and "(`import os`) ended the process" in rows[0].hint, format_table(rows)
+
+
+@pytest.mark.slow
+def test_a_class_is_graded_in_parallel_into_a_gradebook(tmp_path, capsys):
+    cls = tmp_path / "class"
+    for student, sources in {"ada": ("solutions", "solutions"), "bo": ("exercises", None)}.items():
+        (cls / student).mkdir(parents=True)
+        for stem, folder in zip(("01_qkv_shapes", "02_scaling"), sources):
+            if folder:
+                shutil.copy(ROOT / folder / f"{stem}.ipynb", cls / student / f"{stem}.ipynb")
+    book = tmp_path / "out" / "gradebook.csv"
+    assert grade_main([str(cls), "-j", "2", "--gradebook", str(book), "--no-progress"]) == 1
+    out = capsys.readouterr().out
+    assert "grading 4 notebooks of 2 students" in out
+    with open(book, newline="") as f:
+        got = {(r["student"], r["notebook"], r["status"]) for r in csv.DictReader(f)}
+    assert got == {("ada", "01_qkv_shapes", "passed"), ("ada", "02_scaling", "passed"),
+                   ("bo", "01_qkv_shapes", "not attempted"), ("bo", "02_scaling", "missing")}, got
+    assert "score: 7/14 points, 6/12 exercises passed (2 students)" in out, out
+    assert grade_main([str(cls / "ada"), "--no-progress", "--gradebook", str(book)]) == 0
+    assert grade_main([str(cls), "--shard", "1/2", "--no-progress", "--gradebook", str(book)]) == 0  # ada only
+
+
+@pytest.mark.slow
+def test_nbval_lax_fails_blank_exercises_and_passes_filled_ones(tmp_path):
+    """Students run `pytest --nbval-lax exercises/`: blank notebooks fail (not attempted), filled pass."""
+    blank = tmp_path / "blank" / "01_qkv_shapes.ipynb"
+    filled = tmp_path / "filled" / "01_qkv_shapes.ipynb"
+    blank.parent.mkdir()
+    filled.parent.mkdir()
+    shutil.copy(ROOT / "exercises" / "01_qkv_shapes.ipynb", blank)
+    shutil.copy(ROOT / "solutions" / "01_qkv_shapes.ipynb", filled)
+
+    def nbval_lax(path):
+        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax",
+                               "--nbval-current-env", str(path)], cwd=tmp_path, capture_output=True, text=True)
+
+    result = nbval_lax(blank)
+    assert result.returncode == 1 and "not attempted yet" in result.stdout, result.stdout[-2000:]
+    result = nbval_lax(filled)
+    assert result.returncode == 0, result.stdout[-2000:]

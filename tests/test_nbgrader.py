@@ -1,0 +1,96 @@
+"""nbgrader accepts the course: the cell metadata `make exercises` writes is nbgrader's; nbgrader's
+own `generate_assignment` turns solutions/ into exactly exercises/, and `autograde` gives a filled-in
+notebook full marks and a blank one 0. Uses nbgrader from the dev dependencies (installs nothing)."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from helpers import notebooks as nbtools
+from helpers.checks import EXERCISES
+from helpers.grading import write_nbgrader_course
+
+ROOT = nbtools.ROOT
+STEMS = [p.stem for p in nbtools.notebook_paths("exercises")]
+AUTOGRADED = "01_qkv_shapes"  # autograde runs its notebooks in kernels: one quick notebook is enough
+
+
+def _nbgrader_meta(cell) -> dict:
+    return {k: v for k, v in cell.metadata.get("nbgrader", {}).items() if k not in ("checksum", "cell_type")}
+
+
+@pytest.mark.parametrize("stem", STEMS)
+def test_exercise_cells_carry_nbgraders_metadata(stem):
+    """Every exercise has a solution cell, an autograded check cell worth its points, and an answer
+    cell; nbgrader's own validator accepts the notebook."""
+    validator = pytest.importorskip("nbgrader.nbgraderformat", reason="nbgrader (a dev dependency) is not installed")
+    nb = nbtools.read(ROOT / "exercises" / f"{stem}.ipynb")
+    validator.MetadataValidator().validate_nb(nb)
+    meta = {m["grade_id"]: m for m in map(_nbgrader_meta, nb.cells) if m}
+    names = [e.name for e in EXERCISES.values() if e.notebook == stem]
+    assert names
+    for name in names:
+        assert meta[name]["solution"] and not meta[name]["grade"], name
+        assert meta[f"check_{name}"]["grade"] and meta[f"check_{name}"]["points"] == EXERCISES[name].points, name
+        assert meta[f"answer_{name}"]["solution"] and meta[f"answer_{name}"]["points"] == 0, name
+    for cell in nb.cells:
+        if _nbgrader_meta(cell).get("grade") and cell.cell_type == "code":
+            assert cell.metadata["editable"] is False and cell.metadata["deletable"] is False
+
+
+def _nbgrader(course: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    result = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course, env=env, capture_output=True, text=True)
+    assert result.returncode == 0 and "ERROR" not in result.stderr, result.stderr[-3000:]
+    return result
+
+
+def _filled(stem: str) -> nbformat.NotebookNode:
+    """The student version with every solution cell written as in solutions/ (matched by grade id)."""
+    source = nbtools.nbgrader_source(nbtools.read(ROOT / "solutions" / f"{stem}.ipynb"))
+    solutions = {c.metadata["nbgrader"]["grade_id"]: c.source for c in source.cells
+                 if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("solution")}
+    nb = nbtools.read(ROOT / "exercises" / f"{stem}.ipynb")
+    for cell in nb.cells:
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if grade_id in solutions:
+            cell.source = solutions[grade_id]
+    return nb
+
+
+@pytest.mark.slow
+def test_nbgrader_generates_exercises_and_autogrades(tmp_path):
+    pytest.importorskip("nbgrader", reason="nbgrader (a dev dependency) is not installed")
+    course = tmp_path / "course"
+    write_nbgrader_course(course, STEMS)
+    _nbgrader(course, "generate_assignment", "*", "--force")
+    for stem in STEMS:
+        released = nbformat.read(course / "release" / stem / f"{stem}.ipynb", as_version=4)
+        ours = nbtools.read(ROOT / "exercises" / f"{stem}.ipynb")
+        assert len(released.cells) == len(ours.cells), stem
+        for i, (a, b) in enumerate(zip(released.cells, ours.cells)):
+            where = f"{stem} cell {i}"
+            assert (a.cell_type, a.source) == (b.cell_type, b.source), where
+            assert _nbgrader_meta(a) == _nbgrader_meta(b), where
+            assert {k: v for k, v in a.metadata.items() if k != "nbgrader"} == \
+                   {k: v for k, v in b.metadata.items() if k != "nbgrader"}, where
+            assert not a.get("outputs"), where
+
+    for student, nb in {"filled": _filled(AUTOGRADED),
+                        "blank": nbtools.read(ROOT / "exercises" / f"{AUTOGRADED}.ipynb")}.items():
+        (course / "submitted" / student / AUTOGRADED).mkdir(parents=True)
+        nbformat.write(nb, course / "submitted" / student / AUTOGRADED / f"{AUTOGRADED}.ipynb")
+    _nbgrader(course, "autograde", AUTOGRADED, "--force")
+    _nbgrader(course, "export", "--to", str(course / "grades.csv"))
+    with open(course / "grades.csv", newline="") as f:
+        scores = {(r["student_id"], r["assignment"]): (float(r["score"]), float(r["max_score"])) for r in csv.DictReader(f)}
+    total = float(sum(e.points for e in EXERCISES.values() if e.notebook == AUTOGRADED))
+    assert scores[("filled", AUTOGRADED)] == (total, total), scores
+    assert scores[("blank", AUTOGRADED)] == (0.0, total), scores
