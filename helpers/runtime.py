@@ -23,10 +23,11 @@ def has_cuda() -> bool:
 def configure_triton() -> bool:
     """Turn on Triton's CPU interpreter when there is no CUDA GPU; return True if it is on.
 
-    Triton reads TRITON_INTERPRET when a kernel is *decorated*, so this must run before any
-    `@triton.jit` function is defined. The course's kernel module calls it at import, and
-    `setup()` calls it too, so the order in a notebook cannot go wrong. An explicit
-    TRITON_INTERPRET set by the user is respected.
+    Triton reads TRITON_INTERPRET whenever a function is decorated with `@triton.jit`, its own
+    library included (decorated while `triton` is imported), so this must run before `triton` is
+    first imported. Importing `helpers` installs an import hook that calls it just before that
+    (see `helpers/__init__.py`), and `setup()` calls it too, so the order in a notebook cannot go
+    wrong. An explicit TRITON_INTERPRET set by the user is respected.
     """
     if not has_cuda():
         os.environ.setdefault("TRITON_INTERPRET", "1")

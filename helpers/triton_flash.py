@@ -1,9 +1,12 @@
 """FlashAttention in Triton (notebook 09): forward and backward kernels and an autograd wrapper.
 
-Public API (q ``[B, H, T_q, d]``, k and v ``[B, H_kv, T_k, d]``, H % H_kv == 0):
+Public API (q ``[B, H, T_q, d]``, k and v ``[B, H_kv, T_k, d]``, H % H_kv == 0; other leading
+dims work too, ``[B, T, d]``, ``[T, d]``, ``[B1, B2, H, T, d]``: see ``helpers.flash.flatten_batch``):
 
 * ``flash_attention_triton(q, k, v, causal=False, sm_scale=None)`` -> out ``[B, H, T_q, d]``,
-  differentiable (``out.sum().backward()`` runs the backward kernels).
+  differentiable (``out.sum().backward()`` runs the backward kernels). ``sm_scale`` defaults to
+  1/sqrt(d) everywhere.
+* ``FlashAttentionFunction.apply(q, k, v, causal=False, sm_scale=None)``: the same autograd function.
 * ``flash_attention_triton_forward(...)`` -> ``(out, lse)``, lse ``[B, H, T_q]`` float32, natural log.
 * ``flash_attention_triton_backward(q, k, v, out, lse, grad_out, ...)`` -> ``(grad_q, grad_k, grad_v)``.
 
@@ -19,13 +22,17 @@ from __future__ import annotations
 
 from helpers.runtime import configure_triton
 
-# Triton reads TRITON_INTERPRET when a kernel is decorated: decide before the first @triton.jit.
+# Triton reads TRITON_INTERPRET when a function is decorated with @triton.jit, its own library
+# (tl.zeros, tl.max, ...) included, which it decorates when `triton` is imported: decide first.
+# (Importing `helpers` has already arranged that; see helpers/__init__.py.)
 _INTERPRET = configure_triton()
 
 import functools  # noqa: E402
 import math  # noqa: E402
 
 import torch  # noqa: E402
+
+from helpers.flash import flatten_batch  # noqa: E402
 
 try:
     import triton
@@ -469,12 +476,8 @@ def _fixed_blocks(kind: str) -> dict:
 
 
 def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> None:
-    """Raise ValueError (with the offending shapes/dtypes) unless q, k, v suit the kernels."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.ndim != 4:
-            raise ValueError(f"{name} must be 4-D [B, H, T, d]; got shape {tuple(t.shape)}")
+    """Raise ValueError (with the offending shapes/dtypes) unless q, k, v (4-D, from
+    :func:`helpers.flash.flatten_batch`) suit the kernels."""
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"q, k, v must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
     allowed = (torch.float16, torch.float32) if _INTERPRET else (torch.float16, torch.bfloat16, torch.float32)
@@ -493,8 +496,8 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
     B, H, T_q, d = q.shape
     if k.shape != v.shape:
         raise ValueError(f"k and v must have the same shape; got {tuple(k.shape)} and {tuple(v.shape)}")
-    if k.shape[0] != B or k.shape[3] != d:
-        raise ValueError(f"q {tuple(q.shape)} and k/v {tuple(k.shape)} must agree on B (dim 0) and d (dim 3)")
+    if k.shape[3] != d:
+        raise ValueError(f"q {tuple(q.shape)} and k/v {tuple(k.shape)} must agree on d (the last dim)")
     if d not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"head dim d={d} is not supported; use one of {SUPPORTED_HEAD_DIMS}")
     if H % k.shape[1]:
@@ -520,7 +523,10 @@ def flash_attention_triton_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, sm_scale: float | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward kernel, no autograd: q ``[B, H, T_q, d]``, k, v ``[B, H_kv, T_k, d]``
-    -> ``(out [B, H, T_q, d] in q's dtype, lse [B, H, T_q] float32, natural log)``."""
+    -> ``(out [B, H, T_q, d] in q's dtype, lse [B, H, T_q] float32, natural log)``
+    (other leading dims: out like q, lse ``q.shape[:-1]``)."""
+    q_in = q
+    q, k, v = flatten_batch(q, k, v)
     _check_inputs(q, k, v, causal)
     B, H, T_q, d = q.shape
     H_kv, T_k = k.shape[1], k.shape[2]
@@ -535,7 +541,7 @@ def flash_attention_triton_forward(
         H, T_q, T_k, H // H_kv,
         HEAD_DIM=d, CAUSAL=bool(causal), DOT_PRECISION=_dot_precision(q.dtype), **_fixed_blocks("fwd"),
     )
-    return out, lse
+    return out.reshape(q_in.shape), lse.reshape(q_in.shape[:-1])
 
 
 def flash_attention_triton_backward(
@@ -543,16 +549,23 @@ def flash_attention_triton_backward(
     grad_out: torch.Tensor, causal: bool = False, sm_scale: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward kernels: recompute P from the saved ``lse`` ``[B, H, T_q]`` (natural log) and return
-    ``(grad_q [B, H, T_q, d], grad_k [B, H_kv, T_k, d], grad_v [B, H_kv, T_k, d])`` in the inputs' dtype."""
+    ``(grad_q [B, H, T_q, d], grad_k [B, H_kv, T_k, d], grad_v [B, H_kv, T_k, d])`` in the inputs' dtype
+    (other leading dims: as in the forward; the gradients take the shapes of q, k, v)."""
+    q_in, k_in, v_in = q, k, v
+    q, k, v = flatten_batch(q, k, v)
     _check_inputs(q, k, v, causal)
     B, H, T_q, d = q.shape
     H_kv, T_k = k.shape[1], k.shape[2]
-    if out.shape != q.shape or grad_out.shape != q.shape:
-        raise ValueError(f"out {tuple(out.shape)} and grad_out {tuple(grad_out.shape)} must have q's shape {tuple(q.shape)}")
-    if tuple(lse.shape) != (B, H, T_q):
-        raise ValueError(f"lse must have shape {(B, H, T_q)}; got {tuple(lse.shape)}")
+    for name, t in (("out", out), ("grad_out", grad_out), ("lse", lse)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if out.shape != q_in.shape or grad_out.shape != q_in.shape:
+        raise ValueError(f"out {tuple(out.shape)} and grad_out {tuple(grad_out.shape)} must have q's shape {tuple(q_in.shape)}")
+    if lse.shape != q_in.shape[:-1]:
+        raise ValueError(f"lse must have shape {tuple(q_in.shape[:-1])}; got {tuple(lse.shape)}")
     if out.device != q.device or grad_out.device != q.device or lse.device != q.device:
         raise ValueError("out, lse and grad_out must be on q's device")
+    out, grad_out, lse = out.reshape(q.shape), grad_out.reshape(q.shape), lse.reshape(B, H, T_q)
     scale = _scale(d, sm_scale)
     grad_out = grad_out.to(q.dtype)
     lse = lse.to(torch.float32).contiguous()
@@ -580,14 +593,17 @@ def flash_attention_triton_backward(
         *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dq.stride(),
         H, T_q, T_k, H // H_kv, **common, **_fixed_blocks("dq"),
     )
-    return dq, dk, dv
+    return dq.reshape(q_in.shape), dk.reshape(k_in.shape), dv.reshape(v_in.shape)
 
 
 class FlashAttentionFunction(torch.autograd.Function):
-    """Autograd glue: the forward saves (q, k, v, out, lse); the backward recomputes P from lse."""
+    """Autograd glue: the forward saves (q, k, v, out, lse); the backward recomputes P from lse.
+
+    ``FlashAttentionFunction.apply(q, k, v, causal=False, sm_scale=None)`` -> out, arguments by
+    position (``Function.apply`` takes no keywords); lse is saved in shape ``q.shape[:-1]``."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, sm_scale):
+    def forward(ctx, q, k, v, causal=False, sm_scale=None):
         out, lse = flash_attention_triton_forward(q, k, v, causal, sm_scale)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.causal, ctx.sm_scale = causal, sm_scale
@@ -603,7 +619,8 @@ class FlashAttentionFunction(torch.autograd.Function):
 def flash_attention_triton(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, sm_scale: float | None = None
 ) -> torch.Tensor:
-    """FlashAttention: q ``[B, H, T_q, d]``, k, v ``[B, H_kv, T_k, d]`` -> out ``[B, H, T_q, d]``.
+    """FlashAttention: q ``[B, H, T_q, d]``, k, v ``[B, H_kv, T_k, d]`` -> out ``[B, H, T_q, d]``
+    (or any other leading dims, as :func:`helpers.flash.flatten_batch` describes).
 
     Equals ``torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
     scale=sm_scale, enable_gqa=H_kv < H)``; differentiable through the Triton backward kernels."""
