@@ -45,6 +45,9 @@ MODELS: dict[str, ModelConfig] = {
                     "intermediate_size_mlp 16384 in the dense layers)"),
         ModelConfig("Qwen3-8B", "gqa", 4096, 36, 32, 8, 128, 12288, 151936, "Qwen3-8B config.json"),
         ModelConfig("Falcon-7B", "mqa", 4544, 32, 71, 1, 64, 18176, 65024, "Falcon-7B config.json (multi-query: one KV head)"),
+        ModelConfig("Falcon-40B", "gqa", 8192, 60, 128, 8, 64, 32768, 65024,
+                    "Falcon-40B config.json (n_head 128, n_head_kv 8: 'multigroup' attention, 8 KV heads for "
+                    "tensor parallelism of degree 8; arXiv:2311.16867)"),
         ModelConfig("DeepSeek-V3", "mla", 7168, 61, 128, 128, 128, 18432, 129280,
                     "DeepSeek-V3 config (kv_lora_rank 512, qk_rope_head_dim 64, qk_nope_head_dim 128, "
                     "v_head_dim 128; arXiv:2412.19437)", kv_lora_rank=512, rope_dim=64),

@@ -1,0 +1,280 @@
+"""Checks for notebook 06_kv_sharing: exercises 6.1-6.4.
+
+Every case and every output it is compared with is computed before the learner's function runs.
+Shapes: no two of B, H, H_kv, T, d (and d_c, d_h) are equal, and H_kv > 1 where tiling and
+interleaving must be told apart.
+
+6.4 also runs the learner's function under the op-logging ``TorchDispatchMode`` that notebook 09's
+checks use (:class:`helpers.checks._watch.OpLog`): its contract forbids forming the per-head keys
+``c_kv @ w_uk[h]``, and the cases are chosen so that any tensor holding them is recognisable by
+its sizes. The key length T is prime and d_h is a power of two, while every other size is odd
+(B may be 2): then a tensor whose number of elements is a multiple of T * d_h, or a matrix
+product whose result has a d_h- or H*d_h-wide axis, can only be per-head keys (or something
+bigger built from them), whatever einsum, loops or reshapes produced it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import kv_sharing as ref
+from ..attention import causal_mask, scaled_dot_product_attention
+from ..configs import MODELS
+from ._core import Trial, describe_case, eager_mistakes, exercise, seeded
+from ._watch import OpLog, op_name, warm_up
+
+__all__ = ["repeat_kv", "grouped_query_attention", "kv_values_per_token", "mla_absorbed_scores"]
+
+NB = "06_kv_sharing"
+
+
+# =========================================================================== 6.1
+
+
+def _tiled(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    return x.repeat(1, n_rep, 1, 1)
+
+
+@exercise("6.1", "repeat the key/value heads", points=1, stars=1, notebook=NB,
+          section="2. repeat_kv, SDPA and the Triton kernel")
+def repeat_kv(t: Trial) -> None:
+    t.error_hints = {
+        r"takes \d+ positional argument": "the signature is repeat_kv(x, n_rep).",
+        r"expanded size|must match the existing size": "insert a new axis for the copies first: "
+        "x[:, :, None] is [B, H_kv, 1, T, d], which expands to [B, H_kv, n_rep, T, d].",
+    }
+    # (B, H_kv, T, d, n_rep): H_kv > 1 first, so that tiling and interleaving differ.
+    shapes = [(2, 3, 5, 4, 2), (1, 2, 7, 6, 4), (3, 4, 2, 5, 6), (2, 3, 5, 4, 1), (1, 1, 6, 3, 5)]
+    cases = []
+    for i, (B, H_kv, T, d, n_rep) in enumerate(shapes):
+        x = torch.randn(B, H_kv, T, d, generator=seeded(600 + i))
+        cases.append((x, n_rep))
+    x64 = torch.randn(2, 3, 4, 5, generator=seeded(610), dtype=torch.float64)
+    cases.append((x64, 2))
+    planned = []
+    for x, n_rep in cases:
+        B, H_kv, T, d = x.shape
+        mistakes = eager_mistakes({
+            "you tiled the heads (x.repeat(1, n_rep, 1, 1) gives kv heads 0, 1, ..., 0, 1, ...), so query "
+            "head h reads kv head h % H_kv. Each kv head must appear n_rep times in a row, so that head h "
+            "reads h // n_rep: expand a new axis after H_kv, or repeat_interleave on dim 1.": lambda: _tiled(x, n_rep),
+            "you repeated along the sequence axis (dim 2): the copies go on the heads axis, dim 1.": lambda: x.repeat_interleave(n_rep, dim=2),
+            "you returned the expanded 5-D view [B, H_kv, n_rep, T, d]: reshape it to "
+            "[B, H_kv * n_rep, T, d].": lambda: x[:, :, None].expand(B, H_kv, n_rep, T, d),
+        })
+        planned.append((x, n_rep, ref.repeat_kv(x, n_rep).contiguous(), mistakes))
+    for x, n_rep, expected, mistakes in planned:
+        got = t.call(x, n_rep, case=describe_case(x=x, n_rep=n_rep))
+        t.tensor(got, expected, what="repeated", mistakes=mistakes,
+                 hint="x[:, :, None].expand(B, H_kv, n_rep, T, d).reshape(B, H_kv * n_rep, T, d), or "
+                      "x.repeat_interleave(n_rep, dim=1).")
+
+
+# =========================================================================== 6.2
+
+
+def _gqa_model(q, k, v, causal: bool, heads: str = "interleave", scale: str = "d") -> torch.Tensor:
+    """A learner's grouped-query attention in float64 with one mistake switched on."""
+    H, H_kv, T, d = q.shape[1], k.shape[1], k.shape[2], q.shape[-1]
+    if heads == "tile":
+        idx = torch.arange(H) % H_kv
+    elif heads == "first":
+        idx = torch.zeros(H, dtype=torch.long)
+    else:
+        idx = torch.arange(H) // (H // H_kv)
+    q64, k64, v64 = q.double(), k.double()[:, idx], v.double()[:, idx]
+    if scale == "none":
+        q64 = q64 * math.sqrt(d)
+    out = scaled_dot_product_attention(q64, k64, v64, causal_mask(T) if causal else None)
+    return out.to(q.dtype)
+
+
+def _gqa_mistakes(q, k, v, causal: bool) -> dict[str, torch.Tensor]:
+    m = lambda **kw: lambda: _gqa_model(q, k, v, **{"causal": causal, **kw})  # noqa: E731
+    models = {
+        "the key/value heads are tiled (x.repeat on the heads axis): query head h read kv head h % H_kv. "
+        "It must read kv head h // (H / H_kv): each kv head serves a block of consecutive query heads "
+        "(repeat_interleave, or expand + reshape).": m(heads="tile"),
+        "every query head read kv head 0: each group of H / H_kv consecutive query heads has its own "
+        "kv head, h // (H / H_kv).": m(heads="first"),
+        "the scores are not scaled: divide q @ k^T by sqrt(d).": m(scale="none"),
+    }
+    if causal:
+        models["causal=True was ignored: mask the scores so that query i reads keys j <= i only."] = m(causal=False)
+    else:
+        models["causal=False here, but your output is causally masked: mask only when causal is True."] = m(causal=True)
+    return eager_mistakes(models)
+
+
+@exercise("6.2", "grouped-query attention", points=2, stars=2, notebook=NB,
+          section="2. repeat_kv, SDPA and the Triton kernel")
+def grouped_query_attention(t: Trial) -> None:
+    t.error_hints = {
+        r"must match the size|size of tensor|cannot be multiplied|Expected size": "q has H heads and k, v have "
+        "H_kv: repeat each kv head H // H_kv times on dim 1 (repeat_kv) before q @ k.transpose(-2, -1).",
+        r"takes \d+ positional argument": "the signature is grouped_query_attention(q, k, v, causal).",
+    }
+    # (B, H, H_kv, T, d): GQA with H_kv > 1, MQA (H_kv = 1), MHA (H_kv = H); no two sizes equal.
+    shapes = [(2, 6, 2, 5, 4), (1, 4, 1, 7, 3), (3, 2, 2, 5, 8), (1, 9, 3, 4, 6)]
+    cases = []
+    for i, (B, H, H_kv, T, d) in enumerate(shapes):
+        g = seeded(620 + i)
+        q = torch.randn(B, H, T, d, generator=g) * 1.5
+        k = torch.randn(B, H_kv, T, d, generator=g) * 1.5
+        v = torch.randn(B, H_kv, T, d, generator=g)
+        for causal in (False, True):
+            cases.append((q, k, v, causal))
+    g = seeded(630)
+    q64, k64, v64 = (torch.randn(2, 6, 5, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    cases.append((q64, k64[:, :3], v64[:, :3], True))
+    planned = [(c, ref.grouped_query_attention(*c), _gqa_mistakes(*c)) for c in cases]
+    for (q, k, v, causal), expected, mistakes in planned:
+        got = t.call(q, k, v, causal, case=describe_case(q=q, k=k, v=v, causal=causal))
+        t.tensor(got, expected, what="out", mistakes=mistakes,
+                 hint="n_rep = H // H_kv; k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep); then "
+                      "softmax(q @ k^T / sqrt(d), masked causally if causal) @ v.")
+
+
+# =========================================================================== 6.3
+
+
+def _values_mistakes(kind: str, H: int, H_kv: int, d_h: int, d_c: int, d_r: int) -> dict[str, int]:
+    right = ref.kv_values_per_token(kind, H, H_kv, d_h, d_c, d_r)
+    m = {}
+    if kind in ("mha", "gqa", "mqa"):
+        m["you counted bytes (2 per number, as in bf16): the question is how many numbers are "
+          "cached; bytes come later, times the dtype's size."] = 2 * right
+        m["you counted the keys only: the cache holds a key and a value per kv head, "
+          "2 * H_kv * d_h numbers."] = right // 2
+    if kind == "gqa":
+        m["you counted GQA with the query heads: only the H_kv key/value heads are cached, "
+          "2 * H_kv * d_h."] = 2 * H * d_h
+        m["you counted GQA's keys with the query heads and forgot the values: 2 * H_kv * d_h."] = H * d_h
+    if kind == "mqa":
+        m["MQA caches one key head and one value head, whatever H: 2 * d_h."] = 2 * H * d_h
+    if kind == "mla":
+        m["MLA counted twice: the latent c_kv is one vector from which both keys and values are "
+          "rebuilt, so it is cached once, with the RoPE key: d_c + d_r."] = 2 * (d_c + d_r)
+        m["MLA's decoupled RoPE key is missing: the cache holds the latent and the RoPE key, d_c + d_r."] = d_c
+        m["MLA's RoPE key is one d_r-wide key shared by all heads: d_c + d_r, not d_c + H * d_r."] = d_c + H * d_r
+        m["you counted MLA's latent twice and left out the RoPE key: d_c + d_r."] = 2 * d_c
+        m["that is the per-head cache MLA avoids (2 * H * d_h): MLA caches d_c + d_r numbers."] = 2 * H * d_h
+    return {h: v for h, v in m.items() if v != right}
+
+
+@exercise("6.3", "cached values per token per layer", points=1, stars=1, notebook=NB,
+          section="3. What a token costs in the cache")
+def kv_values_per_token(t: Trial) -> None:
+    t.error_hints = {
+        r"takes \d+ positional argument": "the signature is kv_values_per_token(kind, n_heads, n_kv_heads, "
+        "head_dim, kv_lora_rank, rope_dim).",
+        r"unsupported operand type.*NoneType": "return a number for every kind: 'mha', 'gqa', 'mqa' and 'mla'.",
+    }
+    cases = [(cfg.kind, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.kv_lora_rank, cfg.rope_dim)
+             for cfg in MODELS.values()]
+    ds = MODELS["DeepSeek-V3"]
+    cases += [
+        ("mha", ds.n_heads, ds.n_heads, ds.head_dim, ds.kv_lora_rank, ds.rope_dim),  # DeepSeek-V3 as if MHA
+        ("gqa", 12, 3, 20, 0, 0), ("mqa", 10, 1, 24, 0, 0), ("mla", 6, 6, 16, 40, 8), ("mha", 5, 5, 14, 0, 0),
+    ]
+    planned = [(c, ref.kv_values_per_token(*c), _values_mistakes(*c)) for c in cases]
+    for (kind, H, H_kv, d_h, d_c, d_r), expected, mistakes in planned:
+        got = t.call(kind, H, H_kv, d_h, d_c, d_r, case=describe_case(
+            kind=kind, n_heads=H, n_kv_heads=H_kv, head_dim=d_h, kv_lora_rank=d_c, rope_dim=d_r))
+        t.number(got, expected, what=f"values per token per layer ({kind})", integer=True, mistakes=mistakes,
+                 hint="mha: 2 * n_heads * head_dim; gqa: 2 * n_kv_heads * head_dim; mqa: 2 * head_dim; "
+                      "mla: kv_lora_rank + rope_dim.")
+
+
+# =========================================================================== 6.4
+
+_MATMULS = {"mm", "bmm", "addmm", "baddbmm", "addbmm", "mv", "addmv", "matmul", "_addmm_activation"}
+
+
+def _per_head_key_op(ops: list, H: int, T: int, d_h: int) -> str:
+    """The first logged op whose result holds per-head keys (see the module docstring), or ''."""
+    for op, _, outs, *_ in ops:
+        name = op_name(op)
+        for shape in outs:
+            numel = math.prod(shape)
+            if numel and numel % (T * d_h) == 0:
+                return f"{list(shape)} ({op})"
+            if name in _MATMULS and len(shape) >= 1 and set(shape[-2:]) & {d_h, H * d_h}:
+                return f"{list(shape)} ({op})"
+    return ""
+
+
+def _mla_model(q, c_kv, w_uk, scale: float = 1.0, first_head: bool = False) -> torch.Tensor:
+    w = w_uk[:1].expand_as(w_uk) if first_head else w_uk
+    k = c_kv.double().unsqueeze(1) @ w.double()                  # [B, H, T, d_h]: fine in a mistake model
+    return (q.double() @ k.transpose(-2, -1) * scale).to(q.dtype)
+
+
+# (B, H, T_q, T, d_h, d_c): T prime; d_h a power of two; the other sizes odd (B may be 2), so no
+# product of them is a multiple of d_h and no size equals another (d_c != d_h, T_q != T).
+_MLA_CASES = [(2, 3, 5, 11, 8, 7), (1, 5, 1, 13, 4, 9), (3, 5, 11, 7, 8, 9), (1, 3, 7, 17, 16, 5)]
+
+
+@exercise("6.4", "MLA scores against the latent (absorbed W_UK)", points=3, stars=3, notebook=NB,
+          section="6.3 Absorption")
+def mla_absorbed_scores(t: Trial) -> None:
+    t.error_hints = {
+        r"cannot be multiplied|must match the size|size of tensor|Expected size": "w_uk[h] is [d_c, d_h]: "
+        "the query moves into the latent with q @ w_uk.transpose(-2, -1) ([B, H, T_q, d_c]); then "
+        "multiply by c_kv transposed, with a heads axis: c_kv.unsqueeze(1).transpose(-2, -1).",
+        r"takes \d+ positional argument": "the signature is mla_absorbed_scores(q, c_kv, w_uk).",
+    }
+    cases = []
+    for i, (B, H, T_q, T, d_h, d_c) in enumerate(_MLA_CASES):
+        g = seeded(640 + i)
+        dtype = torch.float64 if i == 2 else torch.float32
+        q = torch.randn(B, H, T_q, d_h, generator=g, dtype=dtype)
+        c_kv = torch.randn(B, T, d_c, generator=g, dtype=dtype)
+        w_uk = torch.randn(H, d_c, d_h, generator=g, dtype=dtype) / math.sqrt(d_c)
+        cases.append((q, c_kv, w_uk))
+    planned = []
+    for q, c_kv, w_uk in cases:
+        d_h, d_c = q.shape[-1], c_kv.shape[-1]
+        mistakes = eager_mistakes({
+            "your scores are divided by sqrt(d_h): this function returns the unscaled scores "
+            "(q . k); the layer scales them later, by 1/sqrt(d_h + d_r) in MLA.": lambda: _mla_model(q, c_kv, w_uk, 1 / math.sqrt(d_h)),
+            "your scores are divided by sqrt(d_c): the contract is unscaled scores, and d_c is not the "
+            "width the dot product is taken over in the model (that is d_h, plus d_r for RoPE).": lambda: _mla_model(q, c_kv, w_uk, 1 / math.sqrt(d_c)),
+            "your scores are divided by d_h: this function returns unscaled scores.": lambda: _mla_model(q, c_kv, w_uk, 1 / d_h),
+            "every head used head 0's projection w_uk[0]: head h's query is absorbed with its own "
+            "w_uk[h] (keep the heads axis: q @ w_uk.transpose(-2, -1) broadcasts head by head).": lambda: _mla_model(q, c_kv, w_uk, first_head=True),
+        })
+        planned.append((q, c_kv, w_uk, ref.mla_absorbed_scores(q, c_kv, w_uk), mistakes))
+    warm_up()  # the first dispatch mode of a process imports torch._dynamo (seconds): not the learner's time
+    fn = t.fn
+    for q, c_kv, w_uk, expected, mistakes in planned:
+        B, H, T_q, d_h = q.shape
+        T = c_kv.shape[1]
+        log = OpLog()
+
+        def logged(*args, log=log):
+            with log:
+                return fn(*args)
+
+        t.fn = logged
+        try:
+            got = t.call(q, c_kv, w_uk, case=describe_case(q=q, c_kv=c_kv, w_uk=w_uk))
+        finally:
+            t.fn = fn
+        t.tensor(got, expected, what="scores", mistakes=mistakes,
+                 hint="q_latent = q @ w_uk.transpose(-2, -1)  # [B, H, T_q, d_c]; then "
+                      "q_latent @ c_kv.unsqueeze(1).transpose(-2, -1)  # [B, H, T_q, T]")
+        formed = _per_head_key_op(log.ops, H, T, d_h)
+        if formed:
+            t.fail(f"your scores are right, but your function formed the per-head keys: the {formed} tensor "
+                   f"holds keys c_kv @ w_uk[h] (d_h = {d_h} numbers per head per cached token; T = {T}). The "
+                   "contract forbids it: at decode, building them costs 2 T d_c d_h FLOPs per head and "
+                   "per step, the very cost absorption removes.",
+                   "absorb w_uk into the queries instead: move each head's queries into latent space "
+                   "first (q times w_uk[h] transposed: [B, H, T_q, d_c], nothing of size T in it), then "
+                   "score them against the cached latents. A three-operand einsum may contract c_kv with "
+                   "w_uk first: write the two steps yourself.",
+                   recipe="q_latent = q @ w_uk.transpose(-2, -1)  # [B, H, T_q, d_c]; then "
+                          "q_latent @ c_kv.unsqueeze(1).transpose(-2, -1)  # [B, H, T_q, T]")
