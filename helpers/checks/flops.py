@@ -1,0 +1,204 @@
+"""Checks for notebook 08_flops_memory: exercises 8.1-8.3.
+
+Every case, expected value and mistake model is computed before the learner's function runs.
+Counts (FLOPs, bytes, a sequence length) must be Python ints: a float or a string gets a clear
+message, and a float that is a recognised mistake (bytes in GiB) gets that mistake's hint.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from .. import flops as ref
+from ..configs import MODELS
+from ._core import Trial, describe, describe_case, exercise
+
+__all__ = ["attention_flops", "score_matrix_bytes", "max_seq_len_for_scores"]
+
+NB = "08_flops_memory"
+
+
+def _known(mistakes: Mapping[str, float], expected: int) -> dict[str, float]:
+    """Mistake models that differ from the right answer on this case."""
+    return {h: v for h, v in mistakes.items() if not math.isclose(v, expected, rel_tol=1e-12)}
+
+
+def check_count(t: Trial, got, expected: int, what: str, mistakes: Mapping[str, float], hint: str) -> None:
+    """Fail unless ``got`` is the Python int ``expected``. A plain float fails, with the hint of the
+    mistake it matches (bytes in GiB) if any; a string fails with a message saying an int is
+    expected; the core's :meth:`Trial.number` does the rest (None, tensors, NumPy, subclasses,
+    values). Shared by the checks of 07 and 08."""
+    __tracebackhide__ = True
+    if type(got) is float:
+        matched = next((h for h, v in mistakes.items() if math.isclose(got, v, rel_tol=1e-9)), "")
+        t.fail(f"{what}: expected an int ({expected:,}), got the float {got!r}.", matched or
+               "counts of bytes and FLOPs are Python ints: use integer arithmetic (*, //, math.isqrt) and "
+               "return the count itself, not a value scaled for printing (GB, GiB, GFLOP).")
+    if type(got) is str:
+        t.fail(f"{what}: expected an int, got the string {got!r}.",
+               "return the number itself (an int), not text: no f-string, str() or format().")
+    t.number(got, expected, what=what, integer=True, mistakes=mistakes, hint=hint)
+
+
+# --------------------------------------------------------------------------- 8.1 attention_flops
+
+KEYS = ("q_proj", "k_proj", "v_proj", "o_proj", "scores", "softmax", "weighted_values", "total")
+_MULT_ONLY = ("you counted multiplies only (n*d*k for a matmul): the course counts a multiply-add as "
+              "2 FLOPs, so [a x b] @ [b x c] costs 2*a*b*c.")
+_HALVED = ("you halved this part: the convention counts the full n x n square (no causal halving) and a "
+           "multiply-add as 2 FLOPs (not multiplies only): H * 2*n*n*d_h.")
+_RECIPE_81 = ("q_proj = 2*n*d*H*d_h, k_proj = v_proj = 2*n*d*H_kv*d_h, o_proj = 2*n*H*d_h*d, "
+              "scores = weighted_values = H*2*n*n*d_h, softmax = 6*H*n*n, total = the sum of the seven.")
+
+
+def _flops_mistakes(n: int, d: int, H: int, H_kv: int, d_h: int) -> dict[str, dict[str, float]]:
+    """For each key, the values known wrong implementations give, with their hints."""
+    right = ref.attention_flops(n, d, H, H_kv, d_h)
+    kv_with_h = {
+        "you counted the K and V projections with the query heads: with grouped-query attention "
+        "only H_kv key/value heads are projected, 2*n*d*H_kv*d_h each.": 2 * n * d * H * d_h,
+        "you counted the K and V projections as d x d matrices: W_K and W_V are [d, H_kv*d_h] "
+        "(grouped-query attention), 2*n*d*H_kv*d_h each.": 2 * n * d * d,
+    }
+    m: dict[str, dict[str, float]] = {
+        "q_proj": {_MULT_ONLY: right["q_proj"] / 2,
+                   "W_Q is [d, H*d_h]: q_proj = 2*n*d*H*d_h (H*d_h need not equal d).": 2 * n * d * d},
+        "k_proj": {**kv_with_h, _MULT_ONLY: right["k_proj"] / 2},
+        "v_proj": {**kv_with_h, _MULT_ONLY: right["v_proj"] / 2},
+        "o_proj": {_MULT_ONLY: right["o_proj"] / 2,
+                   "W_O is [H*d_h, d]: o_proj = 2*n*H*d_h*d (H*d_h need not equal d).": 2 * n * d * d},
+        "scores": {_HALVED: right["scores"] / 2,
+                   "the scores are computed for every query head: H * 2*n*n*d_h, not once.": 2 * n * n * d_h,
+                   "the scores are computed for every query head (H of them), not per key/value head: "
+                   "GQA shares K, not the score matrices.": H_kv * 2 * n * n * d_h,
+                   "causal halving is not counted here (the convention counts the full n x n square).":
+                   right["scores"] / 2 + H * n * d_h},
+        "softmax": {"you counted 5*n^2 per head for the softmax: the convention counts scale (1) + "
+                    "softmax (~5) = 6 FLOPs per score, 6*H*n*n.": 5 * H * n * n,
+                    "the softmax runs on every head's n x n scores: 6*H*n*n, not 6*n*n.": 6 * n * n,
+                    "you left out the softmax: scale + softmax count 6 FLOPs per score, 6*H*n*n.": 0},
+        "weighted_values": {_HALVED: right["weighted_values"] / 2,
+                            "causal halving is not counted here (the convention counts the full n x n "
+                            "square).": right["weighted_values"] / 2 + H * n * d_h,
+                            "the weighted values are computed for every query head: H * 2*n*n*d_h.": 2 * n * n * d_h,
+                            "the weighted values are computed for every query head (H of them), not per "
+                            "key/value head.": H_kv * 2 * n * n * d_h},
+        "total": {"your total leaves out the softmax: total is the sum of all seven parts.":
+                  right["total"] - right["softmax"],
+                  "your total counts only the projections: add scores, softmax and weighted values.":
+                  right["q_proj"] + right["k_proj"] + right["v_proj"] + right["o_proj"],
+                  "your total counts only the attention core: add the four projections.":
+                  right["scores"] + right["softmax"] + right["weighted_values"]},
+    }
+    return {key: _known(models, right[key]) for key, models in m.items()}
+
+
+@exercise("8.1", "FLOPs of one attention layer", points=2, stars=2, notebook=NB,
+          section="2. One attention layer, part by part")
+def attention_flops(t: Trial) -> None:
+    t.error_hints = {
+        r"takes \d+ positional argument": "the signature is attention_flops(n, d_model, n_heads, n_kv_heads, head_dim).",
+    }
+    mav, base = MODELS["Llama-4-Maverick"], MODELS["Transformer (base)"]
+    # (n, d, H, H_kv, d_h): a small GQA layer whose H*d_h (24) differs from d (20) and where no two
+    # sizes are equal; the dimensions appendix's Maverick layer at n = 4096 (GQA, H*d_h = d); the
+    # original Transformer (MHA); multi-query attention.
+    cases = [(7, 20, 6, 2, 4), (4096, mav.d_model, mav.n_heads, mav.n_kv_heads, mav.head_dim),
+             (512, base.d_model, base.n_heads, base.n_kv_heads, base.head_dim), (11, 36, 9, 1, 4)]
+    planned = [(c, ref.attention_flops(*c), _flops_mistakes(*c)) for c in cases]
+    for (n, d, H, H_kv, d_h), expected, mistakes in planned:
+        got = t.call(n, d, H, H_kv, d_h, case=describe_case(n=n, d_model=d, n_heads=H, n_kv_heads=H_kv, head_dim=d_h))
+        if not isinstance(got, Mapping):
+            t.fail(f"expected a dict with the keys {', '.join(KEYS)}; got {describe(got)}.",
+                   "return {'q_proj': ..., 'k_proj': ..., ..., 'total': ...}: one int per part.")
+        missing = [k for k in KEYS if k not in got]
+        if missing:
+            t.fail(f"your dict lacks the key(s) {', '.join(repr(k) for k in missing)} (it has {sorted(map(str, got))}).",
+                   f"use exactly these names: {', '.join(KEYS)}.")
+        values = {k: got[k] for k in KEYS}
+        for key in KEYS:
+            check_count(t, values[key], expected[key], f"[{key!r}]", mistakes[key], _RECIPE_81)
+
+
+# --------------------------------------------------------------------------- 8.2 score_matrix_bytes
+
+
+def _bytes_mistakes(B: int, H: int, T: int, b: int) -> dict[str, float]:
+    right = ref.score_matrix_bytes(B, H, T, b)
+    return _known({
+        "you left out the batch: every one of the B sequences has its own scores, B*H*T*T*dtype_bytes.": H * T * T * b,
+        "you left out the heads: every head has its own T x T scores, B*H*T*T*dtype_bytes.": B * T * T * b,
+        "you halved the square for the causal mask: a kernel that stores S stores all T*T entries "
+        "(the masked ones are -inf, not absent).": B * H * T * (T + 1) // 2 * b,
+        "you halved the square for the causal mask: a kernel that stores S stores all T*T entries.": right / 2,
+        "you returned GiB as a float: return the number of bytes, an int (divide by 2**30 only to print).": right / 2**30,
+        "you returned GB as a float: return the number of bytes, an int (divide by 1e9 only to print).": right / 1e9,
+        "you counted entries, not bytes: multiply by dtype_bytes.": B * H * T * T,
+        "you counted bits: bytes are B*H*T*T*dtype_bytes (dtype_bytes is already in bytes).": right * 8,
+    }, right)
+
+
+@exercise("8.2", "bytes of the score matrix", points=1, stars=1, notebook=NB,
+          section="6. The memory of the scores")
+def score_matrix_bytes(t: Trial) -> None:
+    t.error_hints = {
+        r"takes \d+ positional argument": "the signature is score_matrix_bytes(batch, n_heads, seq_len, dtype_bytes).",
+    }
+    # A small case with every size different (B > 1, 4-byte numbers: counting entries, halving and
+    # dropping a size all give different numbers), the SDPA course page's example (B=4, H=32,
+    # T=8192, fp16), the dimensions appendix's Maverick row (B=1, H=40, T=4096), and 1-byte numbers.
+    cases = [(3, 5, 7, 4), (4, 32, 8192, 2), (1, 40, 4096, 2), (2, 6, 11, 1)]
+    planned = [(c, ref.score_matrix_bytes(*c), _bytes_mistakes(*c)) for c in cases]
+    for (B, H, T, b), expected, mistakes in planned:
+        got = t.call(B, H, T, b, case=describe_case(batch=B, n_heads=H, seq_len=T, dtype_bytes=b))
+        check_count(t, got, expected, "bytes", mistakes, "batch * n_heads * seq_len * seq_len * dtype_bytes")
+
+
+# --------------------------------------------------------------------------- 8.3 max_seq_len_for_scores
+
+_ONE_PAST = ("one past the boundary: the scores of the T you returned do not fit. Return the largest T "
+             "with B*H*T*T*dtype_bytes <= budget (an exact fit counts).")
+_ROUNDED = ("you rounded the square root to the nearest integer (or up): the scores of that T do not fit. "
+            "Round down: math.isqrt(budget_bytes // (batch * n_heads * dtype_bytes)).")
+_FLOAT_SQRT = ("a float square root is off by one here: float64 has 53 bits, so above 2**52 math.sqrt "
+               "(and ** 0.5) round. Use the integer square root: math.isqrt(budget_bytes // (batch * "
+               "n_heads * dtype_bytes)).")
+
+
+def _seq_mistakes(budget: int, B: int, H: int, b: int, huge: bool) -> dict[str, float]:
+    right = ref.max_seq_len_for_scores(budget, B, H, b)
+    q = budget // (B * H * b)
+    m = {_FLOAT_SQRT: int(math.sqrt(budget / (B * H * b)))} if huge else {}
+    m |= {_ROUNDED: round(math.sqrt(q)), _ONE_PAST: right + 1}
+    m |= {
+        "you ignored the batch: the budget holds B score matrices, one per sequence.": math.isqrt(budget // (H * b)),
+        "you ignored the heads: each of the H heads has its own T x T scores.": math.isqrt(budget // (B * b)),
+        "you ignored dtype_bytes: each score takes dtype_bytes bytes.": math.isqrt(budget // (B * H)),
+    }
+    return _known(m, right)
+
+
+# (budget_bytes, batch, n_heads, dtype_bytes, huge). 80 GiB and Maverick's 40 heads in fp16 fit
+# exactly T = 32,768 (the dimensions appendix's row): an exact fit, then one byte less. Then a
+# budget whose quotient is k^2 + k + 1 (its square root rounds up), the SDPA course page's B=4,
+# H=32, a budget too small for a single score (T = 0), and a quotient k^2 - 1 with k = 123,456,789
+# (above 2**53, where float square roots round up to k).
+_K = 123_456_789
+_SEQ_CASES = [(80 * 2**30, 1, 40, 2, False), (80 * 2**30 - 1, 1, 40, 2, False),
+              (24 * (1000**2 + 1000 + 1), 2, 3, 4, False), (80 * 2**30, 4, 32, 2, False),
+              (2 * 3 * 2 - 1, 2, 3, 2, False), (12 * (_K**2 - 1) + 11, 2, 3, 2, True)]
+
+
+@exercise("8.3", "longest context whose scores fit", points=2, stars=2, notebook=NB,
+          section="7. The longest context that fits")
+def max_seq_len_for_scores(t: Trial) -> None:
+    t.error_hints = {
+        r"takes \d+ positional argument": "the signature is max_seq_len_for_scores(budget_bytes, batch, n_heads, dtype_bytes).",
+    }
+    planned = [(c, ref.max_seq_len_for_scores(*c[:4]), _seq_mistakes(*c)) for c in _SEQ_CASES]
+    for (budget, B, H, b, _), expected, mistakes in planned:
+        got = t.call(budget, B, H, b, case=describe_case(budget_bytes=budget, batch=B, n_heads=H, dtype_bytes=b))
+        check_count(t, got, expected, "T", mistakes,
+                    "T*T <= budget_bytes // (batch * n_heads * dtype_bytes): "
+                    "T = math.isqrt(budget_bytes // (batch * n_heads * dtype_bytes)).")

@@ -1,0 +1,285 @@
+"""helpers.kv_cache: decoding with a cache equals attention over the whole sequence; the
+preallocated cache, its reset and mixed lengths; split-K decoding; and correct learner solutions of
+7.1-7.3 in other styles, which the checks must accept."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
+
+from helpers import checks
+from helpers.attention import causal_mask, scaled_dot_product_attention
+from helpers.configs import MODELS
+from helpers.kv_cache import (
+    KVCache,
+    cached_attention,
+    decode_step,
+    empty_kv,
+    kv_cache_bytes,
+    merge_partials,
+    prefill_decode_flops,
+    split_k_decode,
+)
+from helpers.kv_sharing import config_values_per_token, grouped_query_attention
+from helpers.multihead import multi_head_attention
+
+
+def _layer(B=2, T=9, H=3, d_k=4, seed=0, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    D = H * d_k
+    x = torch.randn(B, T, D, generator=g, dtype=dtype)
+    w_qkv = torch.randn(D, 3 * D, generator=g, dtype=dtype) / math.sqrt(D)
+    w_o = torch.randn(D, D, generator=g, dtype=dtype) / math.sqrt(D)
+    return x, w_qkv, w_o, H
+
+
+# --------------------------------------------------------------------------- 7.1
+
+
+def test_kv_cache_bytes_of_real_models():
+    llama = MODELS["Llama-3-8B"]
+    assert kv_cache_bytes(1, 8192, llama.n_layers, llama.n_kv_heads, llama.head_dim, 2) == 2**30
+    for cfg in MODELS.values():
+        if cfg.kind in ("mha", "gqa", "mqa"):
+            assert kv_cache_bytes(3, 100, cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, 2) == (
+                3 * 100 * cfg.n_layers * config_values_per_token(cfg) * 2)
+
+
+# --------------------------------------------------------------------------- 7.2
+
+
+def test_decoding_token_by_token_equals_causal_multi_head_attention():
+    x, w_qkv, w_o, H = _layer()
+    full = multi_head_attention(x, w_qkv, w_o, H, causal=True)
+    k, v = empty_kv(x.shape[0], H, x.shape[-1] // H, dtype=x.dtype)
+    for t in range(x.shape[1]):
+        y, k, v = decode_step(x[:, t:t + 1], k, v, w_qkv, w_o, H)
+        assert torch.allclose(y, full[:, t:t + 1], atol=1e-12)
+        assert k.shape == v.shape == (x.shape[0], H, t + 1, x.shape[-1] // H)
+
+
+def test_prefill_then_decode_equals_the_whole_sequence():
+    x, w_qkv, w_o, H = _layer(T=11)
+    full = multi_head_attention(x, w_qkv, w_o, H, causal=True)
+    y, k, v = decode_step(x[:, :7], *empty_kv(2, H, 4, dtype=x.dtype), w_qkv, w_o, H)  # prefill 7 tokens
+    assert torch.allclose(y, full[:, :7], atol=1e-12)
+    y, k, v = decode_step(x[:, 7:], k, v, w_qkv, w_o, H)  # 4 tokens at once: bottom-right causal
+    assert torch.allclose(y, full[:, 7:], atol=1e-12)
+
+
+def test_decode_step_does_not_modify_its_arguments():
+    x, w_qkv, w_o, H = _layer()
+    _, k, v = decode_step(x[:, :5], *empty_kv(2, H, 4, dtype=x.dtype), w_qkv, w_o, H)
+    k0, v0 = k.clone(), v.clone()
+    _, k2, _ = decode_step(x[:, 5:6], k, v, w_qkv, w_o, H)
+    assert torch.equal(k, k0) and torch.equal(v, v0) and k2.shape[2] == 6
+
+
+def test_is_causal_with_one_query_attends_to_the_first_key_only():
+    g = torch.Generator().manual_seed(1)
+    q, k, v = torch.randn(1, 2, 1, 8, generator=g), torch.randn(1, 2, 6, 8, generator=g), torch.randn(1, 2, 6, 8, generator=g)
+    top_left = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert torch.allclose(top_left, v[:, :, :1])
+    right = F.scaled_dot_product_attention(q, k, v)
+    assert torch.allclose(F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(1, 6)), right)
+    assert torch.allclose(scaled_dot_product_attention(q, k, v, causal_mask(6)[-1:]), right, atol=1e-6)
+
+
+# --------------------------------------------------------------------------- 7.3
+
+
+def test_prefill_decode_flops_closed_form():
+    for P, N, d, L in [(5, 3, 16, 2), (128, 64, 24, 3), (7, 0, 8, 4), (1, 1, 1, 1)]:
+        s1 = N * P + N * (N + 1) // 2                               # sum of L = P + t
+        s2 = sum((P + t) ** 2 for t in range(1, N + 1))
+        prefill = 8 * d * d * P + 4 * d * P * P
+        assert prefill_decode_flops(P, N, d, L, True) == L * (prefill + 8 * d * d * N + 4 * d * s1)
+        assert prefill_decode_flops(P, N, d, L, False) == L * (prefill + 8 * d * d * s1 + 4 * d * s2)
+        assert prefill_decode_flops(P, N, d, L, True) <= prefill_decode_flops(P, N, d, L, False)
+
+
+# --------------------------------------------------------------------------- the preallocated cache
+
+
+def test_preallocated_cache_equals_decode_step():
+    x, w_qkv, w_o, H = _layer(T=9)
+    full = multi_head_attention(x, w_qkv, w_o, H, causal=True)
+    cache = KVCache(2, H, 16, 4, dtype=x.dtype)
+    ys = [cached_attention(x[:, :4], cache, w_qkv, w_o, H)]
+    ys += [cached_attention(x[:, t:t + 1], cache, w_qkv, w_o, H) for t in range(4, 9)]
+    assert torch.allclose(torch.cat(ys, dim=1), full, atol=1e-12)
+    assert cache.lengths.tolist() == [9, 9]
+
+
+def test_reset_starts_a_new_sequence_and_a_stale_pointer_does_not():
+    x, w_qkv, w_o, H = _layer(T=6)
+    cache = KVCache(2, H, 16, 4, dtype=x.dtype)
+    cached_attention(x[:, :6], cache, w_qkv, w_o, H)
+    x2, _, _, _ = _layer(T=5, seed=1)
+    stale = cached_attention(x2, cache, w_qkv, w_o, H)        # forgot reset: sees the old sequence
+    cache.reset()
+    fresh = cached_attention(x2, cache, w_qkv, w_o, H)
+    expected = multi_head_attention(x2, w_qkv, w_o, H, causal=True)
+    assert torch.allclose(fresh, expected, atol=1e-12) and not torch.allclose(stale, expected, atol=1e-3)
+
+
+def test_sequences_of_different_lengths_in_one_cache():
+    x, w_qkv, w_o, H = _layer(B=3, T=6)
+    lengths = torch.tensor([6, 2, 4])
+    cache = KVCache(3, H, 12, 4, dtype=x.dtype)
+    y = cached_attention(x, cache, w_qkv, w_o, H, valid=lengths)   # right-padded prompts
+    new = _layer(B=3, T=2, seed=2)[0]
+    y_next = [cached_attention(new[:, i:i + 1], cache, w_qkv, w_o, H) for i in range(2)]
+    for b, n in enumerate(lengths.tolist()):
+        seq = torch.cat([x[b:b + 1, :n], new[b:b + 1]], dim=1)
+        ref = multi_head_attention(seq, w_qkv, w_o, H, causal=True)
+        assert torch.allclose(y[b:b + 1, :n], ref[:, :n], atol=1e-12)
+        assert torch.allclose(torch.cat(y_next, dim=1)[b:b + 1], ref[:, n:], atol=1e-12)
+    assert cache.lengths.tolist() == [8, 4, 6]
+
+
+def test_cache_overflow_is_an_error():
+    cache = KVCache(1, 2, 3, 4)
+    cache.append(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4))
+    with pytest.raises(ValueError, match="overflow"):
+        cache.append(torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 1, 4))
+
+
+# --------------------------------------------------------------------------- split-K decoding
+
+
+@pytest.mark.parametrize("n_splits", [1, 2, 3, 7, 37, 100])
+def test_split_k_decode_equals_attention_over_the_whole_cache(n_splits):
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 6, 1, 16, generator=g)
+    k, v = torch.randn(2, 2, 37, 16, generator=g), torch.randn(2, 2, 37, 16, generator=g)
+    assert torch.allclose(split_k_decode(q, k, v, n_splits), grouped_query_attention(q, k, v), atol=1e-5)
+
+
+def test_merge_partials_gives_empty_chunks_no_weight():
+    outs = torch.tensor([[1.0, 2.0], [5.0, 7.0]])[:, None, :]    # [2 chunks, 1 row, d=2]
+    lses = torch.tensor([[0.0], [-math.inf]])
+    out, lse = merge_partials(outs, lses)
+    assert torch.equal(out, torch.tensor([[1.0, 2.0]])) and lse.item() == 0.0
+
+
+# --------------------------------------------------------------------------- correct solutions, other styles
+
+
+def cache_bytes_prod(batch, seq_len, n_layers, n_kv_heads, head_dim, dtype_bytes):
+    return math.prod([2, batch, seq_len, n_layers, n_kv_heads, head_dim, dtype_bytes])
+
+
+def cache_bytes_per_token(batch, seq_len, n_layers, n_kv_heads, head_dim, dtype_bytes):
+    per_token_per_layer = 2 * n_kv_heads * head_dim * dtype_bytes   # K and V
+    return int(per_token_per_layer * n_layers * seq_len * batch)
+
+
+def _proj(x_t, w_qkv, n_heads):
+    B, T, D = x_t.shape
+    q, k, v = torch.chunk(x_t @ w_qkv, 3, dim=-1)
+    return [m.reshape(B, T, n_heads, D // n_heads).permute(0, 2, 1, 3) for m in (q, k, v)]
+
+
+def decode_einsum(x_t, k_cache, v_cache, w_qkv, w_o, n_heads):
+    q, k, v = _proj(x_t, w_qkv, n_heads)
+    K, V = torch.cat((k_cache, k), dim=-2), torch.cat((v_cache, v), dim=-2)
+    s = torch.einsum("bhqd,bhkd->bhqk", q, K) / math.sqrt(q.shape[-1])
+    o = torch.einsum("bhqk,bhkd->bqhd", s.softmax(-1), V)
+    return o.flatten(2) @ w_o, K, V
+
+
+def decode_loops_over_heads(x_t, k_cache, v_cache, w_qkv, w_o, n_heads):
+    B, _, D = x_t.shape
+    d_k = D // n_heads
+    qkv = x_t @ w_qkv
+    heads, ks, vs = [], [], []
+    for h in range(n_heads):
+        q = qkv[:, :, h * d_k:(h + 1) * d_k]
+        k = torch.cat([k_cache[:, h], qkv[:, :, D + h * d_k:D + (h + 1) * d_k]], dim=1)
+        v = torch.cat([v_cache[:, h], qkv[:, :, 2 * D + h * d_k:2 * D + (h + 1) * d_k]], dim=1)
+        w = torch.softmax(q @ k.transpose(1, 2) / d_k**0.5, dim=-1)
+        heads.append(w @ v)
+        ks.append(k)
+        vs.append(v)
+    return torch.cat(heads, dim=-1) @ w_o, torch.stack(ks, dim=1), torch.stack(vs, dim=1)
+
+
+def decode_sdpa_bottom_right(x_t, k_cache, v_cache, w_qkv, w_o, n_heads):
+    q, k, v = _proj(x_t, w_qkv, n_heads)
+    K, V = torch.cat([k_cache, k], dim=2), torch.cat([v_cache, v], dim=2)
+    mask = causal_lower_right(q.shape[2], K.shape[2])
+    o = F.scaled_dot_product_attention(q, K, V, attn_mask=mask)
+    B, H, T, d = o.shape
+    return o.transpose(1, 2).reshape(B, T, H * d) @ w_o, K, V
+
+
+def decode_explicit_mask_minus_1e9(x_t, k_cache, v_cache, w_qkv, w_o, n_heads):
+    q, k, v = _proj(x_t, w_qkv, n_heads)
+    K, V = torch.cat([k_cache, k], dim=2), torch.cat([v_cache, v], dim=2)
+    T_new, T = q.shape[2], K.shape[2]
+    allowed = torch.ones(T, T, dtype=torch.bool).tril()[T - T_new:]
+    s = (q @ K.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(~allowed, -1e9)
+    o = torch.softmax(s, -1) @ V
+    B, H, _, d = o.shape
+    return o.transpose(1, 2).reshape(B, T_new, H * d) @ w_o, K, V
+
+
+def decode_float64_inside(x_t, k_cache, v_cache, w_qkv, w_o, n_heads):
+    dtype = x_t.dtype
+    q, k, v = _proj(x_t.double(), w_qkv.double(), n_heads)
+    K, V = torch.cat([k_cache.double(), k], dim=2), torch.cat([v_cache.double(), v], dim=2)
+    o = torch.softmax(q @ K.mT / math.sqrt(q.shape[-1]), dim=-1) @ V
+    B, H, T, d = o.shape
+    y = o.transpose(1, 2).reshape(B, T, H * d) @ w_o.double()
+    return y.to(dtype), K.to(dtype), V.to(dtype)
+
+
+def decode_preallocated(x_t, k_cache, v_cache, w_qkv, w_o, n_heads):
+    q, k, v = _proj(x_t, w_qkv, n_heads)
+    B, H, T_past, d = k_cache.shape
+    K = torch.empty(B, H, T_past + 1, d, dtype=k_cache.dtype)
+    V = torch.empty_like(K)
+    K[:, :, :T_past], K[:, :, T_past:] = k_cache, k
+    V[:, :, :T_past], V[:, :, T_past:] = v_cache, v
+    o = F.scaled_dot_product_attention(q, K, V)
+    return o.transpose(1, 2).flatten(2) @ w_o, K, V
+
+
+def flops_closed_form(prompt_len, new_tokens, d_model, n_layers, use_cache):
+    P, N, d = prompt_len, new_tokens, d_model
+    s1 = N * P + N * (N + 1) // 2
+    s2 = N * P * P + P * N * (N + 1) + N * (N + 1) * (2 * N + 1) // 6   # sum of (P + t)^2
+    steps = 8 * d * d * N + 4 * d * s1 if use_cache else 8 * d * d * s1 + 4 * d * s2
+    return n_layers * (8 * d * d * P + 4 * d * P * P + steps)
+
+
+def flops_layer_by_layer(prompt_len, new_tokens, d_model, n_layers, use_cache):
+    total = 0
+    for _ in range(n_layers):
+        total += 8 * d_model**2 * prompt_len + 4 * d_model * prompt_len**2
+        for L in range(prompt_len + 1, prompt_len + new_tokens + 1):
+            if use_cache:
+                total += 8 * d_model**2 + 4 * d_model * L
+            else:
+                total += 8 * d_model**2 * L + 4 * d_model * L**2
+    return total
+
+
+@pytest.mark.parametrize("fn", [cache_bytes_prod, cache_bytes_per_token])
+def test_kv_cache_bytes_check_accepts(fn):
+    checks.kv_cache_bytes(fn)
+
+
+@pytest.mark.parametrize("fn", [decode_einsum, decode_loops_over_heads, decode_sdpa_bottom_right,
+                                decode_explicit_mask_minus_1e9, decode_float64_inside, decode_preallocated,
+                                decode_step])
+def test_decode_step_check_accepts(fn):
+    checks.decode_step(fn)
+
+
+@pytest.mark.parametrize("fn", [flops_closed_form, flops_layer_by_layer])
+def test_prefill_decode_flops_check_accepts(fn):
+    checks.prefill_decode_flops(fn)
