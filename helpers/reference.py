@@ -7,7 +7,13 @@ Each topic module lists its graded functions in ``__all__``.
 from .attention import merge_heads, qkv_projection, scaled_dot_product_attention
 from .backward import *  # noqa: F403  (04_backward)
 from .flash import *  # noqa: F403  (09_flash_attention, PyTorch)
+from .flops import *  # noqa: F403  (08_flops_memory)
+from .kv_cache import *  # noqa: F403  (07_kv_cache)
+from .kv_sharing import *  # noqa: F403  (06_kv_sharing)
 from .masks import *  # noqa: F403  (03_masks)
+from .model import *  # noqa: F403  (11_trained_transformer)
+from .multihead import *  # noqa: F403  (05_multihead)
+from .positions import *  # noqa: F403  (10_positions)
 from .scaling import *  # noqa: F403  (02_scaling)
 
 

@@ -1,0 +1,236 @@
+"""Checks for notebook 11_trained_transformer: exercises 11.1 (SwiGLU), 11.2 (the causal LM loss)
+and 11.3 (induction scores).
+
+Every case, its expected output and the outputs of the recognised mistakes are computed before
+the learner's function runs. Shapes: D != F everywhere (a forgotten projection changes the shape);
+B != T != V (a wrong reduction axis changes the value); L != H and T = 2m with m > 2 (the three
+diagonals an induction score could be read from are distinct).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .. import model as ref
+from ..attention import attention_weights, causal_mask
+from ._core import Trial, describe_case, eager_mistakes, exercise, seeded
+
+__all__ = ["swiglu", "causal_lm_loss", "induction_scores"]
+
+NB = "11_trained_transformer"
+
+
+# =========================================================================== 11.1 swiglu
+
+
+def _swiglu_mistakes(x, w_gate, w_up, w_down) -> dict[str, torch.Tensor]:
+    gate, up = x @ w_gate, x @ w_up
+    return eager_mistakes({
+        "you used GELU; SwiGLU gates with SiLU (Swish_1), silu(z) = z * sigmoid(z): F.silu. (GELU gives GeGLU.)":
+            lambda: (F.gelu(gate) * up) @ w_down,
+        "you used GELU (tanh approximation); SwiGLU gates with SiLU, silu(z) = z * sigmoid(z): F.silu.":
+            lambda: (F.gelu(gate, approximate="tanh") * up) @ w_down,
+        "you used a sigmoid: that is the original GLU. SwiGLU uses SiLU, silu(z) = z * sigmoid(z).":
+            lambda: (torch.sigmoid(gate) * up) @ w_down,
+        "you used ReLU (that is ReGLU); SwiGLU uses SiLU, silu(z) = z * sigmoid(z).":
+            lambda: (F.relu(gate) * up) @ w_down,
+        "SiLU went on the wrong branch: it belongs on x @ w_gate (the gate), and x @ w_up stays linear.":
+            lambda: (F.silu(up) * gate) @ w_down,
+        "you applied SiLU to the product; apply it to the gate only, then multiply: "
+        "silu(x @ w_gate) * (x @ w_up).": lambda: F.silu(gate * up) @ w_down,
+        "you applied SiLU to both branches; only the gate x @ w_gate goes through SiLU.":
+            lambda: (F.silu(gate) * F.silu(up)) @ w_down,
+        "you added the branches; SwiGLU multiplies them elementwise: silu(x @ w_gate) * (x @ w_up).":
+            lambda: (F.silu(gate) + up) @ w_down,
+        "the down projection is missing: multiply the gated hidden [..., F] by w_down to come back to [..., D].":
+            lambda: F.silu(gate) * up,
+    })
+
+
+_SWIGLU_RECIPE = "return (F.silu(x @ w_gate) * (x @ w_up)) @ w_down   (F = torch.nn.functional)"
+
+
+def _swiglu_inputs():
+    """(x, w_gate, w_up, w_down) with D != F; one case with F < D; one float64 case."""
+    out = []
+    for seed, (lead, D, F_, dtype) in enumerate([((2, 5), 6, 10, torch.float32), ((7,), 4, 12, torch.float32),
+                                                 ((3,), 8, 5, torch.float64)]):
+        g = seeded(1100 + seed)
+        x = torch.randn(*lead, D, generator=g, dtype=dtype)
+        w_gate = torch.randn(D, F_, generator=g, dtype=dtype) / math.sqrt(D)
+        w_up = torch.randn(D, F_, generator=g, dtype=dtype) / math.sqrt(D)
+        w_down = torch.randn(F_, D, generator=g, dtype=dtype) / math.sqrt(F_)
+        out.append((x, w_gate, w_up, w_down))
+    return out
+
+
+@exercise("11.1", "SwiGLU MLP", points=1, stars=1, notebook=NB, section="1. The MLP around attention")
+def swiglu(t: Trial) -> None:
+    t.error_hints = {
+        r"cannot be multiplied|must match the size|size of tensor": "x is [..., D], w_gate and w_up are [D, F], "
+        "w_down is [F, D]: x @ w_gate and x @ w_up are [..., F], and the gated product @ w_down is [..., D].",
+    }
+    planned = [(c, ref.swiglu(*c), _swiglu_mistakes(*c)) for c in _swiglu_inputs()]
+    for (x, w_gate, w_up, w_down), expected, mistakes in planned:
+        got = t.call(x, w_gate, w_up, w_down, case=describe_case(x=x, w_gate=w_gate, w_up=w_up, w_down=w_down))
+        t.tensor(got, expected, what="output", mistakes=mistakes, hint=_SWIGLU_RECIPE)
+
+
+# =========================================================================== 11.2 causal_lm_loss
+
+
+def _loss_mistakes(logits, targets) -> dict[str, torch.Tensor]:
+    B, T, V = logits.shape
+    flat, tgt = logits.detach().reshape(-1, V), targets.reshape(-1)
+    per = F.cross_entropy(flat, tgt, reduction="none").reshape(B, T)
+    log_p = torch.log_softmax(flat, dim=-1)
+    return eager_mistakes({
+        "you summed the losses; the pretraining loss is their mean over all B·T positions (reduction='mean', "
+        "the default), so that it does not grow with the batch or the length.": lambda: per.sum(),
+        "you averaged per-sequence sums (a sum over T, then a mean over B); average over all B·T positions: "
+        "per-position losses .mean() over both axes.": lambda: per.sum(dim=1).mean(),
+        "you averaged per-position sums over the batch (a sum over B, then a mean over T); average over all B·T "
+        "positions.": lambda: per.sum(dim=0).mean(),
+        "you shifted the targets again: targets[b, t] is already the token that follows position t, so compare "
+        "logits[:, t] with targets[:, t] (no [:, :-1] / [:, 1:] inside).":
+            lambda: F.cross_entropy(logits.detach()[:, :-1].reshape(-1, V), targets[:, 1:].reshape(-1)),
+        "you took the NLL of probabilities (F.nll_loss on softmax outputs, which gives -mean p); cross-entropy "
+        "is the negative mean of log-probabilities: F.cross_entropy on the logits, or F.nll_loss on "
+        "log_softmax.": lambda: F.nll_loss(torch.softmax(flat, dim=-1), tgt),
+        "you took F.nll_loss of the raw logits; it expects log-probabilities: F.cross_entropy on the logits "
+        "(it applies log_softmax itself), or F.nll_loss on log_softmax(logits).": lambda: F.nll_loss(flat, tgt),
+        "your loss is in bits (log base 2); cross-entropy here is in nats (natural log).":
+            lambda: -log_p.gather(1, tgt[:, None]).mean() / math.log(2),
+        "you applied softmax before F.cross_entropy, which applies log_softmax itself: pass the raw logits.":
+            lambda: F.cross_entropy(torch.softmax(flat, dim=-1), tgt),
+        "you returned one loss per position (reduction='none'); return their mean, a single number.": lambda: per,
+        "you returned one loss per sequence; return the mean over all B·T positions, a single number.":
+            lambda: per.mean(dim=1),
+    })
+
+
+_LOSS_RECIPE = ("B, T, V = logits.shape; return F.cross_entropy(logits.reshape(B * T, V), targets.reshape(B * T)) "
+                "(classes on the last axis after the reshape; the default reduction is the mean).")
+
+
+def _loss_inputs():
+    """(logits, targets): B, T, V all different; the last case has float64 logits that require grad."""
+    out = []
+    for seed, (B, T, V, dtype) in enumerate([(3, 5, 7, torch.float32), (2, 9, 4, torch.float32),
+                                            (4, 3, 11, torch.float64)]):
+        g = seeded(1200 + seed)
+        logits = 2 * torch.randn(B, T, V, generator=g, dtype=dtype)
+        targets = torch.randint(V, (B, T), generator=g)
+        out.append((logits, targets))
+    out[-1] = (out[-1][0].requires_grad_(), out[-1][1])
+    return out
+
+
+@exercise("11.2", "causal language-model loss", points=1, stars=1, notebook=NB, section="2. The pretraining loss")
+def causal_lm_loss(t: Trial) -> None:
+    t.error_hints = {
+        r"Expected target size|Expected input batch_size": "F.cross_entropy wants the classes on axis 1: flatten to "
+        "logits.reshape(B * T, V) and targets.reshape(B * T) (or pass logits.transpose(1, 2)).",
+        r"expected scalar type Long|must be Long|not implemented for 'Float'": "targets are class indices "
+        "(int64); keep them as they are, do not convert them to float or one-hot.",
+    }
+    planned = []
+    for logits, targets in _loss_inputs():
+        with torch.no_grad():
+            expected = ref.causal_lm_loss(logits, targets)
+        planned.append((logits, targets, expected, _loss_mistakes(logits, targets)))
+    for logits, targets, expected, mistakes in planned:
+        got = t.call(logits, targets, case=describe_case(logits=logits, targets=targets))
+        if type(got) in (float, int):
+            t.fail(f"loss: expected a 0-dim tensor, got the Python number {got!r}.",
+                   "return the loss as a tensor (no .item()): training calls loss.backward() on it.")
+        if isinstance(got, torch.Tensor) and got.dim() == 1 and got.numel() == 1 and expected.dim() == 0:
+            t.fail(f"loss: expected a 0-dim tensor (shape []), got shape {list(got.shape)}.",
+                   "reduce to a single number: .mean() over every position gives shape [].")
+        t.tensor(got.detach() if isinstance(got, torch.Tensor) else got, expected, what="loss", mistakes=mistakes,
+                 hint=_LOSS_RECIPE)
+        if logits.requires_grad and not got.requires_grad:
+            t.fail("loss: the value is right but it is detached from the logits (requires_grad is False), so "
+                   "loss.backward() cannot train the model.",
+                   "compute the loss with torch operations on the logits themselves: no .item(), .tolist(), "
+                   "NumPy, torch.tensor(...) of numbers, or .detach() on the way.")
+
+
+# =========================================================================== 11.3 induction_scores
+
+
+def _diag_mean(attn: torch.Tensor, offset: int, first_query: int) -> torch.Tensor:
+    """Mean over queries i >= first_query of attn[..., i, i - offset]."""
+    T = attn.shape[-1]
+    q = torch.arange(first_query, T)
+    return attn[..., q, q - offset].mean(dim=-1)
+
+
+def _induction_mistakes(attn: torch.Tensor) -> dict[str, torch.Tensor]:
+    T = attn.shape[-1]
+    m = T // 2
+    second = torch.arange(m, T)
+    return eager_mistakes({
+        "you read the weight on key i - m, the query's previous occurrence itself (a duplicate-token head); an "
+        "induction head looks one further, at key i - m + 1, the token that came *after* it.":
+            lambda: _diag_mean(attn, m, m),
+        "you read the weight on key i - 1 (a previous-token head); an induction head's query i attends to key "
+        "i - m + 1, the token after the previous occurrence of its own token.": lambda: _diag_mean(attn, 1, m),
+        "you averaged over every query that has a key i - m + 1 (from query m - 1 on); only the second half "
+        "repeats, so average over the queries i = m .. 2m-1.": lambda: _diag_mean(attn, m - 1, m - 1),
+        "you averaged over all T queries (with 0 where there is no key i - m + 1); average over the m queries "
+        "of the second half, i = m .. 2m-1.":
+            lambda: attn.diagonal(offset=-(m - 1), dim1=-2, dim2=-1).sum(dim=-1) / T,
+        "you summed over the queries; the score is their mean (so that it is a weight between 0 and 1).":
+            lambda: attn[..., second, second - m + 1].sum(dim=-1),
+        "rows are queries and columns are keys: you read attn[..., i - m + 1, i] (above the diagonal, where a "
+        "causal model has zeros); read attn[..., i, i - m + 1].":
+            lambda: attn[..., second - m + 1, second].mean(dim=-1),
+        "you averaged over the layers or heads too; return one score per head, shape [L, H].":
+            lambda: _diag_mean(attn, m - 1, m).mean(),
+    })
+
+
+_INDUCTION_RECIPE = ("T = attn.shape[-1]; m = T // 2; i = torch.arange(m, T); "
+                     "return attn[..., i, i - m + 1].mean(dim=-1)   # [L, H]")
+
+
+def _induction_inputs() -> list[torch.Tensor]:
+    """attn [L, H, T, T] causal attention weights (rows sum to 1), L != H, T = 2m. The last case has
+    planted heads: an exact induction head (score 1), a duplicate-token head and a previous-token head."""
+    out = []
+    for seed, (L, H, T, dtype) in enumerate([(2, 3, 8, torch.float32), (3, 2, 12, torch.float32),
+                                            (1, 4, 6, torch.float32), (2, 5, 10, torch.float64)]):
+        g = seeded(1300 + seed)
+        q = torch.randn(L, H, T, 8, generator=g, dtype=dtype)
+        k = torch.randn(L, H, T, 8, generator=g, dtype=dtype)
+        out.append(attention_weights(2 * q, k, causal_mask(T)))
+    planted = out[1].clone()
+    T, m = 12, 6
+    for head, offset in [(0, m - 1), (1, m), ]:  # layer 0: induction head 0, duplicate-token head 1
+        w = torch.zeros(T, T)
+        for i in range(T):
+            w[i, i - offset if i >= offset else 0] = 1.0
+        planted[0, head] = w
+    w = torch.zeros(T, T)
+    w[0, 0] = 1.0
+    for i in range(1, T):
+        w[i, i - 1] = 1.0
+    planted[2, 1] = w  # layer 2, head 1: previous-token head
+    out.append(planted)
+    return out
+
+
+@exercise("11.3", "induction scores", points=3, stars=3, notebook=NB, section="5. Reading the trained heads")
+def induction_scores(t: Trial) -> None:
+    t.error_hints = {
+        r"index .* is out of bounds|out of range": "with T = 2m, the queries of the second half are i = m .. 2m-1 "
+        "and their keys i - m + 1 = 1 .. m: all inside 0 .. T-1.",
+    }
+    planned = [(a, ref.induction_scores(a), _induction_mistakes(a)) for a in _induction_inputs()]
+    for attn, expected, mistakes in planned:
+        got = t.call(attn, case=describe_case(attn=attn))
+        t.tensor(got, expected, what="induction scores", mistakes=mistakes, hint=_INDUCTION_RECIPE)

@@ -1,0 +1,152 @@
+"""Checks for notebook 10_positions: exercises 10.1 (RoPE) and 10.2 (ALiBi bias).
+
+Every case, its expected output and the outputs of the recognised mistakes are computed before
+the learner's function runs. RoPE is checked with bases other than 10000 and positions that do
+not start at 0 (a KV cache continues at position T_past; packed sequences restart at 0), so that
+ignoring ``base`` or ``positions`` shows. ALiBi is checked for powers of two H only, where the
+contract's ``2^(-8(h+1)/H)`` and the paper's recipe agree.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import positions as ref
+from ._core import Trial, describe_case, eager_mistakes, exercise, seeded
+
+__all__ = ["rope", "alibi_bias"]
+
+NB = "10_positions"
+
+
+# =========================================================================== 10.1 rope
+
+
+def _rope_model(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor, layout: str = "half",
+                sign: float = 1.0) -> torch.Tensor:
+    """A learner's RoPE in float64 with given frequencies ``[d/2]``: ``layout`` "half" (the
+    contract), "interleaved" (pairs 2i, 2i+1) or "repeat_interleave" (rotate-half pairs with
+    cos/sin laid out for neighbours)."""
+    x64 = x.double()
+    angles = sign * positions.double()[:, None] * freqs.double()[None, :]  # [T, d/2]
+    if layout == "interleaved":
+        cos, sin = angles.cos(), angles.sin()
+        even, odd = x64[..., 0::2], x64[..., 1::2]
+        out = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
+    else:
+        full = angles.repeat_interleave(2, dim=-1) if layout == "repeat_interleave" else angles.repeat(1, 2)
+        out = x64 * full.cos() + ref.rotate_half(x64) * full.sin()
+    return out.to(x.dtype)
+
+
+def _rope_mistakes(x: torch.Tensor, positions: torch.Tensor, base: float) -> dict[str, torch.Tensor]:
+    d, T = x.shape[-1], x.shape[-2]
+    i = torch.arange(d // 2, dtype=torch.float64)
+    freqs = base ** (-2 * i / d)
+    m = lambda **kw: lambda: _rope_model(x, **{"positions": positions, "freqs": freqs, **kw})  # noqa: E731
+    return eager_mistakes({
+        "you rotated neighbouring pairs (x[2i], x[2i+1]): that is the interleaved convention of the RoFormer "
+        "paper. The course (and Hugging Face's apply_rotary_pos_emb) pairs x[i] with x[i + d/2]: "
+        "rotate_half(x) = cat(-x2, x1) for the two halves x1, x2.": m(layout="interleaved"),
+        "your cos and sin are laid out for neighbouring pairs (repeat_interleave: theta_0, theta_0, theta_1, ...) "
+        "but rotate_half pairs x[i] with x[i + d/2]: lay the d/2 angles out twice, cat((angles, angles), -1) "
+        "(or .repeat(1, 2)), so that feature i and feature i + d/2 turn by the same angle.": m(layout="repeat_interleave"),
+        "your frequencies use the exponent i/d; RoPE's is 2i/d: theta_i = base^(-2i/d) for i = 0 .. d/2 - 1 "
+        "(torch.arange(0, d, 2) / d).": m(freqs=base ** (-i / d)),
+        "your frequencies start at i = 1: theta_i = base^(-2i/d) for i = 0 .. d/2 - 1, so the first pair turns "
+        "by one radian per position.": m(freqs=base ** (-2 * (i + 1) / d)),
+        "you ignored `base` (your result is RoPE with base 10000): use the base you are given, "
+        "theta_i = base^(-2i/d).": m(freqs=10000.0 ** (-2 * i / d)),
+        "you ignored `positions` and rotated row t by t (0, 1, 2, ...): rotate row t by positions[t]. In a KV "
+        "cache the new token sits at position T_past, not 0.": m(positions=torch.arange(T)),
+        "you rotated by -m instead of +m (the sine has the wrong sign, or rotate_half is cat(x2, -x1)): the "
+        "pair (a, b) at angle φ becomes (a cos φ - b sin φ, a sin φ + b cos φ).": m(sign=-1.0),
+    })
+
+
+_ROPE_RECIPE = ("d = x.shape[-1]; theta = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d); "
+                "angles = positions[:, None] * theta[None, :] ([T, d/2]); angles = torch.cat((angles, angles), -1); "
+                "x1, x2 = x.chunk(2, -1); return x * angles.cos().to(x.dtype) + "
+                "torch.cat((-x2, x1), -1) * angles.sin().to(x.dtype).")
+
+
+def _rope_inputs() -> list[tuple[torch.Tensor, torch.Tensor, float]]:
+    """(x, positions, base). No two of B, H, T, d equal; bases other than 10000; positions that do not
+    start at 0 (a KV cache's continuation; packed sequences that restart)."""
+    cases = []
+    g = seeded(1000)
+    cases.append((torch.randn(2, 3, 5, 8, generator=g), torch.arange(7, 12), 500.0))
+    cases.append((torch.randn(6, 12, generator=g), torch.tensor([0, 1, 2, 0, 1, 2]), 10000.0))
+    cases.append((torch.randn(2, 7, 4, generator=g, dtype=torch.float64), torch.arange(3, 10), 100.0))
+    cases.append((torch.randn(1, 4, 9, 16, generator=g), torch.arange(30, 39), 10000.0))
+    return cases
+
+
+@exercise("10.1", "RoPE, rotate-half convention", points=2, stars=2, notebook=NB,
+          section="3. RoPE from its definition")
+def rope(t: Trial) -> None:
+    t.error_hints = {
+        r"must match the size of tensor b|size of tensor a .* must match": "positions is [T]: positions[:, None] * "
+        "theta[None, :] gives the [T, d/2] angles, which broadcast over x's leading dimensions once laid out to "
+        "[T, d].",
+        r"chunk expects|split_size": "x's last dimension is d (even): x.chunk(2, dim=-1) gives the two halves.",
+    }
+    planned = [((x, pos, base), ref.rope(x, pos, base), _rope_mistakes(x, pos, base)) for x, pos, base in _rope_inputs()]
+    for (x, pos, base), expected, mistakes in planned:
+        got = t.call(x, pos, base, case=describe_case(x=x, positions=pos.tolist(), base=base))
+        # float32 angles (as in Hugging Face's code) are right too: they are off by ~1e-7 * position.
+        tol = 1e-4 if x.dtype == torch.float32 else 1e-5
+        t.tensor(got, expected, what="rotated x", mistakes=mistakes, hint=_ROPE_RECIPE, atol=tol, rtol=1e-4)
+
+
+# =========================================================================== 10.2 alibi_bias
+
+
+def _alibi_model(slopes: torch.Tensor, T: int, distance: str = "abs") -> torch.Tensor:
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    dist = {"abs": -(i - j).abs(), "signed": -(i - j), "key": j + 0 * i, "neg_abs": (i - j).abs()}[distance]
+    return (slopes.double()[:, None, None] * dist.double()).float()
+
+
+def _alibi_mistakes(H: int, T: int) -> dict[str, torch.Tensor]:
+    h = torch.arange(H, dtype=torch.float64)
+    right = 2.0 ** (-8 * (h + 1) / H)
+    m = lambda slopes, distance="abs": lambda: _alibi_model(slopes, T, distance)  # noqa: E731
+    return eager_mistakes({
+        "your slopes are off by one head: slope_h = 2^(-8(h+1)/H) for h = 0 .. H-1, from 2^(-8/H) for the first "
+        "head down to exactly 2^-8 for the last (a slope of 1 means h started at 0 in the exponent).": m(2.0 ** (-8 * h / H)),
+        "your slopes are off by one head: slope_h = 2^(-8(h+1)/H) for h = 0 .. H-1, so the last head's slope is "
+        "exactly 2^-8 (yours goes one step further).": m(2.0 ** (-8 * (h + 2) / H)),
+        "your slopes are in reverse order: head 0 has the steepest slope, 2^(-8/H), and head H-1 the gentlest, "
+        "2^-8.": m(right.flip(0)),
+        "you used 2^-(h+1), the slopes for H = 8 only; the exponent scales with H: 2^(-8(h+1)/H).": m(2.0 ** -(h + 1)),
+        "the distance needs abs: your bias is -slope·(i - j), which agrees below the diagonal but is positive above "
+        "it (it would reward future keys wherever the mask is not applied). Use -slope·|i - j|.": m(right, "signed"),
+        "your bias has the wrong sign: it must penalise distance, -slope·|i - j| (<= 0), not +slope·|i - j|.":
+            m(right, "neg_abs"),
+        "you wrote the bias as slope·j (the form BLOOM uses). Under a causal softmax it gives the same weights, "
+        "because it differs from -slope·(i - j) by slope·i, a constant per row; but the bias itself, as the "
+        "contract asks, is -slope·|i - j|.": m(right, "key"),
+    })
+
+
+_ALIBI_RECIPE = ("slopes = 2.0 ** (-8 * torch.arange(1, H + 1) / H) ([H]); i = torch.arange(T); "
+                 "distance = (i[:, None] - i[None, :]).abs() ([T, T]); return -slopes[:, None, None] * distance.")
+
+
+@exercise("10.2", "ALiBi bias", points=2, stars=2, notebook=NB, section="7. ALiBi: a bias instead of a rotation")
+def alibi_bias(t: Trial) -> None:
+    t.error_hints = {
+        r"unsupported operand|not supported between|must be Number": "n_heads and T are Python ints; build the "
+        "slopes and distances as tensors (torch.arange) before combining them.",
+    }
+    cases = [(8, 5), (4, 9), (2, 3), (16, 6), (1, 4)]  # H a power of two; H != T
+    planned = [((H, T), ref.alibi_bias(H, T), _alibi_mistakes(H, T)) for H, T in cases]
+    for (H, T), expected, mistakes in planned:
+        got = t.call(H, T, case=describe_case(n_heads=H, T=T))
+        diagnosis = ""
+        if (isinstance(got, torch.Tensor) and got.shape == expected.shape and H > 1 and got.is_floating_point()
+                and bool((got == got[:1]).all()) and T > 1):
+            diagnosis = ("every head has the same bias: one slope for all heads. Each head h has its own slope, "
+                         "2^(-8(h+1)/H), so that some heads look far and others near.")
+        t.tensor(got, expected, what="bias", mistakes=mistakes, hint=_ALIBI_RECIPE, diagnosis=diagnosis, atol=1e-6)

@@ -1,0 +1,283 @@
+"""Properties of the reference code of notebook 11_trained_transformer (SwiGLU, the LM loss,
+induction scores, the tiny transformer, its training loop and hooks), and the leniency of its
+checks: correct solutions written in other styles than the reference pass."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helpers import checks, model
+from helpers.attention import causal_mask, merge_heads, qkv_projection, scaled_dot_product_attention
+from helpers.kv_sharing import grouped_query_attention
+from helpers.masks import find_mask_leaks
+from helpers.positions import rope, rope_attention, rope_cos_sin
+
+
+def gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # Small tensors: threads only add overhead (and contend on a shared 2-core machine).
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_all_lists_exactly_the_graded_functions():
+    assert model.__all__ == ["swiglu", "causal_lm_loss", "induction_scores"]
+
+
+# ----------------------------------------------------------------------------- graded pieces
+
+
+def test_swiglu_matches_linear_layers_and_keeps_dtype():
+    g = gen(0)
+    x = torch.randn(2, 3, 8, generator=g, dtype=torch.float64)
+    lin = [torch.nn.Linear(8, 24, bias=False).double(), torch.nn.Linear(8, 24, bias=False).double(),
+           torch.nn.Linear(24, 8, bias=False).double()]
+    with torch.no_grad():
+        expected = lin[2](F.silu(lin[0](x)) * lin[1](x))
+        got = model.swiglu(x, lin[0].weight.T, lin[1].weight.T, lin[2].weight.T)
+    torch.testing.assert_close(got, expected)
+    assert got.dtype == torch.float64
+
+
+@pytest.mark.parametrize("D, F_expected", [(4096, 11008), (5120, 13824), (6656, 17920), (8192, 22016)])
+def test_mlp_width_is_llamas(D, F_expected):
+    assert model.mlp_width(D) == F_expected
+    assert 1.0 < 3 * D * F_expected / (8 * D * D) < 1.013
+
+
+def test_causal_lm_loss_is_the_mean_over_positions_and_ignores_padding():
+    g = gen(1)
+    logits = torch.randn(3, 4, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(5, (3, 4), generator=g)
+    loss = model.causal_lm_loss(logits, targets)
+    manual = -torch.log_softmax(logits, -1).gather(-1, targets[..., None]).mean()
+    torch.testing.assert_close(loss, manual)
+    assert loss.dim() == 0 and loss.requires_grad
+    uniform = model.causal_lm_loss(torch.zeros(2, 3, 7), torch.zeros(2, 3, dtype=torch.long))
+    assert math.isclose(uniform.item(), math.log(7), rel_tol=1e-6)
+    padded = targets.clone()
+    padded[0, 2:] = -100
+    keep = padded != -100
+    per = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
+    torch.testing.assert_close(model.causal_lm_loss(logits, padded), per[keep].mean())
+
+
+def test_induction_scores_on_planted_heads():
+    T, m = 12, 6
+    attn = torch.zeros(2, 3, T, T)
+    for i in range(T):
+        attn[0, 0, i, i - m + 1 if i >= m else 0] = 1.0
+        attn[0, 1, i, max(i - 1, 0)] = 1.0
+        attn[0, 2, i, i - m if i >= m else 0] = 1.0
+        attn[1, :, i, : i + 1] = 1.0 / (i + 1)
+    s = model.induction_scores(attn)
+    assert s.shape == (2, 3)
+    assert s[0].tolist() == [1.0, 0.0, 0.0]
+    expected_uniform = sum(1 / (i + 1) for i in range(m, T)) / m
+    assert torch.allclose(s[1], torch.full((3,), expected_uniform))
+    assert model.previous_token_scores(attn)[0, 1] == 1.0
+    with pytest.raises(ValueError, match="even"):
+        model.induction_scores(torch.zeros(1, 1, 5, 5))
+
+
+# ----------------------------------------------------------------------------- data and model
+
+
+def test_repeated_sequences():
+    x = model.repeated_sequences(50, 7, 16, gen(2))
+    assert x.shape == (50, 14) and x.dtype == torch.long
+    assert torch.equal(x[:, :7], x[:, 7:])
+    assert all(len(set(row[:7].tolist())) == 7 for row in x)  # distinct tokens in the first half
+    with pytest.raises(ValueError, match="m <= vocab"):
+        model.repeated_sequences(1, 17, 16, gen(0))
+
+
+def _tiny(n_kv_heads=None, d_ff=0, seed=0):
+    cfg = model.TinyConfig(vocab=11, d_model=24, n_layers=2, n_heads=4, n_kv_heads=n_kv_heads, d_ff=d_ff)
+    return model.TinyTransformer(cfg, generator=gen(seed)).double()
+
+
+def test_attention_block_is_rope_attention_for_mha():
+    m = _tiny()
+    layer = m.layers[0]
+    x = torch.randn(2, 7, 24, generator=gen(3), dtype=torch.float64)
+    cos, sin = rope_cos_sin(torch.arange(7), 6, 10000.0, torch.float64)
+    y, w = model.attention_block(x, layer.w_qkv, layer.w_o, 4, 4, cos, sin, causal_mask(7))
+    torch.testing.assert_close(y, rope_attention(x, layer.w_qkv, layer.w_o, 4))
+    assert w.shape == (2, 4, 7, 7)
+    torch.testing.assert_close(w.sum(-1), torch.ones(2, 4, 7, dtype=torch.float64))
+    assert (w.masked_select(~causal_mask(7)) == 0).all()
+
+
+def test_attention_block_with_gqa_is_grouped_query_attention_on_rotated_q_and_k():
+    m = _tiny(n_kv_heads=2)
+    layer = m.layers[1]
+    x = torch.randn(2, 6, 24, generator=gen(4), dtype=torch.float64)
+    pos = torch.arange(6)
+    cos, sin = rope_cos_sin(pos, 6, 10000.0, torch.float64)
+    y, _ = model.attention_block(x, layer.w_qkv, layer.w_o, 4, 2, cos, sin, causal_mask(6))
+    q, k, v = (x @ layer.w_qkv).split([24, 12, 12], dim=-1)
+    q = q.view(2, 6, 4, 6).transpose(1, 2)
+    k, v = (t.view(2, 6, 2, 6).transpose(1, 2) for t in (k, v))
+    o = grouped_query_attention(rope(q, pos), rope(k, pos), v, causal=True)
+    torch.testing.assert_close(y, merge_heads(o) @ layer.w_o)
+
+
+def test_head_ablation_zeroes_that_heads_output():
+    m = _tiny()
+    layer = m.layers[0]
+    x = torch.randn(1, 5, 24, generator=gen(5), dtype=torch.float64)
+    zeros = torch.zeros(5, 6, dtype=torch.float64)
+    ones = torch.ones(5, 6, dtype=torch.float64)  # RoPE at position 0 everywhere: no rotation
+    keep = torch.tensor([1.0, 0.0, 1.0, 1.0], dtype=torch.float64)
+    y, _ = model.attention_block(x, layer.w_qkv, layer.w_o, 4, 4, ones, zeros, causal_mask(5), keep)
+    q, k, v = qkv_projection(x, layer.w_qkv, 4)
+    heads = scaled_dot_product_attention(q, k, v, causal_mask(5))
+    heads[:, 1] = 0
+    torch.testing.assert_close(y, merge_heads(heads) @ layer.w_o)
+    try:
+        from helpers.multihead import ablate_head
+    except ImportError:
+        return
+    torch.testing.assert_close(y, ablate_head(x, layer.w_qkv, layer.w_o, 4, 1, True))
+
+
+@pytest.mark.parametrize("kw", [{}, {"n_kv_heads": 2}, {"n_kv_heads": 1, "d_ff": 16}])
+def test_model_is_causal_records_and_ablates(kw):
+    m = _tiny(**kw)
+    tokens = model.repeated_sequences(3, 5, 11, gen(6))
+    rec = []
+    with torch.no_grad():
+        logits = m(tokens, record=rec)
+        other = tokens.clone()
+        other[:, 6:] = (other[:, 6:] + 1) % 11
+        logits_other = m(other)
+    assert logits.shape == (3, 10, 11) and len(rec) == 2 and rec[0].shape == (3, 4, 10, 10)
+    assert torch.equal(logits[:, :6], logits_other[:, :6]) and not torch.equal(logits, logits_other)
+    assert find_mask_leaks(lambda x: m.from_embeddings(x), causal_mask(10), 24) == []
+    leaky = torch.ones(10, 10, dtype=torch.bool).tril(diagonal=1)
+    leaks = find_mask_leaks(lambda x: m.from_embeddings(x, allowed=leaky), causal_mask(10), 24)
+    assert {j - i for i, j in leaks} == {1, 2}  # one token per layer, two layers
+    with torch.no_grad():
+        all_heads_off = m(tokens, ablate=[(0, h) for h in range(4)])
+        layer_0_w_o = m.layers[0].w_o.clone()
+        m.layers[0].w_o.zero_()
+        no_w_o = m(tokens)
+        m.layers[0].w_o.copy_(layer_0_w_o)
+    torch.testing.assert_close(all_heads_off, no_w_o)
+
+
+def test_model_rejects_bad_sizes():
+    with pytest.raises(ValueError, match="divisible|n_kv_heads"):
+        model.TinyTransformer(model.TinyConfig(d_model=24, n_heads=4, n_kv_heads=3))
+
+
+def test_training_is_reproducible_and_lowers_the_loss():
+    def run():
+        m = model.TinyTransformer(model.TinyConfig(vocab=8, d_model=16, n_heads=2), generator=gen(7))
+        ev = model.repeated_sequences(16, 4, 8, gen(8))
+        return model.train(m, steps=30, batch=8, m_range=(3, 5), lr=1e-2, seed=7, eval_tokens=ev, eval_every=10)
+
+    a, b = run(), run()
+    assert a == b
+    assert a["eval_step"] == [0, 10, 20, 30] and len(a["loss"]) == 30
+    assert a["eval_all"][-1] < a["eval_all"][0]
+
+
+# ----------------------------------------------------------------------------- checks accept other styles
+
+
+def swiglu_manual_sigmoid(x, w_gate, w_up, w_down):
+    gate = x @ w_gate
+    return ((gate * torch.sigmoid(gate)) * (x @ w_up)) @ w_down
+
+
+def swiglu_einsum_float64(x, w_gate, w_up, w_down):
+    xd = x.double()
+    h = F.silu(torch.einsum("...d,df->...f", xd, w_gate.double())) * torch.einsum("...d,df->...f", xd, w_up.double())
+    return torch.einsum("...f,fd->...d", h, w_down.double()).to(x.dtype)
+
+
+def swiglu_linear(x, w_gate, w_up, w_down):
+    return F.linear(F.silu(F.linear(x, w_gate.T)) * F.linear(x, w_up.T), w_down.T)
+
+
+@pytest.mark.parametrize("alt", [swiglu_manual_sigmoid, swiglu_einsum_float64, swiglu_linear])
+def test_swiglu_check_accepts_other_styles(alt):
+    checks.swiglu(alt)
+
+
+def loss_transpose(logits, targets):
+    return F.cross_entropy(logits.transpose(1, 2), targets)
+
+
+def loss_log_softmax_gather(logits, targets):
+    logp = logits - torch.logsumexp(logits, dim=-1, keepdim=True)
+    return -logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1).mean()
+
+
+def loss_nll_float64(logits, targets):
+    B, T, V = logits.shape
+    out = F.nll_loss(torch.log_softmax(logits.double(), -1).view(B * T, V), targets.view(B * T))
+    return out.to(logits.dtype)
+
+
+def loss_mean_of_sequence_means(logits, targets):
+    # Equal to the mean over all positions when every sequence has the same length (no padding).
+    per = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
+    return per.mean(dim=1).mean()
+
+
+def loss_distribution(logits, targets):
+    return -torch.distributions.Categorical(logits=logits).log_prob(targets).mean()
+
+
+@pytest.mark.parametrize("alt", [loss_transpose, loss_log_softmax_gather, loss_nll_float64,
+                                 loss_mean_of_sequence_means, loss_distribution])
+def test_causal_lm_loss_check_accepts_other_styles(alt):
+    checks.causal_lm_loss(alt)
+
+
+def induction_loops(attn):
+    L, H, T, _ = attn.shape
+    m = T // 2
+    out = torch.zeros(L, H, dtype=attn.dtype)
+    for layer in range(L):
+        for h in range(H):
+            out[layer, h] = sum(attn[layer, h, i, i - m + 1] for i in range(m, T)) / m
+    return out
+
+
+def induction_diagonal(attn):
+    m = attn.shape[-1] // 2
+    return attn.diagonal(offset=-(m - 1), dim1=-2, dim2=-1)[..., 1:].mean(-1)  # drop query m - 1
+
+
+def induction_mask_einsum(attn):
+    T = attn.shape[-1]
+    m = T // 2
+    sel = torch.zeros(T, T, dtype=attn.dtype)
+    i = torch.arange(m, T)
+    sel[i, i - m + 1] = 1.0 / m
+    return torch.einsum("lhij,ij->lh", attn, sel)
+
+
+def induction_gather(attn):
+    T = attn.shape[-1]
+    m = T // 2
+    q = attn[..., m:, :]  # [L, H, m, T]
+    idx = (torch.arange(m, T) - m + 1).view(1, 1, m, 1).expand(*q.shape[:2], m, 1)
+    return q.gather(-1, idx).squeeze(-1).mean(-1)
+
+
+@pytest.mark.parametrize("alt", [induction_loops, induction_diagonal, induction_mask_einsum, induction_gather])
+def test_induction_scores_check_accepts_other_styles(alt):
+    checks.induction_scores(alt)
