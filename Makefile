@@ -35,28 +35,47 @@ help:
 	@echo "make execute    re-run notebooks/ and solutions/ in fresh kernels and store their outputs"
 	@echo "make exercises  regenerate exercises/ from solutions/"
 	@echo "make sync       rewrite the Colab bootstrap cells and README notebook map from pyproject.toml"
-	@echo "make grade      grade exercise notebooks (all, or NB=path/to/notebook.ipynb)"
+	@echo "make grade      grade exercise notebooks (all, or NB=notebook, student folder or class folder)"
 	@echo "make bench      GPU benchmarks into bench/results/ (on CPU: a small interpreter check)"
 	@echo "make clean      remove caches and the environment"
 
 setup: $(ENV_STAMP)
 
+# nbgrader is a dev dependency (tests/test_nbgrader.py runs its commands); its JupyterLab menus
+# (formgrader, assignment list) are for nbgrader courses, not for learners: switched off in the
+# environment. `jupyter labextension enable @jupyter/nbgrader` turns them back on.
+define hide_nbgrader
+$(1) -m jupyter labextension disable --level=sys_prefix @jupyter/nbgrader >/dev/null 2>&1 || true; \
+for e in formgrader validate_assignment assignment_list course_list; do \
+  $(1) -m jupyter server extension disable --sys-prefix nbgrader.server_extensions.$$e >/dev/null 2>&1 || true; done
+endef
+
+# On Linux without an NVIDIA GPU (no nvidia-smi), take torch's CPU build from PyTorch's CPU index
+# instead of the default wheel and its several GB of CUDA packages, if that index can be reached
+# (machines with their own package mirror, like CI's, keep the mirror). TORCH_INDEX= turns it off.
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?= $(if $(and $(filter Linux,$(shell uname -s)),$(if $(shell command -v nvidia-smi),,no-gpu),$(shell $(PYTHON) -c 'import socket; socket.getaddrinfo("download.pytorch.org", 443)' 2>/dev/null && echo reachable)),--extra-index-url $(TORCH_CPU_INDEX))
+
 .venv/.stamp: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Python >= 3.10 is needed; found " + sys.version.split()[0] + ". Run: make PYTHON=python3.11 ...")'
 	@test -x .venv/bin/python || $(PYTHON) -m venv .venv
 	.venv/bin/python -m pip install --quiet --upgrade pip
-	.venv/bin/python -m pip install --quiet $(PIP_SPEC)
+	.venv/bin/python -m pip install --quiet $(TORCH_INDEX) $(PIP_SPEC)
+	@$(call hide_nbgrader,.venv/bin/python)
 	@touch $@
 
 .env-conda.stamp: environment.yml pyproject.toml
 	conda env update --name $(CONDA_ENV) --file environment.yml --prune
+	@$(call hide_nbgrader,conda run -n $(CONDA_ENV) python)
 	@touch $@
 
 lab: $(ENV_STAMP)
 	$(PY) -m jupyter lab --LabApp.default_url=/lab/tree/notebooks/01_qkv_shapes.ipynb $(LAB_ROOT) $(LAB_ARGS)
 
+# --no-loadscope-reorder: modules start in file order, so the long browser test (one scope, one
+# worker) starts early instead of last.
 test: $(ENV_STAMP)
-	$(PY) -m pytest -n $(JOBS) --dist loadscope --durations=10 \
+	$(PY) -m pytest -n $(JOBS) --dist loadscope --no-loadscope-reorder --durations=10 \
 		--nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg \
 		tests notebooks solutions
 
@@ -69,8 +88,9 @@ exercises: $(ENV_STAMP)
 sync: $(ENV_STAMP)
 	$(PY) -m helpers.notebooks sync
 
+# make grade [NB=notebook, student folder or class folder] [JOBS=n: notebooks at once; default all cores]
 grade: $(ENV_STAMP)
-	$(PY) -m helpers.grading $(if $(NB),$(NB),exercises)
+	$(PY) -m helpers.grading $(if $(filter command line environment,$(origin JOBS)),-j $(JOBS) )$(if $(NB),$(NB),exercises)
 
 bench: $(ENV_STAMP)
 	$(PY) bench/bench_attention.py
