@@ -829,6 +829,16 @@ def eager_mistakes(models: Mapping[str, Callable[[], Any]]) -> dict[str, Any]:
     return out
 
 
+def flipped_causal(causal: bool, model: Callable[..., Callable[[], Any]]) -> dict[str, Callable[[], Any]]:
+    """The mistake of a flipped ``causal`` flag, as one entry for :func:`eager_mistakes`;
+    ``model(causal=...)`` returns the zero-argument callable of that output."""
+    if causal:
+        return {"causal=True was ignored: mask the scores so that query i reads keys j <= i only.":
+                model(causal=False)}
+    return {"causal=False here, but your output is causally masked: mask only when causal is True.":
+            model(causal=True)}
+
+
 _FAILURES: dict[str, int] = {}  # exercise name -> failures in this kernel (graduated hints)
 
 

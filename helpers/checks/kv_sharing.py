@@ -22,7 +22,7 @@ import torch
 from .. import kv_sharing as ref
 from ..attention import causal_mask, scaled_dot_product_attention
 from ..configs import MODELS
-from ._core import Trial, describe_case, eager_mistakes, exercise, seeded
+from ._core import Trial, describe_case, eager_mistakes, exercise, flipped_causal, seeded
 from ._watch import OpLog, op_name, warm_up
 
 __all__ = ["repeat_kv", "grouped_query_attention", "kv_values_per_token", "mla_absorbed_scores"]
@@ -101,10 +101,7 @@ def _gqa_mistakes(q, k, v, causal: bool) -> dict[str, torch.Tensor]:
         "kv head, h // (H / H_kv).": m(heads="first"),
         "the scores are not scaled: divide q @ k^T by sqrt(d).": m(scale="none"),
     }
-    if causal:
-        models["causal=True was ignored: mask the scores so that query i reads keys j <= i only."] = m(causal=False)
-    else:
-        models["causal=False here, but your output is causally masked: mask only when causal is True."] = m(causal=True)
+    models.update(flipped_causal(causal, m))
     return eager_mistakes(models)
 
 

@@ -14,7 +14,7 @@ import torch
 
 from .. import multihead as ref
 from ..attention import causal_mask, masked_softmax, merge_heads, split_heads
-from ._core import Trial, describe_case, eager_mistakes, exercise, seeded
+from ._core import Trial, describe_case, eager_mistakes, exercise, flipped_causal, seeded
 
 __all__ = ["multi_head_attention", "mha_param_count", "ablate_head"]
 
@@ -67,10 +67,7 @@ def _mha_mistakes(x, w_qkv, w_o, H: int, causal: bool) -> dict[str, torch.Tensor
         "the merged heads), not merged @ w_o.T.": m(w_o_mode="T"),
         "the output projection is missing: return merged @ w_o, not the merged heads.": m(w_o_mode="none"),
     }
-    if causal:
-        models["causal=True was ignored: mask the scores so that query i reads keys j <= i only."] = m(causal=False)
-    else:
-        models["causal=False here, but your output is causally masked: mask only when causal is True."] = m(causal=True)
+    models.update(flipped_causal(causal, m))
     return eager_mistakes(models)
 
 
