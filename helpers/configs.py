@@ -53,3 +53,30 @@ MODELS: dict[str, ModelConfig] = {
                     "v_head_dim 128; arXiv:2412.19437)", kv_lora_rank=512, rope_dim=64),
     ]
 }
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """Datasheet figures of one GPU (never measured here: label them as datasheet figures).
+
+    ``peak_flops`` dense bf16 tensor-core FLOP/s (a multiply-add counts 2), ``bandwidth`` HBM
+    bytes/s, ``memory`` bytes, ``shared_per_sm`` and ``registers_per_sm`` bytes per SM.
+    """
+
+    name: str
+    peak_flops: float
+    bandwidth: float
+    memory: int
+    shared_per_sm: int
+    registers_per_sm: int
+    source: str
+
+    @property
+    def ridge(self) -> float:
+        """FLOPs per byte at which the roofline turns: peak_flops / bandwidth."""
+        return self.peak_flops / self.bandwidth
+
+
+H100_SXM = GPUSpec("H100 SXM", 989e12, 3.35e12, 80 * 10**9, 228 * 1024, 65_536 * 4,
+                   "NVIDIA H100 datasheet (989 TFLOP/s dense bf16, 3.35 TB/s HBM3, 80 GB) and "
+                   "Hopper tuning guide (up to 228 KB shared memory, 65,536 32-bit registers per SM)")

@@ -18,7 +18,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 import platform
@@ -384,7 +383,10 @@ def install_old_triton(request, tmp_path_factory) -> Path:
     partial = base / "partial"
     for folder in (partial, site):
         shutil.rmtree(folder, ignore_errors=True)
-    if importlib.util.find_spec("pip") is None:
+    # Not importlib.util.find_spec("pip"): on Python < 3.12 that call makes setuptools' distutils
+    # shim stand down for the rest of the process, and a later `import setuptools` (nbgrader's,
+    # in tests/test_nbgrader.py on the same worker) then fails its own distutils assertion.
+    if subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True).returncode:
         pytest.skip(f"pip is not installed in this environment, so triton=={OLD_TRITON} cannot be installed")
     try:
         pip = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--disable-pip-version-check",
