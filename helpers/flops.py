@@ -160,8 +160,10 @@ def torch_threads(n: int):
         torch.set_num_threads(before)
 
 
-def _best_time(fn, repeats: int) -> float:
-    fn()  # warm up (allocations, thread pool)
+def best_seconds(fn, repeats: int = 5) -> float:
+    """Seconds of the fastest of ``repeats`` calls of ``fn()``, after one untimed warm-up call
+    (allocations, thread pool): the least disturbed run on a shared machine."""
+    fn()
     best = math.inf
     for _ in range(repeats):
         start = time.perf_counter()
@@ -175,7 +177,7 @@ def measure_matmul_flops(n: int = 1024, repeats: int = 3, dtype: torch.dtype = t
     g = torch.Generator().manual_seed(0)
     a, b = (torch.randn(n, n, generator=g, dtype=dtype) for _ in range(2))
     out = torch.empty(n, n, dtype=dtype)
-    return matmul_flops(n, n, n) / _best_time(lambda: torch.mm(a, b, out=out), repeats)
+    return matmul_flops(n, n, n) / best_seconds(lambda: torch.mm(a, b, out=out), repeats)
 
 
 def measure_copy_bandwidth(nbytes: int = 64 * 2**20, repeats: int = 3) -> float:
@@ -183,7 +185,7 @@ def measure_copy_bandwidth(nbytes: int = 64 * 2**20, repeats: int = 3) -> float:
     best of ``repeats``). The destination is allocated first, so page faults are not timed."""
     src = torch.ones(nbytes // 4)
     dst = torch.empty_like(src)
-    return 2 * src.nbytes / _best_time(lambda: dst.copy_(src), repeats)
+    return 2 * src.nbytes / best_seconds(lambda: dst.copy_(src), repeats)
 
 
 class PeakMemory(TorchDispatchMode):
