@@ -80,17 +80,17 @@ test: $(ENV_STAMP)
 		tests notebooks solutions
 
 execute: $(ENV_STAMP)
-	$(PY) -m helpers.notebooks execute notebooks solutions
+	$(PY) -m helpers.tools.notebooks execute notebooks solutions
 
 exercises: $(ENV_STAMP)
-	$(PY) -m helpers.notebooks exercises
+	$(PY) -m helpers.tools.notebooks exercises
 
 sync: $(ENV_STAMP)
-	$(PY) -m helpers.notebooks sync
+	$(PY) -m helpers.tools.notebooks sync
 
 # make grade [NB=notebook, student folder or class folder] [JOBS=n: notebooks at once; default all cores]
 grade: $(ENV_STAMP)
-	$(PY) -m helpers.grading $(if $(filter command line environment,$(origin JOBS)),-j $(JOBS) )$(if $(NB),$(NB),exercises)
+	$(PY) -m helpers.tools.grading $(if $(filter command line environment,$(origin JOBS)),-j $(JOBS) )$(if $(NB),$(NB),exercises)
 
 bench: $(ENV_STAMP)
 	$(PY) bench/bench_attention.py

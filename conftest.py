@@ -3,7 +3,7 @@
 - Under pytest an exercise that is not attempted must raise and count as not attempted, also
   inside the notebook kernels nbval starts (they inherit this process's environment), while a
   learner's interactive session only shows a notice and lets "Run All" reach every exercise. The
-  variable's name is ``helpers.checks._core.RAISE_NOT_ATTEMPTED_ENV`` (a test checks that they
+  variable's name is ``helpers.checks.feedback.RAISE_NOT_ATTEMPTED_ENV`` (a test checks that they
   agree).
 - One thread per process: `make test` runs two workers on two cores, and each starts notebook
   kernels (nbval, the browser test); torch would start a thread per core in every one of them, and

@@ -29,10 +29,10 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `helpers` when run as a script
 
-from helpers.attention import causal_mask  # noqa: E402
+from helpers.nb03_masks import causal_mask  # noqa: E402
 
 try:
-    from helpers import triton_flash as tf  # noqa: E402  (turns on the interpreter without CUDA)
+    from helpers import nb09_triton_flash as tf  # noqa: E402  (turns on the interpreter without CUDA)
 except ImportError as exc:  # no Triton on this platform
     tf, TRITON_MISSING = None, str(exc)
 

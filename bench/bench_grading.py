@@ -9,7 +9,7 @@ on this machine:
 
 1. each notebook alone (solved and blank), graded through the API with the fork server already
    up: what one notebook costs;
-2. each whole class through the command line (`python -m helpers.grading CLASS -j JOBS`), from the
+2. each whole class through the command line (`python -m helpers.tools.grading CLASS -j JOBS`), from the
    start of the process to its exit: the figure to compare with the goal (>= 1 notebook/s on 2
    cores);
 3. with ``--baseline``, the old way for comparison: each solved notebook in a fresh Jupyter kernel
@@ -34,8 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from helpers import notebooks as nbtools  # noqa: E402
-from helpers.grading import Submission, course_notebooks, grade  # noqa: E402
+from helpers.tools import notebooks as nbtools  # noqa: E402
+from helpers.tools.grading import Submission, course_notebooks, grade  # noqa: E402
 
 
 def graded_stems() -> list[str]:
@@ -72,7 +72,7 @@ def per_notebook(stems: list[str]) -> dict[tuple[str, str], tuple[float, float]]
 def whole_class(folder: Path, jobs: int) -> tuple[float, float, str]:
     """(wall seconds from process start to exit, CPU seconds of the notebooks' processes, score line)."""
     start = time.perf_counter()
-    result = subprocess.run([sys.executable, "-m", "helpers.grading", str(folder), "-j", str(jobs), "--no-progress",
+    result = subprocess.run([sys.executable, "-m", "helpers.tools.grading", str(folder), "-j", str(jobs), "--no-progress",
                              "--gradebook", str(folder.parent / "gradebook.csv")], cwd=ROOT, capture_output=True, text=True)
     seconds = time.perf_counter() - start
     score = next((ln for ln in result.stdout.splitlines() if ln.startswith("score:")), result.stdout[-500:])
@@ -136,7 +136,7 @@ def main() -> int:
         f"- Class: {args.students} students, each hands in all {len(stems)} notebooks ({n} notebooks): solved "
         "ones (from solutions/: every check runs all its cases) or blank ones (from exercises/: every check "
         "stops at \"not attempted\").",
-        "- Timed: `python -m helpers.grading CLASS -j "
+        "- Timed: `python -m helpers.tools.grading CLASS -j "
         f"{args.jobs}`, from the start of the process to its exit (imports and the fork server's start included).",
         "",
         "| what | notebooks | seconds | notebooks/s |",

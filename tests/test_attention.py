@@ -1,4 +1,4 @@
-"""helpers.attention and helpers.runtime: properties against torch's own implementations."""
+"""helpers.nb01_qkv_shapes and helpers.runtime: properties against torch's own implementations."""
 
 import math
 import os
@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import attention as A
+from helpers import nb01_qkv_shapes as A
 from helpers import runtime
 
 

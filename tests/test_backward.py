@@ -1,12 +1,13 @@
-"""Properties of helpers.backward, checked against torch.autograd in float64."""
+"""Properties of helpers.nb04_backward, checked against torch.autograd in float64."""
 
 import math
 
 import pytest
 import torch
 
-from helpers.attention import causal_mask, masked_softmax, scaled_dot_product_attention
-from helpers.backward import attention_backward, softmax_backward, softmax_jacobian
+from helpers.nb01_qkv_shapes import scaled_dot_product_attention
+from helpers.nb03_masks import causal_mask, masked_softmax
+from helpers.nb04_backward import attention_backward, softmax_backward, softmax_jacobian
 
 
 def _gen(seed):
@@ -101,7 +102,7 @@ def test_attention_backward_matches_torch_sdpa(causal):
 
 
 class _HandAttention(torch.autograd.Function):
-    """Forward by helpers.attention, backward by attention_backward: gradcheck tests the latter."""
+    """Forward by helpers.nb01_qkv_shapes, backward by attention_backward: gradcheck tests the latter."""
 
     @staticmethod
     def forward(ctx, q, k, v, causal):

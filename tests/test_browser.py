@@ -39,7 +39,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import notebooks as nbtools
+from helpers.tools import notebooks as nbtools
 
 ROOT = nbtools.ROOT
 SHOTS = ROOT / "build" / "screenshots"

@@ -20,10 +20,10 @@ for info in pkgutil.iter_modules(tests.wrong.__path__):
 def _short_time_limit(monkeypatch):
     # A never-returning function must be stopped sooner in tests than the real limit, but not so
     # soon that a correct function on a loaded 2-core machine is cut off.
-    from helpers.checks import _core
+    from helpers.checks import core, feedback
 
-    monkeypatch.setattr(_core, "DEFAULT_TIME_LIMIT_S", 10.0)
-    _core.reset_attempts()  # every test starts as a learner's first attempt (graduated hints)
+    monkeypatch.setattr(core, "DEFAULT_TIME_LIMIT_S", 10.0)
+    feedback.reset_attempts()  # every test starts as a learner's first attempt (graduated hints)
 
 
 @pytest.mark.parametrize("name", sorted(EXERCISES))

@@ -1,4 +1,4 @@
-"""Unit tests of the check machinery (helpers/checks/_core.py): graduated hints, the integrity
+"""Unit tests of the check machinery (helpers/checks/core.py, feedback.py, guard.py): graduated hints, the integrity
 guard, plain outputs, the call's safety net, recording, the interactive "not attempted" notice,
 model answers, and how a failure looks in a real Jupyter kernel."""
 
@@ -19,27 +19,27 @@ import numpy as np
 import pytest
 import torch
 
-import helpers.attention as att
+import helpers.nb01_qkv_shapes as att
 from helpers import checks, reference
-from helpers import notebooks as nbtools
-from helpers.checks import EXERCISES, CheckFailed, _core
+from helpers.checks import EXERCISES, CheckFailed, core, feedback, guard
+from helpers.tools import notebooks as nbtools
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(autouse=True)
 def _fresh(monkeypatch):
-    monkeypatch.setattr(_core, "DEFAULT_TIME_LIMIT_S", 30.0)
-    _core.reset_attempts()
+    monkeypatch.setattr(core, "DEFAULT_TIME_LIMIT_S", 30.0)
+    feedback.reset_attempts()
     yield
-    assert _core.verify_integrity(restore=True) == [], "a test left something replaced"
+    assert guard.verify_integrity(restore=True) == [], "a test left something replaced"
 
 
 @pytest.fixture
 def toy():
     """A registered toy check (removed again afterwards): 2 * x, with one recognised mistake."""
 
-    @_core.exercise("0.1", "double a tensor", points=1, stars=1, notebook="01_qkv_shapes", section="2. Shapes")
+    @core.exercise("0.1", "double a tensor", points=1, stars=1, notebook="01_qkv_shapes", section="2. Shapes")
     def toy_double(t):
         x = torch.arange(6.0).reshape(2, 3)
         expected = 2 * x
@@ -49,12 +49,12 @@ def toy():
 
     yield toy_double
     EXERCISES.pop("toy_double", None)
-    _core._CHECKS.pop("toy_double", None)
-    _core.reset_attempts()
+    core._CHECKS.pop("toy_double", None)
+    feedback.reset_attempts()
 
 
 def _trial(fn, name="merge_heads"):
-    return _core.Trial(EXERCISES[name], fn, 30.0)
+    return core.Trial(EXERCISES[name], fn, 30.0)
 
 
 def _fails(check, fn) -> CheckFailed:
@@ -92,7 +92,7 @@ def test_repeats_are_counted_per_exercise(toy):
 
 
 def test_exercise_pointer_without_a_section():
-    ex = _core.Exercise("9.9", "x", "t", 1, 1, "09_flash_attention")
+    ex = feedback.Exercise("9.9", "x", "t", 1, 1, "09_flash_attention")
     assert ex.pointer == "notebooks/09_flash_attention.ipynb"
 
 
@@ -101,9 +101,9 @@ def test_exercise_pointer_without_a_section():
 
 def test_messages_wrap_at_word_boundaries():
     long = "  hint: " + " ".join(f"word{i}" for i in range(60)) + " torch.softmax(q @ k.transpose(-2, -1))"
-    wrapped = _core.wrap("1.1 x failed\n" + long)
+    wrapped = feedback.wrap("1.1 x failed\n" + long)
     lines = wrapped.split("\n")
-    assert max(len(line) for line in lines) <= _core.WRAP_WIDTH
+    assert max(len(line) for line in lines) <= feedback.WRAP_WIDTH
     assert " ".join(wrapped.split()) == " ".join(("1.1 x failed\n" + long).split())  # no word was cut
     assert all(line.startswith("        ") for line in lines[2:])  # continues under the hint's text
 
@@ -113,25 +113,25 @@ def test_in_ipython_a_failure_renders_as_its_message_alone(toy):
     lines = e._render_traceback_()
     assert "✗ 0.1 toy_double failed" in lines[0]
     assert not any("Traceback" in line or "File " in line for line in lines)
-    assert all(len(line) <= _core.WRAP_WIDTH for line in lines[1:])
+    assert all(len(line) <= feedback.WRAP_WIDTH for line in lines[1:])
 
 
 def test_a_pass_prints_one_line_and_is_recorded(toy, capsys):
     results = []
-    recorder = _core.add_recorder(results.append)
+    recorder = feedback.add_recorder(results.append)
     try:
         toy(lambda x: x * 2)
     finally:
-        _core.remove_recorder(recorder)
+        feedback.remove_recorder(recorder)
     assert capsys.readouterr().out == "✓ 0.1 toy_double: double a tensor (1 pt) passed\n"
     assert [(r.name, r.status, r.passed) for r in results] == [("toy_double", "passed", True)]
 
 
 def test_run_check_returns_the_result_without_raising_or_printing(toy, capsys):
-    result = _core.run_check("toy_double", lambda x: x + 2)
+    result = core.run_check("toy_double", lambda x: x + 2)
     assert result.status == "failed" and result.hint == "you added 2 instead of multiplying by 2."
     assert isinstance(result.error, CheckFailed) and capsys.readouterr().out == ""
-    assert _core.run_check("toy_double", "not a function").status == "error"
+    assert core.run_check("toy_double", "not a function").status == "error"
 
 
 def _fake_ipython(monkeypatch):
@@ -150,19 +150,19 @@ def test_not_attempted_shows_a_notice_interactively_and_raises_under_pytest(toy,
     def stub(x):
         raise NotImplementedError()
 
-    assert os.environ.get(_core.RAISE_NOT_ATTEMPTED_ENV) == "1", "conftest.py must set it for pytest"
+    assert os.environ.get(feedback.RAISE_NOT_ATTEMPTED_ENV) == "1", "conftest.py must set it for pytest"
     with pytest.raises(checks.NotAttempted, match="not attempted yet"):
         toy(stub)
     _fake_ipython(monkeypatch)
     with pytest.raises(checks.NotAttempted):
         toy(stub)  # the variable is set: grading and nbval count it as not attempted
-    monkeypatch.delenv(_core.RAISE_NOT_ATTEMPTED_ENV)
+    monkeypatch.delenv(feedback.RAISE_NOT_ATTEMPTED_ENV)
     results = []
-    recorder = _core.add_recorder(results.append)
+    recorder = feedback.add_recorder(results.append)
     try:
         assert toy(stub) is None  # Run All goes on
     finally:
-        _core.remove_recorder(recorder)
+        feedback.remove_recorder(recorder)
     assert "◻ 0.1 toy_double: not attempted yet" in capsys.readouterr().out
     assert [r.status for r in results] == ["not attempted"]
 
@@ -170,7 +170,7 @@ def test_not_attempted_shows_a_notice_interactively_and_raises_under_pytest(toy,
 def test_conftest_sets_the_variable_the_core_reads():
     import conftest
 
-    assert conftest.RAISE_NOT_ATTEMPTED_ENV == _core.RAISE_NOT_ATTEMPTED_ENV
+    assert conftest.RAISE_NOT_ATTEMPTED_ENV == feedback.RAISE_NOT_ATTEMPTED_ENV
 
 
 def test_a_pass_in_ipython_offers_the_model_answer(monkeypatch, capsys):
@@ -178,7 +178,7 @@ def test_a_pass_in_ipython_offers_the_model_answer(monkeypatch, capsys):
     checks.merge_heads(reference.merge_heads)
     assert capsys.readouterr().out.startswith("✓ 1.2 merge_heads")
     (data,) = shown
-    answer = _core.model_answer("merge_heads")
+    answer = feedback.model_answer("merge_heads")
     assert data["text/markdown"].startswith("<details>") and answer["answer"] in data["text/markdown"]
     assert answer["question"] in data["text/plain"]
 
@@ -222,29 +222,29 @@ def test_an_installed_package_carries_the_model_answers(tmp_path):
 
 def test_a_method_added_to_torch_tensor_is_found_and_removed():
     torch.Tensor.__eq__ = lambda self, other: True
-    assert "torch.Tensor.__eq__ was added" in _core.verify_integrity(restore=True)
+    assert "torch.Tensor.__eq__ was added" in guard.verify_integrity(restore=True)
     assert "__eq__" not in vars(torch.Tensor)
 
 
 def test_replaced_function_code_is_found_and_put_back():
     code = att.merge_heads.__code__
     att.merge_heads.__code__ = (lambda o: o).__code__
-    assert "the code of helpers.attention.merge_heads was replaced" in _core.verify_integrity(restore=True)
+    assert "the code of helpers.nb01_qkv_shapes.merge_heads was replaced" in guard.verify_integrity(restore=True)
     assert att.merge_heads.__code__ is code
 
 
 def test_a_patched_check_machinery_method_is_found(toy):
-    original = _core.Trial.tensor
-    _core.Trial.tensor = lambda self, got, *a, **k: got
+    original = core.Trial.tensor
+    core.Trial.tensor = lambda self, got, *a, **k: got
     e = _fails(toy, lambda x: x * 3)
-    assert "helpers.checks._core.Trial.tensor was replaced" in str(e)
-    assert _core.Trial.tensor is original
+    assert "helpers.checks.core.Trial.tensor was replaced" in str(e)
+    assert core.Trial.tensor is original
 
 
 def test_a_torch_wrapper_made_by_torch_itself_is_accepted():
     import torch._dynamo  # noqa: F401  (wraps torch.manual_seed when imported)
 
-    assert _core.verify_integrity(restore=False) == []
+    assert guard.verify_integrity(restore=False) == []
 
 
 def test_a_torch_mode_left_open_or_a_changed_default_is_refused(toy):
@@ -293,7 +293,7 @@ def test_outputs_become_plain_data():
     ({"x": [torch.ones(1, device="meta")]}, "of the output['x'] is a tensor on the meta device"),
 ])
 def test_untrustworthy_outputs_are_refused(value, message):
-    with pytest.raises(checks._core.Refused, match=message.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(checks.feedback.Refused, match=message.replace("[", r"\[").replace("]", r"\]")):
         _trial(lambda x: value).call(torch.ones(2))
 
 
@@ -395,7 +395,7 @@ def test_only_a_bare_not_implemented_error_means_not_attempted():
 def test_a_tensor_on_another_device_gets_the_device_message():
     with pytest.raises(CheckFailed, match="device=x.device"):
         _trial(None).tensor(torch.zeros(2, device="meta"), torch.zeros(2))
-    hint = next(h for pattern, h in _core.CORE_ERROR_HINTS.items() if "same device" in pattern)
+    hint = next(h for pattern, h in feedback.CORE_ERROR_HINTS.items() if "same device" in pattern)
     assert "device=x.device" in hint
 
 
@@ -409,8 +409,8 @@ def test_a_tensor_on_another_device_gets_the_device_message():
     lambda: (lambda o: __import__("threading").Thread(target=att.merge_heads, args=(o,)).run() or o),
 ], ids=["wrapper", "partial", "code_copy", "thread_run"])
 def test_calling_the_reference_for_the_same_exercise_is_refused(make):
-    with pytest.raises(checks._core.Refused, match="course's own solution of this exercise, the reference "
-                       "helpers.attention.merge_heads"):
+    with pytest.raises(checks.feedback.Refused, match="course's own solution of this exercise, the reference "
+                       "helpers.nb01_qkv_shapes.merge_heads"):
         checks.merge_heads(make())
 
 
@@ -422,11 +422,11 @@ def test_other_helpers_stay_allowed(capsys):
 def test_the_reference_itself_is_recognised():
     """Checking the course's own function passes (the tests rely on it); the result says so, for
     the grader to score it 0."""
-    assert _core.is_course_reference(reference.merge_heads, "merge_heads")
-    assert _core.is_course_reference(types.FunctionType(att.merge_heads.__code__, {}), "merge_heads")
-    assert _core.is_course_reference(functools.partial(reference.merge_heads), "merge_heads")
-    assert not _core.is_course_reference(lambda o: o, "merge_heads")
-    assert _core.run_check("merge_heads", reference.merge_heads).is_reference
+    assert guard.is_course_reference(reference.merge_heads, "merge_heads")
+    assert guard.is_course_reference(types.FunctionType(att.merge_heads.__code__, {}), "merge_heads")
+    assert guard.is_course_reference(functools.partial(reference.merge_heads), "merge_heads")
+    assert not guard.is_course_reference(lambda o: o, "merge_heads")
+    assert core.run_check("merge_heads", reference.merge_heads).is_reference
 
 
 def test_a_debugger_or_trace_hook_inside_the_function_is_reported():
@@ -434,7 +434,7 @@ def test_a_debugger_or_trace_hook_inside_the_function_is_reported():
         sys.settrace(None)
         return att.merge_heads(o)
 
-    with pytest.raises(checks._core.Refused, match="trace function"):
+    with pytest.raises(checks.feedback.Refused, match="trace function"):
         checks.merge_heads(untraced)
     assert sys.gettrace() is None
 
@@ -458,7 +458,7 @@ def test_in_a_kernel_failures_are_short_and_run_all_reaches_every_exercise(tmp_p
         "def merge_heads(o):\n    raise NotImplementedError()\n\nchecks.merge_heads(merge_heads)",
     ]
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
-    env = {k: v for k, v in os.environ.items() if k != _core.RAISE_NOT_ATTEMPTED_ENV}
+    env = {k: v for k, v in os.environ.items() if k != feedback.RAISE_NOT_ATTEMPTED_ENV}
     env["PYTHONPATH"] = str(ROOT)
     NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=True,
                    resources={"metadata": {"path": str(tmp_path)}}).execute(env=env)
@@ -468,7 +468,7 @@ def test_in_a_kernel_failures_are_short_and_run_all_reaches_every_exercise(tmp_p
     assert error["ename"] == "CheckFailed"
     tb = "\n".join(error["traceback"])
     assert "✗ 1.2 merge_heads failed" in tb and "transpose(1, 2) first" in tb
-    assert "File " not in tb and "_core.py" not in tb and "Traceback" not in tb
+    assert "File " not in tb and "core.py" not in tb and "guard.py" not in tb and "Traceback" not in tb
     assert outs[3][0]["text"].startswith("✓ 1.2 merge_heads")
     assert "<details>" in outs[3][1]["data"]["text/markdown"]
     assert [o for o in outs[4] if o["output_type"] == "error"][0]["ename"] == "NotAttempted"
@@ -482,7 +482,7 @@ def test_run_all_of_a_blank_exercise_notebook_reaches_every_exercise(path, tmp_p
     from nbclient import NotebookClient
 
     nb = nbtools.read(path)
-    env = {k: v for k, v in os.environ.items() if k != _core.RAISE_NOT_ATTEMPTED_ENV}
+    env = {k: v for k, v in os.environ.items() if k != feedback.RAISE_NOT_ATTEMPTED_ENV}
     env["PYTHONPATH"] = str(ROOT)
     NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=True,
                    resources={"metadata": {"path": str(path.parent)}}).execute(env=env)
@@ -516,5 +516,5 @@ def test_cases_compute_every_expected_value_before_the_learner_runs():
 def test_an_output_on_another_device_than_the_inputs_is_refused():
     # No GPU here: inputs on the meta device stand in for "the inputs' device" (on Colab: a CPU
     # input and a result on the `device` from setup(), cuda).
-    with pytest.raises(checks._core.Refused, match=r"(?s)The output is on cpu, but the inputs are on meta.*device=x\.device"):
+    with pytest.raises(checks.feedback.Refused, match=r"(?s)The output is on cpu, but the inputs are on meta.*device=x\.device"):
         _trial(lambda x: torch.zeros(2)).call(torch.zeros(2, device="meta"))

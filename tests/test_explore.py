@@ -21,7 +21,7 @@ from ipywidgets import Dropdown, IntSlider, fixed  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from helpers import explore as ex  # noqa: E402
-from helpers import notebooks as nbtools  # noqa: E402
+from helpers.tools import notebooks as nbtools  # noqa: E402
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 

@@ -32,7 +32,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from helpers.flash import (
+from helpers.nb09_flash_attention import (
     FlashAttentionTiledFunction,
     flash_attention_tiled,
     flash_attention_tiled_backward,
@@ -40,7 +40,7 @@ from helpers.flash import (
 )
 
 try:
-    from helpers import triton_flash as tf
+    from helpers import nb09_triton_flash as tf
 except ImportError:  # macOS / Windows: no Triton
     tf = None
 
@@ -281,7 +281,7 @@ x = torch.arange(37, dtype=torch.float32)
 y = torch.empty_like(x)
 double_rows[(1,)](x, y, 37, BLOCK=16)
 assert torch.equal(y, 2 * x), y
-from helpers.triton_flash import flash_attention_triton
+from helpers.nb09_triton_flash import flash_attention_triton
 q = torch.randn(1, 2, 20, 16)
 assert torch.allclose(flash_attention_triton(q, q, q), torch.nn.functional.scaled_dot_product_attention(q, q, q),
                       atol=1e-5)
@@ -302,7 +302,7 @@ def run_python(code: str, folder: Path, env: dict | None = None, timeout: float 
 
 @needs_triton
 @needs_interpreter_machine
-@pytest.mark.parametrize("first", ["from helpers import checks", "import helpers.checks.flash"])
+@pytest.mark.parametrize("first", ["from helpers import checks", "import helpers.checks.nb09_flash_attention"])
 def test_checks_imported_first_then_the_learners_triton_kernel_runs(first, tmp_path):
     run = run_python(LEARNER_ORDER.format(first=first), tmp_path)
     assert run.returncode == 0 and "ran" in run.stdout, run.stderr[-3000:]
@@ -311,8 +311,8 @@ def test_checks_imported_first_then_the_learners_triton_kernel_runs(first, tmp_p
 @needs_triton
 @needs_interpreter_machine
 def test_the_import_order_test_fails_without_the_import_hook(tmp_path):
-    """Without the hook that helpers/__init__.py installs, the same script meets the reported error."""
-    unhook = "sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != '_TritonSetup']"
+    """Without the hook that helpers.runtime installs, the same script meets the reported error."""
+    unhook = "sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != '_CourseImportHook']"
     run = run_python(LEARNER_ORDER.format(first=f"import sys, helpers\n{unhook}\nfrom helpers import checks"), tmp_path)
     assert run.returncode != 0 and "Cannot call @triton.jit'd outside of the scope of a kernel" in run.stderr, run.stderr
 

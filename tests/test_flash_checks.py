@@ -12,7 +12,7 @@ import torch
 
 from helpers import checks
 from helpers.checks import CheckFailed
-from helpers.checks import flash as flash_checks
+from helpers.checks import nb09_flash_attention as flash_checks
 from tests.wrong import flash as wrong
 
 needs_triton = pytest.mark.skipif(wrong.triton is None, reason="Triton is Linux-only")
@@ -329,7 +329,7 @@ def test_triton_forward_explains_a_non_tensor_lse():
 
 # ----------------------------------------------------------------- the provenance instrument (9.3 / 9.4)
 def _provenance_of(fn):
-    from helpers.checks._watch import Calls, Provenance
+    from helpers.checks.instruments import Calls, Provenance
 
     q, k, v = (torch.randn(2, 3, 8, 4, generator=torch.Generator().manual_seed(i)) for i in range(3))
     prov, calls = Provenance({"q": q, "k": k, "v": v}, watched={"q", "k", "v"}), Calls()
@@ -383,15 +383,15 @@ def test_provenance_follows_in_place_writes_into_a_view():
 
 # ----------------------------------------------------------------- hints name only what they recognise
 def test_online_softmax_unrecognised_mistake_gets_no_guessed_cause():
-    from helpers.checks import _core
+    from helpers.checks import feedback
 
-    _core.reset_attempts()
+    feedback.reset_attempts()
     with pytest.raises(CheckFailed) as info:
         checks.online_softmax(lambda x, block_size: online_keepdim(x, block_size) * 1.01)
     message = str(info.value)
     assert "shorter" not in message and "hint:" not in message
     assert "see: notebooks/09_flash_attention.ipynb, section" in message
-    _core.reset_attempts()
+    feedback.reset_attempts()
 
 
 @needs_triton

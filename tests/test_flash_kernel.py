@@ -1,6 +1,6 @@
-"""Tests of helpers/flash.py (PyTorch teaching versions) and helpers/triton_flash.py (Triton kernels).
+"""Tests of helpers/nb09_flash_attention.py (PyTorch teaching versions) and helpers/nb09_triton_flash.py (Triton kernels).
 
-Without a CUDA GPU the kernels run in Triton's interpreter (importing helpers.triton_flash turns it
+Without a CUDA GPU the kernels run in Triton's interpreter (importing helpers.nb09_triton_flash turns it
 on), so sequences stay short and each axis (T, d, causal, dtype, GQA) is covered by a few cases
 rather than by the full product. References: torch's scaled_dot_product_attention and autograd,
 computed in float32 from the same (possibly fp16) inputs.
@@ -28,10 +28,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from helpers.flash import flash_attention_tiled, online_softmax
+from helpers.nb09_flash_attention import flash_attention_tiled, online_softmax
 
 try:
-    from helpers import triton_flash as tf  # turns on the interpreter when there is no CUDA GPU
+    from helpers import nb09_triton_flash as tf  # turns on the interpreter when there is no CUDA GPU
 except ImportError:  # macOS / Windows: no Triton; the PyTorch tests still run
     tf = None
 
@@ -344,9 +344,9 @@ def test_triton_rejects_bad_inputs(monkeypatch):
 
 def test_triton_missing_gives_clear_import_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "triton", None)  # `import triton` now raises ImportError
-    monkeypatch.delitem(sys.modules, "helpers.triton_flash", raising=False)
+    monkeypatch.delitem(sys.modules, "helpers.nb09_triton_flash", raising=False)
     with pytest.raises(ImportError, match="Triton is Linux-only"):
-        importlib.import_module("helpers.triton_flash")
+        importlib.import_module("helpers.nb09_triton_flash")
 
 
 # --------------------------------------------------------------------------------------------
@@ -387,7 +387,7 @@ os.environ["TRITON_INTERPRET"] = "0"  # decorate the kernels for the GPU, not th
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-import helpers.triton_flash as tf
+import helpers.nb09_triton_flash as tf
 
 def compile_for_hopper(fn, consts):
     sig = {}

@@ -1,4 +1,4 @@
-"""helpers.flops: the FLOP and byte formulas of notebook 08 against a FLOP counter and the sources'
+"""helpers.nb08_flops_memory: the FLOP and byte formulas of notebook 08 against a FLOP counter and the sources'
 figures, the memory meter, and correct learner solutions of 8.1-8.3 in other styles, which the
 checks must accept."""
 
@@ -11,9 +11,10 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from helpers import checks
-from helpers.attention import merge_heads, scaled_dot_product_attention, split_heads
 from helpers.configs import MODELS
-from helpers.flops import (
+from helpers.nb01_qkv_shapes import merge_heads, scaled_dot_product_attention, split_heads
+from helpers.nb06_kv_sharing import repeat_kv
+from helpers.nb08_flops_memory import (
     GB,
     GiB,
     PeakMemory,
@@ -28,7 +29,6 @@ from helpers.flops import (
     max_seq_len_for_scores,
     score_matrix_bytes,
 )
-from helpers.kv_sharing import repeat_kv
 
 MAVERICK = MODELS["Llama-4-Maverick"]
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from helpers import notebooks as nbtools
-from helpers.grading import (
+from helpers.tools import notebooks as nbtools
+from helpers.tools.grading import (
     Row,
     Submission,
     collect,
@@ -27,7 +27,7 @@ from helpers.grading import (
     passed,
     write_gradebook,
 )
-from helpers.grading import main as grade_main
+from helpers.tools.grading import main as grade_main
 
 ROOT = nbtools.ROOT
 GRADED_STEMS = sorted(p.stem for p in nbtools.notebook_paths("solutions") if p.stem in course_notebooks())
@@ -150,9 +150,9 @@ def test_make_grade_is_wired():
         return subprocess.run(["make", "--no-print-directory", "-n", "grade", "PY=python", *args], cwd=ROOT,
                               capture_output=True, text=True, check=True).stdout.strip()
 
-    assert dry_run() == "python -m helpers.grading exercises"
-    assert dry_run("NB=exercises/01_qkv_shapes.ipynb") == "python -m helpers.grading exercises/01_qkv_shapes.ipynb"
-    assert dry_run("NB=submissions", "JOBS=8") == "python -m helpers.grading -j 8 submissions"
+    assert dry_run() == "python -m helpers.tools.grading exercises"
+    assert dry_run("NB=exercises/01_qkv_shapes.ipynb") == "python -m helpers.tools.grading exercises/01_qkv_shapes.ipynb"
+    assert dry_run("NB=submissions", "JOBS=8") == "python -m helpers.tools.grading -j 8 submissions"
 
 
 # --------------------------------------------------------------------------- slow: notebooks run
@@ -205,14 +205,14 @@ def _cheats() -> dict[str, nbformat.NotebookNode]:
         # a blank notebook whose check cells run the checks on the course's own reference functions
         "checks_on_reference": _edit(_edit(_edit(
             blank(), "checks.qkv_projection(qkv_projection)",
-            "import helpers.attention\nchecks.qkv_projection(helpers.attention.qkv_projection)"),
-            "checks.merge_heads(merge_heads)", "checks.merge_heads(helpers.attention.merge_heads)"),
+            "import helpers.nb01_qkv_shapes\nchecks.qkv_projection(helpers.nb01_qkv_shapes.qkv_projection)"),
+            "checks.merge_heads(merge_heads)", "checks.merge_heads(helpers.nb01_qkv_shapes.merge_heads)"),
             "checks.scaled_dot_product_attention(scaled_dot_product_attention)",
-            "checks.scaled_dot_product_attention(helpers.attention.scaled_dot_product_attention)"),
+            "checks.scaled_dot_product_attention(helpers.nb01_qkv_shapes.scaled_dot_product_attention)"),
         # a blank notebook that binds the exercise names to the course's reference at the end
         "reference_as_mine": _append(blank(), (
-            "import helpers.attention, helpers.reference, functools\n"
-            "qkv_projection = helpers.attention.qkv_projection\n"
+            "import helpers.nb01_qkv_shapes, helpers.reference, functools\n"
+            "qkv_projection = helpers.nb01_qkv_shapes.qkv_projection\n"
             "merge_heads = functools.partial(helpers.reference.merge_heads)\n"
             "scaled_dot_product_attention = lambda q, k, v: helpers.reference.scaled_dot_product_attention(q, k, v)")),
         # a blank notebook that replaces the checks themselves, and torch's comparisons

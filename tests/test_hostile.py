@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from helpers import checks, reference
-from helpers.checks import EXERCISES, CheckFailed, _core
+from helpers.checks import EXERCISES, CheckFailed, core, feedback, guard
 from helpers.runtime import configure_triton
 
 configure_triton()  # as setup() does in a notebook: Triton's interpreter on before any kernel exists
@@ -29,12 +29,12 @@ _SAVED = {name: getattr(torch, name) for name in ("isclose", "allclose", "equal"
 
 @pytest.fixture(autouse=True)
 def _fresh(monkeypatch):
-    monkeypatch.setattr(_core, "DEFAULT_TIME_LIMIT_S", 120.0)  # the Triton interpreter is slow
-    _core.reset_attempts()
+    monkeypatch.setattr(core, "DEFAULT_TIME_LIMIT_S", 120.0)  # the Triton interpreter is slow
+    feedback.reset_attempts()
     yield
     for name, fn in _SAVED.items():  # whatever happened, leave torch as it was for other tests
         setattr(torch, name, fn)
-    assert _core.verify_integrity(restore=True) == [], "something replaced was not put back"
+    assert guard.verify_integrity(restore=True) == [], "something replaced was not put back"
 
 
 _FIRST: dict[str, tuple] = {}
@@ -213,11 +213,11 @@ def test_sys_exit_is_a_failed_check_and_recorded(name):
     import sys as system
 
     results = []
-    recorder = _core.add_recorder(results.append)
+    recorder = feedback.add_recorder(results.append)
     try:
         e = rejected(name, lambda *a, **k: system.exit(3))
     finally:
-        _core.remove_recorder(recorder)
+        feedback.remove_recorder(recorder)
     assert "sys.exit()" in str(e) and e.status == "error", str(e)
     assert [r.status for r in results] == ["error"]
 

@@ -1,4 +1,4 @@
-"""helpers.kv_cache: decoding with a cache equals attention over the whole sequence; the
+"""helpers.nb07_kv_cache: decoding with a cache equals attention over the whole sequence; the
 preallocated cache, its reset and mixed lengths; split-K decoding; and correct learner solutions of
 7.1-7.3 in other styles, which the checks must accept."""
 
@@ -10,9 +10,12 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
 from helpers import checks
-from helpers.attention import causal_mask, scaled_dot_product_attention
 from helpers.configs import MODELS
-from helpers.kv_cache import (
+from helpers.nb01_qkv_shapes import scaled_dot_product_attention
+from helpers.nb03_masks import causal_mask
+from helpers.nb05_multihead import multi_head_attention
+from helpers.nb06_kv_sharing import config_values_per_token, grouped_query_attention
+from helpers.nb07_kv_cache import (
     KVCache,
     cached_attention,
     decode_step,
@@ -22,8 +25,6 @@ from helpers.kv_cache import (
     prefill_decode_flops,
     split_k_decode,
 )
-from helpers.kv_sharing import config_values_per_token, grouped_query_attention
-from helpers.multihead import multi_head_attention
 
 
 def _layer(B=2, T=9, H=3, d_k=4, seed=0, dtype=torch.float64):

@@ -1,4 +1,4 @@
-"""Properties of the key/value sharing references (helpers/kv_sharing.py) and the checks of
+"""Properties of the key/value sharing references (helpers/nb06_kv_sharing.py) and the checks of
 exercises 6.1-6.4 accepting correct solutions written in other styles."""
 
 import math
@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import checks, kv_sharing, reference
+from helpers import checks, reference
+from helpers import nb06_kv_sharing as kv_sharing
 from helpers.configs import MODELS
 
 
@@ -49,7 +50,7 @@ def test_gqa_causal_with_fewer_queries_is_bottom_right():
 
 
 def test_gqa_runs_through_the_course_triton_kernel():
-    from helpers.triton_flash import flash_attention_triton
+    from helpers.nb09_triton_flash import flash_attention_triton
 
     q, k, v = _qkv(1, 4, 2, 20, 16, dtype=torch.float32)
     torch.testing.assert_close(flash_attention_triton(q, k, v, causal=True),

@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from helpers.notebooks import ROOT
+from helpers.tools.notebooks import ROOT
 
 
 def test_ruff_clean():

@@ -1,11 +1,12 @@
-"""Properties of the mask references (helpers/masks.py) against torch's own attention."""
+"""Properties of the mask references (helpers/nb03_masks.py) against torch's own attention."""
 
 import torch
 import torch.nn.functional as F
 
-from helpers import masks, reference
-from helpers.attention import scaled_dot_product_attention
-from helpers.checks.masks import _leak_cases, toy_attention
+from helpers import nb03_masks as masks
+from helpers import reference
+from helpers.checks.nb03_masks import _leak_cases, toy_attention
+from helpers.nb01_qkv_shapes import scaled_dot_product_attention
 
 
 def _qkv(B, H, T, d, seed=0, T_k=None, dtype=torch.float64):

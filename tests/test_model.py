@@ -8,11 +8,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import checks, model
-from helpers.attention import causal_mask, merge_heads, qkv_projection, scaled_dot_product_attention
-from helpers.kv_sharing import grouped_query_attention
-from helpers.masks import find_mask_leaks
-from helpers.positions import rope, rope_attention, rope_cos_sin
+from helpers import checks
+from helpers import nb11_trained_transformer as model
+from helpers.nb01_qkv_shapes import merge_heads, qkv_projection, scaled_dot_product_attention
+from helpers.nb03_masks import causal_mask, find_mask_leaks
+from helpers.nb06_kv_sharing import grouped_query_attention
+from helpers.nb10_positions import rope, rope_attention, rope_cos_sin
 
 
 def gen(seed):
@@ -144,7 +145,7 @@ def test_head_ablation_zeroes_that_heads_output():
     heads[:, 1] = 0
     torch.testing.assert_close(y, merge_heads(heads) @ layer.w_o)
     try:
-        from helpers.multihead import ablate_head
+        from helpers.nb05_multihead import ablate_head
     except ImportError:
         return
     torch.testing.assert_close(y, ablate_head(x, layer.w_qkv, layer.w_o, 4, 1, True))

@@ -1,4 +1,4 @@
-"""Properties of the multi-head references (helpers/multihead.py) and the checks of exercises
+"""Properties of the multi-head references (helpers/nb05_multihead.py) and the checks of exercises
 5.1-5.3 accepting correct solutions written in other styles."""
 
 import math
@@ -7,9 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import checks, multihead, reference
-from helpers.attention import merge_heads, qkv_projection, scaled_dot_product_attention
+from helpers import checks, reference
+from helpers import nb05_multihead as multihead
 from helpers.configs import MODELS
+from helpers.nb01_qkv_shapes import merge_heads, qkv_projection, scaled_dot_product_attention
 
 
 def _layer(B=2, T=5, D=12, seed=0, dtype=torch.float64):

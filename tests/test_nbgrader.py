@@ -13,9 +13,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from helpers import notebooks as nbtools
 from helpers.checks import EXERCISES
-from helpers.grading import write_nbgrader_course
+from helpers.tools import notebooks as nbtools
+from helpers.tools.grading import write_nbgrader_course
 
 ROOT = nbtools.ROOT
 STEMS = [p.stem for p in nbtools.notebook_paths("exercises")]

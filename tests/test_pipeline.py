@@ -11,7 +11,7 @@ import sys
 import nbformat
 import pytest
 
-from helpers import notebooks as nbtools
+from helpers.tools import notebooks as nbtools
 
 ROOT = nbtools.ROOT
 
@@ -185,7 +185,7 @@ def test_bootstrap_on_colab_installs_helpers_and_keeps_torch(monkeypatch, tmp_pa
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target), str(ROOT)],
                    check=True, capture_output=True)
-    probe = "import helpers.checks, helpers.reference, helpers.runtime, helpers.grading; print(helpers.checks.__file__)"
+    probe = "import helpers.checks, helpers.reference, helpers.runtime, helpers.tools.grading; print(helpers.checks.__file__)"
     out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env={"PYTHONPATH": str(target), "PATH": ""},
                          check=True, capture_output=True, text=True).stdout
     assert str(target) in out, "the installed package, not the checkout, was imported"

@@ -7,8 +7,10 @@ import math
 import pytest
 import torch
 
-from helpers import checks, positions
-from helpers.attention import causal_mask, merge_heads, qkv_projection, scaled_dot_product_attention
+from helpers import checks
+from helpers import nb10_positions as positions
+from helpers.nb01_qkv_shapes import merge_heads, qkv_projection, scaled_dot_product_attention
+from helpers.nb03_masks import causal_mask
 
 
 def gen(seed):

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers import checks
-from helpers.checks import scaling as scaling_checks
+from helpers.checks import nb02_scaling as scaling_checks
 
 # ----------------------------------------------------------------- 1.1 qkv_projection
 
@@ -301,7 +301,8 @@ def attention_backward_einsum(q, k, v, grad_out, causal):
 
 def attention_backward_recomputes_p(q, k, v, grad_out, causal):
     """Computes P twice (once per use), with the course's own masked softmax helper: allowed."""
-    from helpers.attention import attention_weights, causal_mask
+    from helpers.nb01_qkv_shapes import attention_weights
+    from helpers.nb03_masks import causal_mask
 
     allowed = causal_mask(q.shape[-2]) if causal else None
     grad_v = attention_weights(q, k, allowed).mT @ grad_out
@@ -383,7 +384,7 @@ def test_pairs_for_inverts_the_formula():
 
 # ----------------------------------------------------------------- hints name only what they recognise
 
-from helpers.checks import CheckFailed, _core  # noqa: E402
+from helpers.checks import CheckFailed, feedback  # noqa: E402
 from tests.wrong import masks as wrong_masks  # noqa: E402
 from tests.wrong import scaling as wrong_scaling  # noqa: E402
 
@@ -397,13 +398,13 @@ def _message(check, fn) -> str:
 def test_first_failure_points_at_the_section_and_a_repeat_shows_the_recipe():
     """An unrecognised mistake (a right answer scaled by 1.01) is described, not explained: the first
     failure names no cause and no solution, only the section; the second one shows the recipe."""
-    _core.reset_attempts()
+    feedback.reset_attempts()
     first = _message(checks.scaled_dot_product_attention, lambda q, k, v: sdpa_einsum(q, k, v) * 1.01)
     second = _message(checks.scaled_dot_product_attention, lambda q, k, v: sdpa_einsum(q, k, v) * 1.01)
     assert "hint:" not in first and "softmax(q @ k" not in first
     assert "see: notebooks/01_qkv_shapes.ipynb, section" in first
     assert "recipe: torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d_k), dim=-1) @ v" in second
-    _core.reset_attempts()
+    feedback.reset_attempts()
 
 
 def test_a_finite_fill_is_not_told_that_exp_overflowed():

@@ -7,9 +7,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import attention, checks, scaling
+from helpers import checks
+from helpers import nb01_qkv_shapes as attention
+from helpers import nb02_scaling as scaling
 from helpers.checks import CheckFailed
-from helpers.checks import scaling as scaling_checks
+from helpers.checks import nb02_scaling as scaling_checks
 from tests.wrong import scaling as wrong
 
 

@@ -2,22 +2,29 @@
 
 Each check runs your function on fixed and random cases against ``helpers.reference`` and either
 prints one line (exercise, title, points) or raises an ``AssertionError`` that names the failing
-case, expected vs got, and a hint at the likely mistake. See ``_core`` for the machinery; each
-topic module lists its checks in ``__all__``.
+case, expected vs got, and a hint at the likely mistake.
+
+The machinery, one job a module: ``core`` (cases, the trial, comparisons, registering checks),
+``feedback`` (failures, messages, graduated hints, model answers, recorders), ``guard`` (the
+integrity guard, refusing the reference, time limits, plain data) and ``instruments`` (the op
+log, provenance of values, counted calls: what a check observes while the learner's function
+runs). The checks themselves: one module a notebook, ``nbNN_topic``, each listing its checks in
+``__all__``.
 """
 
-from ._core import EXERCISES, CheckFailed, LearnerError, NotAttempted, TimedOut
-from ._core import protect as _protect
-from .backward import *  # noqa: F403  (04_backward)
-from .flash import *  # noqa: F403  (09_flash_attention)
-from .flops import *  # noqa: F403  (08_flops_memory)
-from .kv_cache import *  # noqa: F403  (07_kv_cache)
-from .kv_sharing import *  # noqa: F403  (06_kv_sharing)
-from .masks import *  # noqa: F403  (03_masks)
-from .model import *  # noqa: F403  (11_trained_transformer)
-from .multihead import *  # noqa: F403  (05_multihead)
-from .positions import *  # noqa: F403  (10_positions)
-from .qkv_shapes import merge_heads, qkv_projection, scaled_dot_product_attention
-from .scaling import *  # noqa: F403  (02_scaling)
+from .core import EXERCISES
+from .feedback import CheckFailed, LearnerError, NotAttempted, TimedOut
+from .guard import protect as _protect
+from .nb01_qkv_shapes import *  # noqa: F403
+from .nb02_scaling import *  # noqa: F403
+from .nb03_masks import *  # noqa: F403
+from .nb04_backward import *  # noqa: F403
+from .nb05_multihead import *  # noqa: F403
+from .nb06_kv_sharing import *  # noqa: F403
+from .nb07_kv_cache import *  # noqa: F403
+from .nb08_flops_memory import *  # noqa: F403
+from .nb09_flash_attention import *  # noqa: F403
+from .nb10_positions import *  # noqa: F403
+from .nb11_trained_transformer import *  # noqa: F403
 
 _protect()  # the integrity guard's snapshot of the course's modules: keep this last

@@ -109,7 +109,7 @@ def online_returns_float32(x, block_size):
 
 
 def online_calls_helper(x, block_size):
-    from helpers.flash import online_softmax
+    from helpers.nb09_flash_attention import online_softmax
 
     return online_softmax(x, block_size)
 
@@ -570,7 +570,7 @@ if triton is not None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
     def triton_forward_calls_course_kernel(q, k, v, causal=False):
-        from helpers.triton_flash import flash_attention_triton_forward
+        from helpers.nb09_triton_flash import flash_attention_triton_forward
 
         return flash_attention_triton_forward(q, k, v, causal=causal)
 

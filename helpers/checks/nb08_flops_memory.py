@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from .. import flops as ref
+from .. import nb08_flops_memory as ref
 from ..configs import MODELS
-from ._core import Trial, describe, describe_case, exercise
+from .core import Trial, describe, describe_case, exercise
 
 __all__ = ["attention_flops", "score_matrix_bytes", "max_seq_len_for_scores"]
 

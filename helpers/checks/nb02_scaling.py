@@ -11,8 +11,9 @@ import math
 
 import torch
 
-from .. import attention, scaling
-from ._core import Trial, describe, describe_case, exercise, seeded
+from .. import nb01_qkv_shapes as attention
+from .. import nb02_scaling as scaling
+from .core import Trial, describe, describe_case, exercise, seeded
 
 __all__ = ["scaled_scores", "attention_entropy", "dot_product_std"]
 

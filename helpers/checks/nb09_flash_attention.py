@@ -1,7 +1,7 @@
 """Checks for notebook 09_flash_attention: exercises 9.1-9.4.
 
 These exercises ask for a *way* of computing, not only a result, so the checks also watch how the
-learner's function works (the instruments are in :mod:`helpers.checks._watch`):
+learner's function works (the instruments are in :mod:`helpers.checks.instruments`):
 
 - 9.1 and 9.2 (PyTorch) log every aten op the function runs, to see whether x is read block by block
   and whether a ``[T, T]`` tensor is ever formed; and they follow where data goes, so work moved out
@@ -38,11 +38,11 @@ from typing import Any
 
 import torch
 
-from .. import attention as att
-from .. import flash as ref
-from . import _core
-from ._core import Trial, describe, describe_case, exercise, seeded
-from ._watch import KERNEL, Calls, OpLog, Provenance, disabled_modes, op_name, warm_up
+from .. import nb01_qkv_shapes as att
+from .. import nb09_flash_attention as ref
+from . import guard as _guard
+from .core import Trial, describe, describe_case, exercise, seeded
+from .instruments import KERNEL, Calls, OpLog, Provenance, disabled_modes, op_name, warm_up
 
 __all__ = ["online_softmax", "flash_attention_tiled", "flash_attention_triton", "flash_attention_triton_backward"]
 
@@ -51,7 +51,7 @@ LOG2E = math.log2(math.e)
 TRITON_TIME_LIMIT_S = 120.0  # per call: the interpreter is slow, and a GPU compiles on first use
 
 _HELPERS = Path(__file__).resolve().parent.parent
-_KERNEL_FILES = {str(_HELPERS / "triton_flash.py")}
+_KERNEL_FILES = {str(_HELPERS / "nb09_triton_flash.py")}
 # The course's own solutions of notebook 09: calling any of them is refused (by the core's watch).
 _COURSE_FUNCTIONS = {"online_softmax", "flash_attention_tiled", "flash_attention_triton",
                      "flash_attention_triton_forward", "flash_attention_triton_backward"}
@@ -70,7 +70,7 @@ _EXP_LIKE = {"exp", "exp2", "expm1", "_softmax", "logsumexp", "logaddexp", "loga
 
 class _OpLog(OpLog):
     """Logs ``(op, first input shape, output shapes)`` (the three-field form that
-    helpers.checks.kv_sharing imports; new code uses helpers.checks._watch.OpLog)."""
+    helpers.checks.nb06_kv_sharing imports; new code uses helpers.checks.instruments.OpLog)."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = super().__torch_dispatch__(func, types, args, kwargs)
@@ -567,7 +567,7 @@ class _KernelLaunches:
             # The check machinery's trace hook watches for calls of the course's reference; a kernel body
             # is no place for one (a launch of the course's kernel is caught here), and traced, the
             # interpreter runs about 3x slower. It is paused through the machinery's own switch.
-            trace, settrace = sys.gettrace(), getattr(_core, "_own_settrace", None)
+            trace, settrace = sys.gettrace(), getattr(_guard, "_own_settrace", None)
             try:
                 with disabled_modes(), launches.calls.pause():
                     if settrace is not None and trace is not None:
@@ -695,7 +695,7 @@ def _call_kernel(t: Trial, *args: Any, sources: dict[str, torch.Tensor], case: s
         t.fail("no Triton kernel ran during your function.", "launch your kernel, `_kernel[grid](...)`, and return "
                "what it wrote.")
     if any(f in _KERNEL_FILES for _, f, _ in launches.launches) and not t.is_reference:
-        t.fail("your function launched the course's kernel (helpers/triton_flash.py) instead of your own.",
+        t.fail("your function launched the course's kernel (helpers/nb09_triton_flash.py) instead of your own.",
                "write the kernel in the notebook: the point of the exercise is to build it.")
     where = "your kernels" if len({name for name, _, _ in launches.launches}) > 1 else "your kernel"
     if prov.mixed:

@@ -11,8 +11,8 @@ import math
 
 import torch
 
-from .. import attention as ref
-from ._core import Trial, describe_case, exercise, seeded
+from .. import nb01_qkv_shapes as ref
+from .core import Trial, describe_case, exercise, seeded
 
 NB = "01_qkv_shapes"
 

@@ -1,6 +1,6 @@
 """Gradients through softmax and attention, by hand (notebook 04).
 
-Forward pieces come from :mod:`helpers.attention`; this module holds only their backward. Shapes:
+Forward pieces come from :mod:`helpers.nb01_qkv_shapes`; this module holds only their backward. Shapes:
 T sequence length, d_k query/key width, d_v value width, any leading batch/head dims ``...``.
 Per-head tensors are ``[B, H, T, d_k]``. Masks are boolean with True = may attend.
 """
@@ -11,7 +11,8 @@ import math
 
 import torch
 
-from .attention import attention_weights, causal_mask
+from .nb01_qkv_shapes import attention_weights
+from .nb03_masks import causal_mask
 
 __all__ = ["softmax_jacobian", "softmax_backward", "attention_backward"]
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from .attention import causal_mask, finite_or_zero, merge_heads, qkv_projection, scaled_dot_product_attention
-from .flash import flash_attention_tiled
-from .masks import padding_mask
+from .nb01_qkv_shapes import merge_heads, qkv_projection, scaled_dot_product_attention
+from .nb03_masks import causal_mask, finite_or_zero, padding_mask
+from .nb09_flash_attention import flash_attention_tiled
 
 __all__ = ["kv_cache_bytes", "decode_step", "prefill_decode_flops"]
 

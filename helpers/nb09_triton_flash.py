@@ -1,7 +1,7 @@
 """FlashAttention in Triton (notebook 09): forward and backward kernels and an autograd wrapper.
 
 Public API (q ``[B, H, T_q, d]``, k and v ``[B, H_kv, T_k, d]``, H % H_kv == 0; other leading
-dims work too, ``[B, T, d]``, ``[T, d]``, ``[B1, B2, H, T, d]``: see ``helpers.flash.flatten_batch``):
+dims work too, ``[B, T, d]``, ``[T, d]``, ``[B1, B2, H, T, d]``: see ``helpers.nb09_flash_attention.flatten_batch``):
 
 * ``flash_attention_triton(q, k, v, causal=False, sm_scale=None)`` -> out ``[B, H, T_q, d]``,
   differentiable (``out.sum().backward()`` runs the backward kernels). ``sm_scale`` defaults to
@@ -24,7 +24,7 @@ from helpers.runtime import configure_triton
 
 # Triton reads TRITON_INTERPRET when a function is decorated with @triton.jit, its own library
 # (tl.zeros, tl.max, ...) included, which it decorates when `triton` is imported: decide first.
-# (Importing `helpers` has already arranged that; see helpers/__init__.py.)
+# (Importing `helpers` has already arranged that; see helpers/runtime.py.)
 _INTERPRET = configure_triton()
 
 import functools  # noqa: E402
@@ -32,7 +32,7 @@ import math  # noqa: E402
 
 import torch  # noqa: E402
 
-from helpers.flash import flatten_batch  # noqa: E402
+from helpers.nb09_flash_attention import flatten_batch  # noqa: E402
 
 try:
     import triton
@@ -477,7 +477,7 @@ def _fixed_blocks(kind: str) -> dict:
 
 def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> None:
     """Raise ValueError (with the offending shapes/dtypes) unless q, k, v (4-D, from
-    :func:`helpers.flash.flatten_batch`) suit the kernels."""
+    :func:`helpers.nb09_flash_attention.flatten_batch`) suit the kernels."""
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"q, k, v must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
     allowed = (torch.float16, torch.float32) if _INTERPRET else (torch.float16, torch.bfloat16, torch.float32)
@@ -491,7 +491,7 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
     if not _INTERPRET and q.device.type != "cuda":
         raise ValueError(
             f"tensors are on {q.device} but Triton is compiling for the GPU; move them to CUDA, or set "
-            "TRITON_INTERPRET=1 before importing helpers.triton_flash to run on the CPU"
+            "TRITON_INTERPRET=1 before importing helpers.nb09_triton_flash to run on the CPU"
         )
     B, H, T_q, d = q.shape
     if k.shape != v.shape:
@@ -620,7 +620,7 @@ def flash_attention_triton(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, sm_scale: float | None = None
 ) -> torch.Tensor:
     """FlashAttention: q ``[B, H, T_q, d]``, k, v ``[B, H_kv, T_k, d]`` -> out ``[B, H, T_q, d]``
-    (or any other leading dims, as :func:`helpers.flash.flatten_batch` describes).
+    (or any other leading dims, as :func:`helpers.nb09_flash_attention.flatten_batch` describes).
 
     Equals ``torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
     scale=sm_scale, enable_gqa=H_kv < H)``; differentiable through the Triton backward kernels."""

@@ -1,4 +1,4 @@
-"""Maintainer tools for the course's notebooks (``python -m helpers.notebooks COMMAND``).
+"""Maintainer tools for the course's notebooks (``python -m helpers.tools.notebooks COMMAND``).
 
 - ``execute DIR_OR_NB ...``: run notebooks top to bottom in fresh kernels and store their outputs
   (``make execute``), so committed outputs are always what the code prints. The bootstrap cell is
@@ -27,7 +27,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK_DIRS = ("notebooks", "solutions", "exercises")
 
 BEGIN_SOLUTION, END_SOLUTION = "### BEGIN SOLUTION", "### END SOLUTION"

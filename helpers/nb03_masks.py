@@ -3,7 +3,7 @@
 Every mask is boolean with True = may attend (the convention of
 ``torch.nn.functional.scaled_dot_product_attention``). Rows are queries, columns are keys: a
 ``[T_q, T_k]`` mask broadcasts over batch and heads, a ``[B, 1, 1, T_k]`` one over heads and
-queries. ``causal_mask`` and ``masked_softmax`` live in :mod:`helpers.attention` (notebook 01 uses
+queries. ``causal_mask`` and ``masked_softmax`` live in :mod:`helpers.nb01_qkv_shapes` (notebook 01 uses
 them) and are re-exported here as the references for exercises 3.1 and 3.3.
 """
 
@@ -13,8 +13,6 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from .attention import causal_mask, masked_softmax
-
 __all__ = [
     "causal_mask",
     "padding_mask",
@@ -23,6 +21,31 @@ __all__ = [
     "packed_causal_mask",
     "find_mask_leaks",
 ]
+
+
+def causal_mask(T: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """``[T, T]`` bool, True on and below the diagonal: query i may attend to keys j <= i."""
+    return torch.ones(T, T, dtype=torch.bool, device=device).tril()
+
+
+def finite_or_zero(m: torch.Tensor) -> torch.Tensor:
+    """Replace -inf (a row max when nothing is allowed, or nothing seen yet) by 0, so that
+    ``x - m`` never computes ``-inf - -inf = NaN``."""
+    return torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+
+
+def masked_softmax(scores: torch.Tensor, allowed: torch.Tensor | None = None) -> torch.Tensor:
+    """Softmax over the last dim of ``scores`` ``[..., T_k]`` where ``allowed`` (bool, broadcastable)
+    is True. Stable for large scores (the row maximum is subtracted); a row with nothing allowed
+    gives all zeros, never NaN."""
+    if allowed is None:
+        return torch.softmax(scores, dim=-1)
+    allowed = allowed.expand_as(scores)
+    masked = scores.masked_fill(~allowed, float("-inf"))
+    # exp(-inf) = 0 exactly, so disallowed keys get no mass; an all-disallowed row gives e = 0.
+    e = torch.exp(masked - finite_or_zero(masked.amax(dim=-1, keepdim=True)))
+    denom = e.sum(dim=-1, keepdim=True)
+    return e / torch.where(denom > 0, denom, torch.ones_like(denom))
 
 
 def padding_mask(lengths: torch.Tensor, T: int) -> torch.Tensor:

@@ -5,7 +5,7 @@ Shapes: no two of B, H, H_kv, T, d (and d_c, d_h) are equal, and H_kv > 1 where 
 interleaving must be told apart.
 
 6.4 also runs the learner's function under the op-logging ``TorchDispatchMode`` that notebook 09's
-checks use (:class:`helpers.checks._watch.OpLog`): its contract forbids forming the per-head keys
+checks use (:class:`helpers.checks.instruments.OpLog`): its contract forbids forming the per-head keys
 ``c_kv @ w_uk[h]``, and the cases are chosen so that any tensor holding them is recognisable by
 its sizes. The key length T is prime and d_h is a power of two, while every other size is odd
 (B may be 2): then a tensor whose number of elements is a multiple of T * d_h, or a matrix
@@ -19,11 +19,12 @@ import math
 
 import torch
 
-from .. import kv_sharing as ref
-from ..attention import causal_mask, scaled_dot_product_attention
+from .. import nb06_kv_sharing as ref
 from ..configs import MODELS
-from ._core import Trial, describe_case, eager_mistakes, exercise, flipped_causal, seeded
-from ._watch import OpLog, op_name, warm_up
+from ..nb01_qkv_shapes import scaled_dot_product_attention
+from ..nb03_masks import causal_mask
+from .core import Trial, describe_case, eager_mistakes, exercise, flipped_causal, seeded
+from .instruments import OpLog, op_name, warm_up
 
 __all__ = ["repeat_kv", "grouped_query_attention", "kv_values_per_token", "mla_absorbed_scores"]
 

@@ -1,16 +1,20 @@
 """Why attention divides by sqrt(d_k): score scale, entropy, and the dot-product variance (notebook 02).
 
-``scaled_scores`` is defined once, in :mod:`helpers.attention`, and re-exported here under its
-exercise name (2.1). Entropy is in nats (natural log), the course's convention.
+Entropy is in nats (natural log), the course's convention.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from .attention import scaled_scores
-
 __all__ = ["scaled_scores", "attention_entropy", "dot_product_std"]
+
+
+def scaled_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """``q @ k^T / sqrt(d_k)``: q ``[..., T_q, d_k]``, k ``[..., T_k, d_k]`` -> ``[..., T_q, T_k]``."""
+    return q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
 
 
 def attention_entropy(p: torch.Tensor) -> torch.Tensor:

@@ -7,9 +7,12 @@ Shapes: B batch, T sequence length, D = d_model, H heads, d_k = D / H. Per-head 
 
 from __future__ import annotations
 
-import math
-
 import torch
+
+# Defined where their exercises are (2.1, 3.1, 3.3); importable from here too, as from release 0.1's
+# helpers.attention.
+from .nb02_scaling import scaled_scores  # noqa: F401
+from .nb03_masks import causal_mask, finite_or_zero, masked_softmax  # noqa: F401
 
 
 def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -36,34 +39,8 @@ def qkv_projection(x: torch.Tensor, w_qkv: torch.Tensor, n_heads: int) -> tuple[
     return split_heads(q, n_heads), split_heads(k, n_heads), split_heads(v, n_heads)
 
 
-def scaled_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """``q @ k^T / sqrt(d_k)``: q ``[..., T_q, d_k]``, k ``[..., T_k, d_k]`` -> ``[..., T_q, T_k]``."""
-    return q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
 
 
-def causal_mask(T: int, device: torch.device | str | None = None) -> torch.Tensor:
-    """``[T, T]`` bool, True on and below the diagonal: query i may attend to keys j <= i."""
-    return torch.ones(T, T, dtype=torch.bool, device=device).tril()
-
-
-def finite_or_zero(m: torch.Tensor) -> torch.Tensor:
-    """Replace -inf (a row max when nothing is allowed, or nothing seen yet) by 0, so that
-    ``x - m`` never computes ``-inf - -inf = NaN``."""
-    return torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-
-
-def masked_softmax(scores: torch.Tensor, allowed: torch.Tensor | None = None) -> torch.Tensor:
-    """Softmax over the last dim of ``scores`` ``[..., T_k]`` where ``allowed`` (bool, broadcastable)
-    is True. Stable for large scores (the row maximum is subtracted); a row with nothing allowed
-    gives all zeros, never NaN."""
-    if allowed is None:
-        return torch.softmax(scores, dim=-1)
-    allowed = allowed.expand_as(scores)
-    masked = scores.masked_fill(~allowed, float("-inf"))
-    # exp(-inf) = 0 exactly, so disallowed keys get no mass; an all-disallowed row gives e = 0.
-    e = torch.exp(masked - finite_or_zero(masked.amax(dim=-1, keepdim=True)))
-    denom = e.sum(dim=-1, keepdim=True)
-    return e / torch.where(denom > 0, denom, torch.ones_like(denom))
 
 
 def attention_weights(q: torch.Tensor, k: torch.Tensor, allowed: torch.Tensor | None = None) -> torch.Tensor:

@@ -14,9 +14,10 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .. import model as ref
-from ..attention import attention_weights, causal_mask
-from ._core import Trial, describe_case, eager_mistakes, exercise, seeded
+from .. import nb11_trained_transformer as ref
+from ..nb01_qkv_shapes import attention_weights
+from ..nb03_masks import causal_mask
+from .core import Trial, describe_case, eager_mistakes, exercise, seeded
 
 __all__ = ["swiglu", "causal_lm_loss", "induction_scores"]
 

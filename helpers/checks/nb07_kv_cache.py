@@ -14,12 +14,12 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .. import kv_cache as ref
-from ..attention import merge_heads, qkv_projection, scaled_dot_product_attention
+from .. import nb07_kv_cache as ref
 from ..configs import MODELS
-from ..multihead import multi_head_attention
-from ._core import Trial, describe_case, exercise, seeded
-from .flops import _known, check_count
+from ..nb01_qkv_shapes import merge_heads, qkv_projection, scaled_dot_product_attention
+from ..nb05_multihead import multi_head_attention
+from .core import Trial, describe_case, exercise, seeded
+from .nb08_flops_memory import _known, check_count
 
 __all__ = ["kv_cache_bytes", "decode_step", "prefill_decode_flops"]
 

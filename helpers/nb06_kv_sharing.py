@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .attention import causal_mask, masked_softmax, merge_heads, scaled_dot_product_attention, split_heads
+from .nb01_qkv_shapes import merge_heads, scaled_dot_product_attention, split_heads
+from .nb03_masks import causal_mask, masked_softmax
 
 __all__ = ["repeat_kv", "grouped_query_attention", "kv_values_per_token", "mla_absorbed_scores"]
 
@@ -133,7 +134,7 @@ def mla_init(d_model: int, n_heads: int, head_dim: int, kv_lora_rank: int, rope_
 def mla_cache(x: torch.Tensor, w: MLAWeights, positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """What MLA caches for the tokens x ``[B, T, D]``: ``(c_kv [B, T, d_c], k_rope [B, T, d_r])``,
     the RoPE key already rotated to its position (``positions`` ``[T]``, default 0..T-1)."""
-    from .positions import rope  # notebook 10's RoPE (rotate-half), imported when first needed
+    from .nb10_positions import rope  # notebook 10's RoPE (rotate-half), imported when first needed
 
     positions = torch.arange(x.shape[1], device=x.device) if positions is None else positions
     return x @ w.w_dkv, rope(x @ w.w_kr, positions)
@@ -141,7 +142,7 @@ def mla_cache(x: torch.Tensor, w: MLAWeights, positions: torch.Tensor | None = N
 
 def mla_queries(x: torch.Tensor, w: MLAWeights, positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The queries of x ``[B, T, D]``: ``(q [B, H, T, d_h], q_rope [B, H, T, d_r])``."""
-    from .positions import rope
+    from .nb10_positions import rope
 
     _, H, _, _, _ = w.sizes
     positions = torch.arange(x.shape[1], device=x.device) if positions is None else positions

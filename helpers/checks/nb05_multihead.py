@@ -12,9 +12,10 @@ import math
 
 import torch
 
-from .. import multihead as ref
-from ..attention import causal_mask, masked_softmax, merge_heads, split_heads
-from ._core import Trial, describe_case, eager_mistakes, exercise, flipped_causal, seeded
+from .. import nb05_multihead as ref
+from ..nb01_qkv_shapes import merge_heads, split_heads
+from ..nb03_masks import causal_mask, masked_softmax
+from .core import Trial, describe_case, eager_mistakes, exercise, flipped_causal, seeded
 
 __all__ = ["multi_head_attention", "mha_param_count", "ablate_head"]
 

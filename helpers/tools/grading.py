@@ -1,4 +1,4 @@
-"""Grade exercise notebooks: ``python -m helpers.grading [PATH ...]`` (``make grade``).
+"""Grade exercise notebooks: ``python -m helpers.tools.grading [PATH ...]`` (``make grade``).
 
 PATH is a notebook, a folder of one student's notebooks, or a folder of student folders (a class).
 What a notebook must contain comes from the course, not from the notebook: its ``NN_topic`` name
@@ -40,7 +40,7 @@ MAX_MESSAGE_BYTES = 1 << 20
 # Imported once by the fork server; every notebook's process starts with them loaded. The grading
 # process itself does not import torch: it learns the course's exercises from a forked process.
 # torch._dynamo is imported by torch on first use of a dispatch mode (the checks' op log): seconds.
-PRELOAD = ["helpers.grading", "helpers.checks", "helpers.reference", "helpers.runtime", "helpers.triton_flash",
+PRELOAD = ["helpers.tools.grading", "helpers.checks", "helpers.reference", "helpers.runtime", "helpers.nb09_triton_flash",
            "torch._dynamo", "IPython.core.interactiveshell", "matplotlib.pyplot"]
 # A code cell that only calls an exercise's check: the grader runs that check itself.
 CHECK_CELL = re.compile(r"^\s*checks\.(\w+)\(\s*(\w+)\s*\)\s*;?\s*$")
@@ -100,7 +100,7 @@ _COURSE: list[Ex] = []
 def _describe(conn: Connection | None = None) -> list[Ex]:
     """The course's exercises from the checks' registry (sent as JSON through ``conn`` if given)."""
     try:
-        from .checks import EXERCISES
+        from ..checks import EXERCISES
     except Exception as e:  # noqa: BLE001 - say why, in the grading process
         if conn is None:
             raise
@@ -258,19 +258,19 @@ def _child(conn: Connection, path: str, cells: list[tuple[int, str]], names: lis
     Runs in a fresh process forked from the fork server. Everything the reporting needs (the
     checks, the channel, the exception classes) is bound here, before the notebook's code runs.
     """
-    from . import checks as _checks
-    from .checks import _core
+    from .. import checks as _checks
+    from ..checks import feedback, guard
 
     send = conn.send_bytes
     evaluate = {name: getattr(_checks, name).evaluate for name in names}
-    verify_integrity, reset_attempts = _core.verify_integrity, _core.reset_attempts
+    verify_integrity, reset_attempts = guard.verify_integrity, feedback.reset_attempts
     interrupted = KeyboardInterrupt
     dumps = json.dumps
     try:
         devnull = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(devnull, fd)
-        os.environ[_core.RAISE_NOT_ATTEMPTED_ENV] = "1"  # an unattempted exercise fails, not a notice
+        os.environ[feedback.RAISE_NOT_ATTEMPTED_ENV] = "1"  # an unattempted exercise fails, not a notice
         os.environ["MPLBACKEND"] = "agg"
         import matplotlib
 
@@ -629,7 +629,7 @@ def passed(rows: list[Row]) -> bool:
 # --------------------------------------------------------------------------- nbgrader
 
 NBGRADER_CONFIG = """\
-# nbgrader configuration for the course, written by `python -m helpers.grading --nbgrader-course`.
+# nbgrader configuration for the course, written by `python -m helpers.tools.grading --nbgrader-course`.
 import os
 
 from nbconvert.preprocessors import TagRemovePreprocessor
@@ -654,13 +654,13 @@ c.Execute.timeout = {timeout}  # seconds per cell: the Triton checks run in the 
 def write_nbgrader_course(course: Path, stems: Iterable[str] | None = None) -> list[Path]:
     """Lay ``solutions/`` out as an nbgrader course in ``course``: ``nbgrader_config.py`` and
     ``source/NN_topic/NN_topic.ipynb`` (one assignment per notebook, with nbgrader's cell metadata
-    from :func:`helpers.notebooks.nbgrader_source`). Returns the notebooks written."""
+    from :func:`helpers.tools.notebooks.nbgrader_source`). Returns the notebooks written."""
+    from ..checks import feedback
     from . import notebooks as nbtools
-    from .checks import _core
 
     course.mkdir(parents=True, exist_ok=True)
     (course / "nbgrader_config.py").write_text(NBGRADER_CONFIG.format(
-        text_stub=nbtools.EMPTY_ANSWER, solution_only=nbtools.SOLUTION_ONLY_TAG, env=_core.RAISE_NOT_ATTEMPTED_ENV,
+        text_stub=nbtools.EMPTY_ANSWER, solution_only=nbtools.SOLUTION_ONLY_TAG, env=feedback.RAISE_NOT_ATTEMPTED_ENV,
         timeout=DEFAULT_CELL_TIMEOUT_S), encoding="utf-8")
     written = []
     for path in nbtools.notebook_paths("solutions"):
@@ -681,7 +681,7 @@ def _shard(text: str) -> tuple[int, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m helpers.grading", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m helpers.tools.grading", description=__doc__.split("\n\n")[0])
     parser.add_argument("targets", nargs="*", default=["exercises"],
                         help="notebooks, a student's folder, or a folder of student folders (default: exercises)")
     parser.add_argument("-j", "--jobs", type=int, default=None, help="notebooks graded at once (default: the number of cores)")
@@ -725,8 +725,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Run as `python -m helpers.grading`: use the module by its name, so that the processes forked
-    # for notebooks find `helpers.grading._child` (not `__main__._child`).
-    from helpers import grading
+    # Run as `python -m helpers.tools.grading`: use the module by its name, so that the processes forked
+    # for notebooks find `helpers.tools.grading._child` (not `__main__._child`).
+    from helpers.tools import grading
 
     sys.exit(grading.main())

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from .attention import attention_weights, causal_mask, merge_heads, qkv_projection
+from .nb01_qkv_shapes import attention_weights, merge_heads, qkv_projection
+from .nb03_masks import causal_mask
 
 __all__ = ["multi_head_attention", "mha_param_count", "ablate_head"]
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from .. import positions as ref
-from ._core import Trial, describe_case, eager_mistakes, exercise, seeded
+from .. import nb10_positions as ref
+from .core import Trial, describe_case, eager_mistakes, exercise, seeded
 
 __all__ = ["rope", "alibi_bias"]
 

@@ -7,9 +7,9 @@ from numbers import Integral
 
 import torch
 
-from .. import attention as att
-from .. import masks as ref
-from ._core import Trial, describe, describe_case, exercise, seeded
+from .. import nb01_qkv_shapes as att
+from .. import nb03_masks as ref
+from .core import Trial, describe, describe_case, exercise, seeded
 
 __all__ = ["causal_mask", "padding_mask", "masked_softmax", "prefix_lm_mask", "packed_causal_mask", "find_mask_leaks"]
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from .attention import causal_mask, masked_softmax, merge_heads, qkv_projection, scaled_dot_product_attention
-from .kv_cache import decode_step
+from .nb01_qkv_shapes import merge_heads, qkv_projection, scaled_dot_product_attention
+from .nb03_masks import causal_mask, masked_softmax
+from .nb07_kv_cache import decode_step
 
 __all__ = ["rope", "alibi_bias"]
 

@@ -1,8 +1,8 @@
 """A tiny decoder-only transformer, trained on a CPU, in which induction heads appear (notebook 11).
 
 Built from the course's own pieces: head split and merge, the causal mask and masked softmax
-(:mod:`helpers.attention`), RoPE (:mod:`helpers.positions`), and grouped-query attention's
-``repeat_kv`` (:mod:`helpers.kv_sharing`) when there are fewer key/value heads than query heads.
+(:mod:`helpers.nb01_qkv_shapes`), RoPE (:mod:`helpers.nb10_positions`), and grouped-query attention's
+``repeat_kv`` (:mod:`helpers.nb06_kv_sharing`) when there are fewer key/value heads than query heads.
 Shapes: B batch, T sequence length, D = d_model, V vocabulary, H heads, d_k = D / H, L layers.
 """
 
@@ -16,9 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import attention_weights, causal_mask, merge_heads, split_heads
-from .kv_sharing import repeat_kv
-from .positions import apply_rope, rope_cos_sin
+from .nb01_qkv_shapes import attention_weights, merge_heads, split_heads
+from .nb03_masks import causal_mask
+from .nb06_kv_sharing import repeat_kv
+from .nb10_positions import apply_rope, rope_cos_sin
 
 __all__ = ["swiglu", "causal_lm_loss", "induction_scores"]
 
@@ -113,7 +114,7 @@ def attention_block(x: torch.Tensor, w_qkv: torch.Tensor, w_o: torch.Tensor, n_h
     """One self-attention layer with RoPE and grouped-query attention.
 
     x ``[B, T, D]``, w_qkv ``[D, (H + 2 H_kv) d_k]`` (columns Q, K, V), w_o ``[H d_k, D]``, RoPE
-    tables cos, sin ``[T, d_k]`` (:func:`helpers.positions.rope_cos_sin`), allowed ``[T, T]`` bool
+    tables cos, sin ``[T, d_k]`` (:func:`helpers.nb10_positions.rope_cos_sin`), allowed ``[T, T]`` bool
     (the causal mask); keep ``[H]`` multiplies each head's output before W_O (0 ablates a head).
     Returns ``(y [B, T, D], weights [B, H, T, T])``."""
     d_k = w_o.shape[0] // n_heads

@@ -1,6 +1,6 @@
 """FlashAttention in plain PyTorch (notebook 09): the online softmax and a tiled, exact attention.
 
-These are the teaching versions of what ``helpers.triton_flash`` does in a Triton kernel. They
+These are the teaching versions of what ``helpers.nb09_triton_flash`` does in a Triton kernel. They
 run anywhere (CPU or GPU) and are written for reading, not for speed.
 
 Shapes: B batch, H query heads, H_kv key/value heads (H % H_kv == 0), T_q / T_k query / key
@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from .attention import finite_or_zero
+from .nb03_masks import finite_or_zero
 
 
 def online_softmax(x: torch.Tensor, block_size: int) -> torch.Tensor:

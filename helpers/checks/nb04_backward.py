@@ -6,10 +6,10 @@ import math
 
 import torch
 
-from .. import attention as att
-from .. import backward as ref
-from ._core import Trial, describe_case, exercise, seeded
-from ._watch import Calls, OpLog, op_name, warm_up
+from .. import nb01_qkv_shapes as att
+from .. import nb04_backward as ref
+from .core import Trial, describe_case, exercise, seeded
+from .instruments import Calls, OpLog, op_name, warm_up
 
 __all__ = ["softmax_jacobian", "softmax_backward", "attention_backward"]
 
@@ -96,7 +96,7 @@ def softmax_backward(t: Trial) -> None:
 
 
 def _autograd_grads(q, k, v, grad_out, causal):
-    """The ground truth: autograd through helpers.attention's forward."""
+    """The ground truth: autograd through helpers.nb01_qkv_shapes's forward."""
     q, k, v = (x.detach().clone().requires_grad_() for x in (q, k, v))
     with torch.enable_grad():
         allowed = att.causal_mask(q.shape[-2]) if causal else None

@@ -1,0 +1,575 @@
+"""The comparison core every exercise check shares: cases, the trial, registering checks.
+
+A check is written as a function ``body(t)`` decorated with :func:`exercise`; ``t`` is a
+:class:`Trial` bound to the learner's function. The body builds its cases and **computes every
+expected value first** (``t.cases(reference, inputs)`` does both), then calls the learner's
+function through ``t.call`` and compares with ``t.tensor`` / ``t.number`` / ``t.tuple``.
+
+What the machinery guarantees, so that a check body does not have to:
+
+- **It cannot be fooled from inside the learner's code** (``guard``): comparisons use functions
+  bound at import, the course's and torch's functions are snapshotted and checked before a check
+  runs, after every call of the learner's function and before a pass; what the learner returns
+  becomes plain data first; calling the course's reference for the same exercise is refused.
+- **It cannot be crashed.** ``NotImplementedError`` ("not attempted"), any exception,
+  ``SystemExit``, a ``KeyboardInterrupt`` the learner raised, a time-out, an input modified in
+  place (tensors, lists, dicts) all become a failed check with a clear message, recorded.
+- **Hints are graduated** (``feedback``). ``mistakes={hint: wrong output}`` (matched by output),
+  ``error_hints`` (matched by exception text) and ``diagnosis=`` are *recognised* mistakes, named
+  at the first failure. Otherwise the first failure says what differs and points at the teaching
+  section (``exercise(section=...)``). ``hint=`` of ``t.tensor`` / ``t.number`` is the full
+  recipe, shown only when the same check fails again in the same kernel.
+
+:func:`run_check` runs a check without printing or raising and returns the result.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import numbers
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional  # noqa: F401  (watched by the integrity guard)
+
+from .feedback import (
+    _FAILURES,
+    CORE_ERROR_HINTS,
+    CheckFailed,
+    CheckResult,
+    Exercise,
+    LearnerError,
+    NotAttempted,
+    Refused,
+    TimedOut,
+    _exception_summary,
+    _fmt,
+    _present,
+    _preview,
+    _record,
+    _short,
+    describe,
+    describe_case,
+)
+from .guard import (
+    _DEVICE_HINT,
+    _META_HINT,
+    _Alarm,
+    _allclose,
+    _bool,
+    _call_with_time_limit,
+    _eq,
+    _equal,
+    _float64,
+    _input_device,
+    _isclose,
+    _isclose_num,
+    _isfinite,
+    _isinstance,
+    _isnan,
+    _issubclass,
+    _len,
+    _len_td,
+    _len_tf,
+    _ones_like,
+    _Parameter,
+    _plain,
+    _reference_codes,
+    _Refusal,
+    _restore_torch_state,
+    _same,
+    _snapshot,
+    _strided,
+    _Tensor,
+    _TensorBase,
+    _torch_state,
+    _type,
+    _watched,
+    is_course_reference,
+    verify_integrity,
+)
+
+DEFAULT_TIME_LIMIT_S = 20.0
+
+EXERCISES: dict[str, Exercise] = {}  # function name -> Exercise
+
+
+def seeded(seed: int) -> torch.Generator:
+    """A CPU generator with a fixed seed: every case a check builds is reproducible."""
+    return torch.Generator().manual_seed(seed)
+
+
+
+# --------------------------------------------------------------------------- the trial
+
+
+@dataclass
+class Case:
+    """One case of a check, with its expected output computed before any learner code runs."""
+
+    args: tuple
+    kwargs: dict
+    expected: Any
+    name: str
+
+
+def eager_mistakes(models: Mapping[str, Callable[[], Any]]) -> dict[str, Any]:
+    """Evaluate each mistake model (hint -> zero-argument callable giving the output that mistake
+    produces) now, before the learner's code runs; drop the models that do not apply to this case
+    (they raise). Pass the result as ``mistakes=`` to :meth:`Trial.tensor` / :meth:`Trial.number`."""
+    out = {}
+    for hint, model in models.items():
+        try:
+            out[hint] = model()
+        except Exception:  # noqa: BLE001 - a mistake that cannot happen on this case
+            continue
+    return out
+
+
+def flipped_causal(causal: bool, model: Callable[..., Callable[[], Any]]) -> dict[str, Callable[[], Any]]:
+    """The mistake of a flipped ``causal`` flag, as one entry for :func:`eager_mistakes`;
+    ``model(causal=...)`` returns the zero-argument callable of that output."""
+    if causal:
+        return {"causal=True was ignored: mask the scores so that query i reads keys j <= i only.":
+                model(causal=False)}
+    return {"causal=False here, but your output is causally masked: mask only when causal is True.":
+            model(causal=True)}
+
+
+
+class Trial:
+    """Runs one learner function against the cases of one check.
+
+    ``error_hints`` maps a regular expression (searched in ``"ExceptionName: message"``) to the
+    hint shown when the learner's function raises a matching exception. ``forbidden_references``
+    names the course functions the learner may not call (default: the exercise's own name).
+    """
+
+    def __init__(self, ex: Exercise, fn: Callable, time_limit: float = DEFAULT_TIME_LIMIT_S):
+        self.ex = ex
+        self.fn = fn
+        self.learner_fn = fn
+        self.time_limit = time_limit
+        self.case = ""
+        self.error_hints: dict[str, str] = {}
+        self.forbidden_references: set[str] = {ex.name}
+        self.is_reference = is_course_reference(fn, ex.name)
+        self.repeat = _FAILURES.get(ex.name, 0) > 0
+
+    # -- failing
+
+    def fail(self, message: str, hint: str = "", kind: type[CheckFailed] = CheckFailed, *, recipe: str = "",
+             generic: bool = False) -> None:
+        """Fail with ``message`` (what differs). ``hint`` names the mistake and is always shown;
+        ``generic=True`` marks it as a general tip rather than a recognised cause (the message
+        then also points at the teaching section). ``recipe`` is the full recipe: shown only when
+        this check has failed before in this kernel."""
+        __tracebackhide__ = True
+        ex = self.ex
+        verdict = "not attempted" if kind is NotAttempted else "failed"
+        where = f" on case: {self.case}" if self.case else ""
+        lines = [f"{ex.id} {ex.name} {verdict}{where}", f"  {message}"]
+        if hint:
+            lines.append(f"  hint: {hint}")
+        recognised = bool(hint) and not generic
+        if not recognised and kind is not NotAttempted:
+            lines.append(f"  see: {ex.pointer}")
+        if recipe and recipe != hint:
+            if self.repeat:
+                lines.append(f"  recipe: {recipe}")
+            else:
+                lines.append("  (stuck? if this check fails again, it shows a step-by-step recipe)")
+        summary = message.split("\n")[0].strip()
+        instructor = hint if recognised else f"{summary}{where}"
+        raise kind("\n".join(lines), hint, instructor_hint=instructor, recognised=recognised, recipe=recipe,
+                   summary=summary, case=self.case, exercise=ex)
+
+    # -- cases with expected values first
+
+    def cases(self, reference: Callable, inputs: Iterable[Any]) -> list[Case]:
+        """Build every case and compute its expected output now, before the learner's code runs.
+        Each input is a tuple of arguments, a dict of keyword arguments, or a single argument;
+        cases are named from the reference's parameter names (``describe_case``)."""
+        try:
+            signature = inspect.signature(reference)
+        except (TypeError, ValueError):
+            signature = None
+        out = []
+        for item in inputs:
+            args, kwargs = ((), dict(item)) if _isinstance(item, Mapping) else (tuple(item), {}) if _type(item) is tuple else ((item,), {})
+            try:
+                named = signature.bind(*args, **kwargs).arguments if signature else {f"arg{i}": a for i, a in enumerate(args)} | kwargs
+            except TypeError:
+                named = {f"arg{i}": a for i, a in enumerate(args)} | kwargs
+            out.append(Case(args, kwargs, reference(*args, **kwargs), describe_case(**named)))
+        return out
+
+    def run(self, case: Case) -> Any:
+        """``t.call`` on one :class:`Case`."""
+        __tracebackhide__ = True
+        return self.call(*case.args, case=case.name, **case.kwargs)
+
+    # -- calling
+
+    def _argument_name(self, args: tuple, kwargs: dict, index: int) -> str:
+        """The learner's name for argument ``index`` of the flattened (args + kwargs)."""
+        names = [*(f"argument {i + 1}" for i in range(_len(args))), *kwargs]
+        try:
+            positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+            params = [p.name for p in inspect.signature(self.learner_fn).parameters.values() if p.kind in positional]
+            for i in range(min(_len(args), _len(params))):
+                names[i] = f"`{params[i]}`"
+            for j, key in enumerate(kwargs):
+                names[_len(args) + j] = f"`{key}`"
+        except (TypeError, ValueError):
+            pass
+        return names[index] if index < _len(names) else f"argument {index + 1}"
+
+    def call(self, *args: Any, case: str | None = None, **kwargs: Any) -> Any:
+        """Call the learner's function on one case; return its output as plain data.
+
+        Fails (with a clear message) when the function is not attempted, raises (SystemExit and a
+        KeyboardInterrupt it raised itself included), runs past the time limit, modifies an
+        argument in place, changes the course's or torch's functions, calls the course's reference
+        for this exercise, or returns a tensor subclass, a number subclass, a meta tensor or a
+        tensor on another device than the inputs.
+        """
+        __tracebackhide__ = True
+        if case is not None:
+            self.case = case
+        before = _snapshot((args, kwargs))
+        codes = frozenset() if self.is_reference else _reference_codes(self.forbidden_references)
+        hits: list[str] = []
+        state: dict[str, bool] = {}
+        runner = _watched(self.fn, codes, hits, state) if codes else self.fn
+        torch_before = _torch_state()
+        raised: BaseException | None = None
+        out = None
+        try:
+            out = _call_with_time_limit(runner, args, kwargs, self.time_limit)
+        except BaseException as e:  # noqa: BLE001 - sorted out below, after the guard has run
+            raised = e
+        changed = _restore_torch_state(torch_before) + verify_integrity(restore=True)
+        if raised is not None and (getattr(raised, "_attn_course_real_interrupt", False) or (
+                _isinstance(raised, CheckFailed) and raised.exercise is self.ex)):
+            raise raised  # a real interrupt, or the check's own verdict from a wrapper around the function
+        if changed:
+            self.fail(f"your code changed what the check relies on: {'; '.join(changed[:4])}"
+                      f"{' (and more)' if _len(changed) > 4 else ''}. The check put the originals back.",
+                      "do not replace functions of torch or of the course's helpers (in your function or earlier "
+                      "in the notebook). If anything still behaves oddly, restart the kernel (Kernel > Restart).",
+                      Refused)
+        if raised is not None:
+            self._fail_on_exception(raised)
+        if state.get("trace_changed"):
+            self.fail("your function changed Python's trace function (sys.settrace, or a debugger such as "
+                      "breakpoint()), so the check could not watch it.",
+                      "run the check without a debugger or trace hook inside your function.", Refused)
+        if hits:
+            self.fail(f"your function called the course's own solution of this exercise, the reference {hits[0]}.",
+                      "write your own implementation: the check compares against that reference, so calling it "
+                      "proves nothing. Other helpers of the course stay allowed.", Refused)
+        flat_before = [*before[0], *before[1].values()]
+        flat_after = [*args, *kwargs.values()]
+        for i, (a, b) in enumerate(zip(flat_before, flat_after)):
+            if not _same(a, b):
+                name = self._argument_name(args, kwargs, i)
+                if _issubclass(_type(b), _Tensor):
+                    self.fail(f"your function modified one of its input tensors in place: {name}.",
+                              "in-place operations (`x += ...`, `masked_fill_`, `x[...] = ...`) change the caller's "
+                              "tensor; work on a new tensor (for example `masked_fill` without the underscore, or "
+                              "`x.clone()`).")
+                self.fail(f"your function modified its argument {name} ({_type(b).__name__}) in place: it was "
+                          f"{_short(a)}, now {_short(b)}.",
+                          "work on a copy: `list(x)`, `x[::-1]`, `sorted(x)` and `dict(x)` make new objects; "
+                          "`.reverse()`, `.sort()`, `.append()`, `.pop()` and item assignment change the caller's.")
+        try:
+            return _plain(out, "the output", _input_device(args, kwargs))
+        except _Refusal as r:
+            self.fail(f"{r.message[0].upper()}{r.message[1:]}", r.hint, Refused)
+
+    def _fail_on_exception(self, e: BaseException) -> None:
+        __tracebackhide__ = True
+        if _type(e) is NotImplementedError and not e.args:
+            self.case = ""
+            self.fail("not attempted yet: your function still raises NotImplementedError.",
+                      "replace `raise NotImplementedError()` with your implementation, then run this cell again.",
+                      NotAttempted)
+        if _isinstance(e, _Alarm):
+            self.fail(f"your function did not return within {self.time_limit:g} s.",
+                      "look for a loop that never ends, or work that grows much faster than the inputs.", TimedOut)
+        if _isinstance(e, SystemExit):
+            self.fail(f"your function called sys.exit() (or exit(), quit()): SystemExit({_short(e.code)}).",
+                      "a function hands back its result with `return`; sys.exit() stops the whole program.",
+                      LearnerError)
+        if _isinstance(e, KeyboardInterrupt):
+            self.fail("your function raised KeyboardInterrupt itself.",
+                      "return the result instead of raising; KeyboardInterrupt is for the stop button.", LearnerError)
+        summary = _exception_summary(e)
+        hint = next((h for pat, h in {**self.error_hints, **CORE_ERROR_HINTS}.items() if re.search(pat, summary)), "")
+        self.fail(f"your function raised {summary}", hint or "run it on the case above to see where it fails.",
+                  LearnerError, generic=not hint)
+
+    # -- comparing
+
+    def tensor(
+        self,
+        got: Any,
+        expected: torch.Tensor,
+        what: str = "output",
+        mistakes: Mapping[str, Any] | None = None,
+        hint: str = "",
+        atol: float = 1e-5,
+        rtol: float = 1e-4,
+        diagnosis: str = "",
+    ) -> torch.Tensor:
+        """Fail unless ``got`` is a plain tensor on ``expected``'s device, of its dtype and shape,
+        finite where it is, and close to it.
+
+        ``mistakes`` maps a hint to the output a known wrong implementation gives (a tensor, or a
+        zero-argument callable returning one, evaluated lazily); when ``got`` matches one, that
+        hint is shown. ``diagnosis`` is a mistake the check recognised by other means. Both are
+        named at the first failure; ``hint`` is the full recipe, shown on a repeated failure."""
+        __tracebackhide__ = True
+        recipe = hint
+        t = _type(got)
+        if got is None:
+            self.fail(f"{what}: expected a tensor, got None.", "did you forget the `return` statement?")
+        if t is _Parameter:
+            got, t = _TensorBase.as_subclass(got, _Tensor), _Tensor
+        if t is not _Tensor:
+            if _issubclass(t, _Tensor):
+                self.fail(f"{what}: got a {t.__name__}, a subclass of torch.Tensor; checks accept plain tensors only.",
+                          "return a plain torch.Tensor (subclasses can change how comparisons behave).", Refused)
+            if t.__module__ == "numpy":
+                self.fail(f"{what}: expected a torch.Tensor {describe(expected)}, got {describe(got)} (convert with "
+                          "torch.from_numpy / torch.as_tensor).",
+                          "compute with torch on the input tensors; a NumPy result must be converted back.", recipe=recipe)
+            self.fail(f"{what}: expected a torch.Tensor {describe(expected)}, got {describe(got)}.", recipe=recipe)
+        if got.layout != _strided or got.is_nested:
+            self.fail(f"{what}: expected a dense tensor, got a {str(got.layout).removeprefix('torch.')} one.",
+                      "convert it with .to_dense().")
+        if got.device != expected.device:
+            if got.device.type == "meta":
+                self.fail(f"{what}: expected a tensor on {expected.device}, got one on the meta device.", _META_HINT)
+            self.fail(f"{what}: expected a tensor on {expected.device}, got one on {got.device}.", _DEVICE_HINT)
+        if got.dtype != expected.dtype:
+            self.fail(
+                f"{what}: expected dtype {expected.dtype}, got {got.dtype}.",
+                "keep the input's dtype: avoid torch.tensor(...) defaults, NumPy round trips and `.double()`/`.float()`.",
+            )
+        matched = self._match_mistake(got, mistakes or {}) or diagnosis
+        if got.shape != expected.shape:
+            self.fail(f"{what}: expected shape {list(expected.shape)}, got {list(got.shape)}.",
+                      matched or "print the shape after each step and compare it with the contract.",
+                      recipe=recipe, generic=not matched)
+        e64, g64 = expected.detach().to(_float64), got.detach().to(_float64)
+        exp_finite = _isfinite(expected) if expected.is_floating_point() else _ones_like(expected, dtype=_bool)
+        got_finite = _isfinite(got)
+        if got.is_floating_point() and not _equal(got_finite, exp_finite):
+            bad = (got_finite != exp_finite).nonzero()[0].tolist()
+            kind = "NaN" if bool(_isnan(got[tuple(bad)])) else "Inf" if not bool(got_finite[tuple(bad)]) else _fmt(float(g64[tuple(bad)]))
+            self.fail(
+                f"{what}: got {kind} at index {bad} where {_fmt(float(e64[tuple(bad)]))} was expected.",
+                matched or "NaN usually comes from 0 * inf, inf - inf or log(0); Inf from exp of a large number.",
+                recipe=recipe, generic=not matched,
+            )
+        close = _isclose(g64, e64, atol=atol, rtol=rtol, equal_nan=True) if got.is_floating_point() else _eq(g64, e64)
+        if not bool(close.all()):
+            n_bad = int((~close).sum())
+            idx = (~close).nonzero()[0].tolist()
+            diff = (g64 - e64).abs().nan_to_num(0).max().item()
+            self.fail(
+                f"{what}: values differ at {n_bad} of {close.numel()} entries (max abs diff {_fmt(diff)}); "
+                f"first at index {idx}: expected {_fmt(float(e64[tuple(idx)]))}, got {_fmt(float(g64[tuple(idx)]))}.\n"
+                f"  expected starts {_preview(expected)}\n  got      starts {_preview(got)}",
+                matched, recipe=recipe,
+            )
+        return got
+
+    def number(self, got: Any, expected: float | int, what: str = "result", mistakes: Mapping[str, Any] | None = None,
+               hint: str = "", rel: float = 0.0, abs_tol: float = 0.0, integer: bool = False, diagnosis: str = "") -> Any:
+        """Fail unless ``got`` is a plain Python number (an ``int`` when ``integer``) close to
+        ``expected``. ``mistakes`` maps a hint to the number a known wrong implementation gives;
+        ``diagnosis`` and ``hint`` work as in :meth:`tensor`."""
+        __tracebackhide__ = True
+        recipe = hint
+        t = _type(got)
+        if got is None:
+            self.fail(f"{what}: expected a number, got None.", "did you forget the `return` statement?")
+        if t is _Tensor and got.numel() == 1:
+            self.fail(f"{what}: expected a Python number, got a tensor {describe(got)}.", "return `.item()` of it.")
+        numpy_scalar = t.__module__ == "numpy" and _issubclass(t, numbers.Real) and t is not bool
+        if t is bool or (t not in (int, float) and not numpy_scalar):
+            if _issubclass(t, (int, float)) and t is not bool:
+                self.fail(f"{what}: got a {t.__name__}, a subclass of {'int' if _issubclass(t, int) else 'float'}; "
+                          "checks accept plain Python numbers only.",
+                          "return a plain int or float: the number itself, not an object that behaves like one.", Refused)
+            self.fail(f"{what}: expected a number, got {describe(got)}.", recipe=recipe)
+        value = float(got)
+        if integer and not (t is int or value.is_integer()):
+            self.fail(f"{what}: expected a whole number, got {got!r}.", "counts of bytes and FLOPs are integers: use // and int().")
+        if integer and t is not int:
+            self.fail(f"{what}: expected an int, got {describe(got)} {got!r}.", "return int(...): counts of bytes and FLOPs are ints.")
+        if integer and _type(expected) is int and rel == 0 and abs_tol == 0:
+            ok = got == expected
+        else:
+            ok = _isclose_num(value, float(expected), rel_tol=rel, abs_tol=abs_tol)
+        if not ok:
+            matched = diagnosis
+            for h, v in (mistakes or {}).items():
+                try:
+                    w = float(v() if callable(v) else v)
+                    if _isclose_num(value, w, rel_tol=max(rel, 1e-9), abs_tol=abs_tol):
+                        matched = h
+                        break
+                except Exception:  # noqa: BLE001 - a mistake model that does not apply here
+                    continue
+            self.fail(f"{what}: expected {expected:,}, got {got:,}." if integer else
+                      f"{what}: expected {_fmt(float(expected))}, got {_fmt(value)}.", matched, recipe=recipe)
+        return got
+
+    def tuple(self, got: Any, n: int, names: Sequence[str]) -> tuple:
+        """Fail unless ``got`` is a tuple (or list) of ``n`` items; ``names`` name them."""
+        __tracebackhide__ = True
+        if _type(got) not in (tuple, list) or _len(got) != n:
+            self.fail(f"expected a tuple of {n} ({', '.join(names)}), got {describe(got)}.",
+                      f"return {', '.join(names)} together: `return {', '.join(names)}`.")
+        return tuple(got)
+
+    def _match_mistake(self, got: torch.Tensor, mistakes: Mapping[str, Any]) -> str:
+        for hint, wrong in mistakes.items():
+            try:
+                w = wrong() if callable(wrong) else wrong
+                if _type(w) is _Tensor and w.shape == got.shape and w.dtype == got.dtype and w.device == got.device:
+                    if got.is_floating_point():
+                        ok = _allclose(got.detach().to(_float64), w.detach().to(_float64), atol=1e-5, rtol=1e-4, equal_nan=True)
+                    else:
+                        ok = _equal(got, w)
+                    if ok:
+                        return hint
+            except Exception:  # noqa: BLE001 - a mistake model that does not apply to this case
+                continue
+        return ""
+
+
+
+# --------------------------------------------------------------------------- running and registering checks
+
+
+def _guard_before(ex: Exercise) -> CheckFailed | None:
+    """Before a check runs: is the world the check relies on intact? (Put back what is not.)"""
+    changed = verify_integrity(restore=True)
+    if _len_tf() or _len_td():
+        changed.append("a torch mode is active (torch.set_default_device(...), or a TorchFunctionMode / "
+                       "TorchDispatchMode left open); call torch.set_default_device(None) or restart the kernel")
+    if not changed:
+        return None
+    message = (f"{ex.id} {ex.name} failed\n  the check cannot trust this session: "
+               f"{'; '.join(changed[:4])}{' (and more)' if _len(changed) > 4 else ''}. "
+               "What could be put back was put back.")
+    hint = ("do not replace functions of torch or of the course's helpers (in your function or earlier in the "
+            "notebook). Run the check again; if anything still behaves oddly, restart the kernel.")
+    return Refused(f"{message}\n  hint: {hint}", hint, instructor_hint=f"tampered: {'; '.join(changed[:4])}",
+                   recognised=True, summary=changed[0], exercise=ex)
+
+
+def _run(ex: Exercise, body: Callable[[Trial], None], fn: Any, time_limit: float | None) -> CheckResult:
+    """Run one check; never raises except for a real interrupt or a bug in the check itself."""
+    if not callable(fn):
+        message = f"{ex.id} {ex.name}: pass your function itself, e.g. `checks.{ex.name}({ex.name})`; got {describe(fn)}."
+        error = CheckFailed(message, message, exercise=ex)
+        error.status = "error"
+        return CheckResult(ex, "error", message, message, False, False, error)
+    trial = Trial(ex, fn, time_limit or DEFAULT_TIME_LIMIT_S)
+    error = _guard_before(ex)
+    if error is None:
+        try:
+            body(trial)
+            changed = verify_integrity(restore=True)
+            if changed:
+                trial.case = ""
+                trial.fail(f"your code changed what the check relies on: {'; '.join(changed[:4])}. The check put "
+                           "the originals back.", "do not replace functions of torch or of the course's helpers.",
+                           Refused)
+        except CheckFailed as e:
+            error = e
+    if error is None:
+        return CheckResult(ex, "passed", "", "", False, trial.is_reference)
+    if not _isinstance(error, NotAttempted):
+        _FAILURES[ex.name] = _FAILURES.get(ex.name, 0) + 1
+    hint = error.instructor_hint if _isinstance(error, CheckFailed) else ""
+    return CheckResult(ex, error.status, str(error), hint, getattr(error, "recognised", False), trial.is_reference, error)
+
+
+
+def run_check(name: str, fn: Any) -> CheckResult:
+    """Run the check of exercise ``name`` on ``fn`` and return its :class:`CheckResult`: nothing
+    printed, nothing raised (except a real interrupt); recorders are called as usual."""
+    check = _CHECKS[name]
+    return check.evaluate(fn)
+
+
+_CHECKS: dict[str, Callable] = {}
+
+
+def exercise(id: str, title: str, points: int, stars: int, notebook: str, time_limit: float | None = None,
+             bonus: bool = False, section: str | None = None):
+    """Turn ``body(t: Trial)`` into the check ``checks.<name>(fn)`` for exercise ``id``.
+
+    ``section`` names the section of ``notebooks/<notebook>.ipynb`` the exercise builds on (shown
+    when a failure has no recognised cause). The check prints one line (and the model answer)
+    when everything passes; otherwise it raises :class:`CheckFailed`, except that an unattempted
+    exercise in an interactive session only shows a notice. Either way the outcome is recorded.
+    ``time_limit`` (seconds per call of the learner's function) defaults to
+    ``DEFAULT_TIME_LIMIT_S``, read when the check runs. ``check.evaluate(fn)`` runs it silently
+    and returns the :class:`CheckResult`.
+    """
+
+    def decorate(body: Callable[[Trial], None]) -> Callable[[Callable], None]:
+        ex = Exercise(id=id, name=body.__name__, title=title, points=points, stars=stars, notebook=notebook,
+                      bonus=bonus, section=section)
+        if ex.name in EXERCISES:
+            raise ValueError(f"two checks are named {ex.name}")
+        EXERCISES[ex.name] = ex
+        run, record, present = _run, _record, _present  # bound now: rebinding the module's names changes nothing
+
+        def evaluate(fn: Callable) -> CheckResult:
+            try:
+                result = run(ex, body, fn, time_limit)
+            except (KeyboardInterrupt, _Alarm):
+                raise
+            except Exception as e:  # noqa: BLE001 - a bug in the check itself is reported, never a pass
+                message = f"{ex.id} {ex.name}: the check crashed: {_exception_summary(e)}"
+                result = CheckResult(ex, "error", message, message)
+                record(result)
+                raise
+            record(result)
+            return result
+
+        @functools.wraps(body)
+        def check(fn: Callable) -> None:
+            __tracebackhide__ = True
+            present(ex, evaluate(fn))
+
+        def evaluate_quietly(fn: Callable) -> CheckResult:
+            try:
+                return evaluate(fn)
+            except (KeyboardInterrupt, _Alarm):
+                raise
+            except Exception as e:  # noqa: BLE001
+                message = f"{ex.id} {ex.name}: the check crashed: {_exception_summary(e)}"
+                return CheckResult(ex, "error", message, message)
+
+        check.exercise = ex  # type: ignore[attr-defined]
+        check.evaluate = evaluate_quietly  # type: ignore[attr-defined]
+        _CHECKS[ex.name] = check
+        return check
+
+    return decorate
+
+

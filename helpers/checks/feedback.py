@@ -1,0 +1,324 @@
+"""What a learner sees and what an instructor records: exercises, results, messages, hints.
+
+- :class:`Exercise` and the failures a check raises (:class:`CheckFailed` and its kinds), with
+  ``status`` as ``make grade`` reports it. In IPython a failure renders as its message alone,
+  wrapped at word boundaries (:func:`wrap`), without the check machinery's traceback.
+- **Graduated hints**: :data:`_FAILURES` counts failures per exercise in this kernel; the full
+  recipe is shown only on a repeated failure (``Trial.fail`` in ``core``).
+- **Every outcome is recorded** as a :class:`CheckResult`, handed to each callable registered
+  with :func:`add_recorder` (the grader registers one).
+- :func:`_present` prints a pass (with the model answer of the exercise's "why it matters"
+  question, from ``helpers/model_answers.json``), shows an unattempted exercise as a notice in
+  an interactive session, or raises the failure.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import sys
+import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional  # noqa: F401  (watched by the integrity guard)
+
+from .guard import _isinstance, _issubclass, _len, _Parameter, _Tensor, _type
+
+# --------------------------------------------------------------------------- constants for the course
+
+RAISE_NOT_ATTEMPTED_ENV = "ATTN_COURSE_RAISE_NOT_ATTEMPTED"
+"""When this environment variable is ``"1"``, an unattempted exercise raises :class:`NotAttempted`
+even in an interactive session. The repository's ``conftest.py`` sets it for pytest (and so for
+the notebook kernels nbval starts) and the grader sets it in its kernels. Outside IPython an
+unattempted exercise always raises."""
+
+
+WRAP_WIDTH = 92  # columns at which messages shown in a notebook are wrapped (at word boundaries)
+MODEL_ANSWERS_FILE = "model_answers.json"  # package data of `helpers`, written by `make exercises`
+
+# --------------------------------------------------------------------------- exercises and results
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """One graded exercise: id "1.1", function name, title, points, stars, notebook stem, whether
+    it is a bonus (its points are reported apart and never block a pass), and the section of the
+    teaching notebook it builds on (named in first-failure pointers)."""
+
+    id: str
+    name: str
+    title: str
+    points: int
+    stars: int
+    notebook: str
+    bonus: bool = False
+    section: str | None = None
+
+    @property
+    def pointer(self) -> str:
+        """Where to revisit: ``notebooks/05_multihead.ipynb, section 3. Why W_O exists``."""
+        where = f"notebooks/{self.notebook}.ipynb"
+        return f"{where}, section {self.section}" if self.section else where
+
+
+
+class CheckFailed(AssertionError):
+    """A check did not pass. ``status`` is what `make grade` reports.
+
+    Attributes: ``hint`` (the hint line the learner was shown, "" if none), ``instructor_hint``
+    (what an instructor's table should show: the recognised mistake, else what differed),
+    ``recognised`` (a mistake was named), ``recipe`` (the full recipe, shown on a repeated
+    failure), ``summary`` (the first line of what differed), ``case``, ``exercise``.
+    """
+
+    status = "failed"
+
+    def __init__(self, message: str, hint: str = "", *, instructor_hint: str | None = None, recognised: bool = False,
+                 recipe: str = "", summary: str = "", case: str = "", exercise: Exercise | None = None):
+        super().__init__(message)
+        self.hint = hint
+        self.instructor_hint = hint if instructor_hint is None else instructor_hint
+        self.recognised = recognised
+        self.recipe = recipe
+        self.summary = summary
+        self.case = case
+        self.exercise = exercise
+
+    def _render_traceback_(self) -> list[str]:
+        """IPython shows these lines instead of a traceback: the message alone, marked."""
+        mark = "◻" if _isinstance(self, NotAttempted) else "✗"
+        lines = wrap(str(self)).split("\n")
+        return [f"\x1b[1;31m{mark} {lines[0]}\x1b[0m", *lines[1:]]
+
+
+class NotAttempted(CheckFailed):
+    status = "not attempted"
+
+
+class TimedOut(CheckFailed):
+    status = "timed out"
+
+
+class LearnerError(CheckFailed):
+    """The learner's function raised an exception."""
+
+    status = "error"
+
+
+class Refused(CheckFailed):
+    """The learner's code changed the course's or torch's functions, called the course's
+    reference, or returned something that cannot be trusted (a subclass, a lying number)."""
+
+
+@dataclass
+class CheckResult:
+    """The outcome of one run of a check, handed to every recorder.
+
+    ``status``: passed / failed / not attempted / error / timed out. ``message``: what the learner
+    saw. ``hint``: the hint an instructor should see (the recognised mistake, else what
+    differed). ``is_reference``: the function checked was the course's own reference."""
+
+    exercise: Exercise
+    status: str
+    message: str = ""
+    hint: str = ""
+    recognised: bool = False
+    is_reference: bool = False
+    error: CheckFailed | None = field(default=None, repr=False)
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "passed"
+
+    @property
+    def name(self) -> str:
+        return self.exercise.name
+
+
+RECORDERS: list[Callable[[CheckResult], None]] = []
+
+
+def add_recorder(recorder: Callable[[CheckResult], None]) -> Callable[[CheckResult], None]:
+    """Call ``recorder(result)`` after every check from now on; returns it (for remove_recorder)."""
+    RECORDERS.append(recorder)
+    return recorder
+
+
+def remove_recorder(recorder: Callable[[CheckResult], None]) -> None:
+    if recorder in RECORDERS:
+        RECORDERS.remove(recorder)
+
+
+def _record(result: CheckResult) -> None:
+    for recorder in list(RECORDERS):
+        recorder(result)
+
+
+# --------------------------------------------------------------------------- describing values
+
+
+def describe(x: Any) -> str:
+    """A compact description: ``float32[2, 3, 5, 4]``, ``int 7``, ``tuple(3)``, ``None``."""
+    t = _type(x)
+    if t is _Tensor or t is _Parameter:
+        return f"{str(x.dtype).removeprefix('torch.')}{list(x.shape)}"
+    if _issubclass(t, _Tensor):
+        return f"{t.__name__} (a torch.Tensor subclass)"
+    if x is None:
+        return "None"
+    if t is bool:
+        return f"bool {x}"
+    if t in (int, float):
+        return f"{t.__name__} {x!r}"
+    if t in (tuple, list):
+        if _len(x) <= 6 and all(_type(e) in (int, float, bool) for e in x):
+            return repr(x)
+        return f"{t.__name__} of {_len(x)}: (" + ", ".join(describe(e) for e in x[:4]) + (", ..." if _len(x) > 4 else "") + ")"
+    if t.__module__ == "numpy":
+        return f"numpy.{t.__name__}"
+    return t.__name__
+
+
+def describe_case(**kwargs: Any) -> str:
+    """``x=float32[2, 5, 12], n_heads=3``: how a failing case is named in messages."""
+    return ", ".join(f"{k}={describe(v)}" if _issubclass(_type(v), _Tensor) else f"{k}={v!r}" for k, v in kwargs.items())
+
+
+def _fmt(v: float) -> str:
+    return f"{v:.4g}" if math.isfinite(v) else str(v)
+
+
+def _preview(t: torch.Tensor, n: int = 6) -> str:
+    flat = t.detach().reshape(-1)[:n].tolist()
+    body = ", ".join(_fmt(float(v)) for v in flat)
+    return f"[{body}{', ...' if t.numel() > n else ''}]"
+
+
+def wrap(text: str, width: int = WRAP_WIDTH) -> str:
+    """Wrap each line of a message at word boundaries, keeping its indentation; a ``hint:`` (or
+    ``recipe:``, ``see:``) line continues under its first word."""
+    out = []
+    for line in text.split("\n"):
+        if _len(line) <= width:
+            out.append(line)
+            continue
+        indent = line[: _len(line) - _len(line.lstrip())]
+        m = re.match(r"\s*(hint|recipe|see|on case): ", line)
+        hang = " " * (m.end() - _len(indent)) if m else "  "
+        out.append(textwrap.fill(line.strip(), width=width, initial_indent=indent, subsequent_indent=indent + hang,
+                                 break_long_words=False, break_on_hyphens=False))
+    return "\n".join(out)
+
+
+
+def _short(x: Any, n: int = 60) -> str:
+    try:
+        text = repr(x)
+    except Exception:  # noqa: BLE001 - a learner's object whose repr fails
+        text = describe(x)
+    return text if _len(text) <= n else text[: n - 3] + "..."
+
+
+def _exception_summary(e: BaseException) -> str:
+    try:
+        text = str(e).strip()
+    except Exception:  # noqa: BLE001 - an exception whose __str__ fails
+        text = ""
+    first = text.splitlines()[0] if text else ""
+    if _len(first) > 300:
+        first = first[:297] + "..."
+    return f"{_type(e).__name__}: {first}".strip().rstrip(":")
+
+
+# Recognised causes of exceptions, tried after a check's own error_hints.
+CORE_ERROR_HINTS = {
+    r"Expected all tensors to be on the same device|found at least two devices": "create new tensors on the "
+    "inputs' device (device=x.device, torch.zeros_like(x)), not on a fixed device such as the `device` that "
+    "setup() returns.",
+    r"^RecursionError": "your function calls itself without end: a recursion without a base case, or a name that "
+    "refers back to your own function.",
+}
+
+
+
+# --------------------------------------------------------------------------- model answers
+
+
+_MODEL_ANSWERS: dict[str, Any] = {}
+
+
+def model_answer(name: str) -> dict | None:
+    """``{"exercise", "notebook", "question", "answer"}`` for exercise ``name`` from the package's
+    model answers (written by ``make exercises`` from ``solutions/``), or None."""
+    if "answers" not in _MODEL_ANSWERS:
+        try:
+            from importlib.resources import files
+
+            _MODEL_ANSWERS["answers"] = json.loads((files("helpers") / MODEL_ANSWERS_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError, ModuleNotFoundError):
+            _MODEL_ANSWERS["answers"] = {}
+    return _MODEL_ANSWERS["answers"].get(name)
+
+
+def _ipython():
+    module = sys.modules.get("IPython")
+    get = getattr(module, "get_ipython", None)
+    try:
+        return get() if get is not None else None
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _interactive() -> bool:
+    """An IPython session in which an unattempted exercise shows a notice instead of raising."""
+    return _ipython() is not None and os.environ.get(RAISE_NOT_ATTEMPTED_ENV, "") != "1"
+
+
+def _show_model_answer(ex: Exercise) -> None:
+    answer = model_answer(ex.name)
+    if not answer or _ipython() is None:
+        return
+    from IPython.display import display
+
+    question = answer.get("question", "")
+    md = "<details><summary><b>Why it matters</b>: the model answer (click to open)</summary>\n\n"
+    if question:
+        md += f"**Question.** {question}\n\n"
+    md += f"{answer['answer']}\n\n</details>"
+    plain = (f"Why it matters: {question}\n" if question else "") + answer["answer"]
+    display({"text/markdown": md, "text/plain": plain}, raw=True)
+
+
+
+_FAILURES: dict[str, int] = {}  # exercise name -> failures in this kernel (graduated hints)
+
+
+def reset_attempts(name: str | None = None) -> None:
+    """Forget earlier failures (of one exercise, or all): the next failure counts as the first."""
+    if name is None:
+        _FAILURES.clear()
+    else:
+        _FAILURES.pop(name, None)
+
+
+
+def _present(ex: Exercise, result: CheckResult) -> None:
+    __tracebackhide__ = True
+    if result.passed:
+        kind = " bonus" if ex.bonus else ""
+        print(f"✓ {ex.id} {ex.name}: {ex.title} ({ex.points}{kind} pt{'s' if ex.points != 1 else ''}) passed")
+        _show_model_answer(ex)
+        return
+    error = result.error
+    if _isinstance(error, NotAttempted) and _interactive():
+        print(wrap(f"◻ {ex.id} {ex.name}: not attempted yet. Replace `raise NotImplementedError()` with your "
+                   "implementation, then run this cell again (the other exercises still run)."))
+        return
+    raise error.with_traceback(None) from None
+
+
