@@ -27,11 +27,12 @@ else
   ENV_STAMP := .venv/.stamp
 endif
 
-.PHONY: help setup lab test execute exercises sync grade bench clean
+.PHONY: help setup lab test test-all execute exercises sync grade bench clean
 
 help:
 	@echo "make lab        start JupyterLab on the course (creates the environment on first use)"
-	@echo "make test       run every test: unit, checks, lint, drift, grading, notebooks (nbval)"
+	@echo "make test       the fast suite, for every change: unit, checks, lint, drift, grading, notebooks (nbval)"
+	@echo "make test-all   make test plus the slow checks: browser, nbgrader, package installs, every Run All (CI)"
 	@echo "make execute    re-run notebooks/ and solutions/ in fresh kernels and store their outputs"
 	@echo "make exercises  regenerate exercises/ from solutions/"
 	@echo "make sync       rewrite the Colab bootstrap cells and README notebook map from pyproject.toml"
@@ -72,12 +73,18 @@ TORCH_INDEX ?= $(if $(and $(filter Linux,$(shell uname -s)),$(if $(shell command
 lab: $(ENV_STAMP)
 	$(PY) -m jupyter lab --LabApp.default_url=/lab/tree/notebooks/01_qkv_shapes.ipynb $(LAB_ROOT) $(LAB_ARGS)
 
-# --no-loadscope-reorder: modules start in file order, so the long browser test (one scope, one
-# worker) starts early instead of last.
+# Both run notebooks/ and solutions/ under nbval (strict: committed outputs must match). `make test`
+# leaves out the tests marked slow (pyproject.toml); `make test-all` runs them too, as .ci/run does.
+# --dist loadscope keeps a notebook's cells on one worker (one kernel); --no-loadscope-reorder starts
+# modules in file order, so that the long browser test (one scope, one worker) starts early.
+PYTEST := $(PY) -m pytest -n $(JOBS) --dist loadscope --no-loadscope-reorder --durations=10 \
+	--nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
+
 test: $(ENV_STAMP)
-	$(PY) -m pytest -n $(JOBS) --dist loadscope --no-loadscope-reorder --durations=10 \
-		--nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg \
-		tests notebooks solutions
+	$(PYTEST) -m "not slow" tests notebooks solutions
+
+test-all: $(ENV_STAMP)
+	$(PYTEST) tests notebooks solutions
 
 execute: $(ENV_STAMP)
 	$(PY) -m helpers.tools.notebooks execute notebooks solutions

@@ -28,6 +28,7 @@ from helpers.runtime import configure_triton
 _INTERPRET = configure_triton()
 
 import functools  # noqa: E402
+import inspect  # noqa: E402
 import math  # noqa: E402
 
 import torch  # noqa: E402
@@ -67,6 +68,7 @@ def _fwd_inner(
     if CAUSAL, keys j > i; unmasked blocks skip that work (and their loads need no bounds check)."""
     k_ptrs += lo * stride_kn
     v_ptrs += lo * stride_vn
+    # lesson: inner-loop
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         # -- load one key/value block [BLOCK_N, HEAD_DIM]
@@ -96,6 +98,7 @@ def _fwd_inner(
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
         m_i = m_ij
+        # lesson: end inner-loop
         k_ptrs += BLOCK_N * stride_kn
         v_ptrs += BLOCK_N * stride_vn
     return acc, l_i, m_i
@@ -114,6 +117,7 @@ def _attn_fwd(
 ):
     """One program = BLOCK_M query rows of one (batch, head). Grid: (cdiv(N_Q, BLOCK_M), B * H)."""
     # -- which tile: causal blocks lower down see more keys, so launch those first (better balance)
+    # lesson: program-ids
     start_m = tl.program_id(0)
     if CAUSAL:
         start_m = tl.num_programs(0) - 1 - start_m
@@ -128,13 +132,16 @@ def _attn_fwd(
     q_ptrs = Q + off_z * stride_qz + off_h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
     k_ptrs = K + off_z * stride_kz + off_hkv * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
     v_ptrs = V + off_z * stride_vz + off_hkv * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
+    # lesson: end program-ids
 
     # -- load the query block once; it stays in registers for the whole loop
+    # lesson: row-mask
     row_ok = offs_m < N_Q
     q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running max (log2 units)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum of exp2(s - m_i)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)  # running sum of p @ v
+    # lesson: end row-mask
 
     if CAUSAL:
         tl.static_assert(BLOCK_M % BLOCK_N == 0, "causal: key blocks must tile the query block")
@@ -158,12 +165,14 @@ def _attn_fwd(
                                    offs_m, offs_n, n_full, N_K, N_K, qk_scale,
                                    BLOCK_N, True, CAUSAL, DOT_PRECISION)
 
+    # lesson: epilogue
     # -- epilogue: normalise, and save the natural-log logsumexp for the backward pass
     acc = acc / l_i[:, None]
     lse = (m_i + tl.log2(l_i)) * 0.6931471805599453  # ln(2): back from log2 units
     tl.store(Lse + off_hz.to(tl.int64) * N_Q + offs_m, lse, mask=row_ok)
     o_ptrs = Out + off_z * stride_oz + off_h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
     tl.store(o_ptrs, acc.to(Out.dtype.element_ty), mask=row_ok[:, None])
+    # lesson: end epilogue
 
 
 # --------------------------------------------------------------------------------------------
@@ -217,6 +226,7 @@ def _bwd_dkdv_inner(
         lse = tl.load(lse_ptr + rows, mask=row_ok, other=0.0)
         delta = tl.load(delta_ptr + rows, mask=row_ok, other=0.0)
         # -- recompute P^T = exp(S^T - lse) in log2 units  [BLOCK_N, BLOCK_M]
+        # lesson: dkdv-step
         qkT = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)
         pT = tl.exp2(qkT * qk_scale - (lse * 1.4426950408889634)[None, :])  # log2(e)
         if DIAGONAL:
@@ -226,6 +236,7 @@ def _bwd_dkdv_inner(
         dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
         dsT = pT * (dpT - delta[None, :])
         dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=DOT_PRECISION)
+        # lesson: end dkdv-step
         q_ptrs += BLOCK_M * stride_qm
         do_ptrs += BLOCK_M * stride_dm
     return dk, dv
@@ -405,6 +416,26 @@ DQ_CONFIGS = [  # many queries x few keys
     (128, 32, 4, 3), (128, 32, 8, 3), (128, 64, 8, 2), (128, 64, 8, 3),
     (64, 32, 4, 3), (64, 32, 4, 4), (64, 64, 4, 3),
 ]
+
+
+LESSON_MARK = "# lesson:"
+
+
+def lesson_part(kernel, part: str) -> str:
+    """The source lines of ``kernel`` between its ``# lesson: <part>`` and ``# lesson: end <part>``
+    comments (not included): what notebook 09 prints of the kernel, part by part. A part that is
+    not there raises ``LookupError`` naming the markers to restore (tests/test_pipeline.py checks
+    every part the notebook shows)."""
+    fn = getattr(kernel, "fn", kernel)
+    lines = inspect.getsource(fn).splitlines()
+    begin = [i for i, line in enumerate(lines) if line.strip() == f"{LESSON_MARK} {part}"]
+    end = [i for i, line in enumerate(lines) if line.strip() == f"{LESSON_MARK} end {part}"]
+    if len(begin) != 1 or len(end) != 1 or end[0] <= begin[0]:
+        raise LookupError(
+            f"helpers/nb09_triton_flash.py: {fn.__name__} has no part {part!r} (one '{LESSON_MARK} {part}' line, "
+            f"then one '{LESSON_MARK} end {part}' line). Notebook 09 prints it with show_source(..., {part!r}): "
+            "put the two comments back around that code, or change the part the notebook's cell names.")
+    return "\n".join(lines[begin[0] + 1 : end[0]])
 
 
 def valid_config(kind: str, block_m: int, block_n: int, causal: bool, n_q: int, n_k: int) -> bool:

@@ -158,7 +158,6 @@ def test_make_grade_is_wired():
 # --------------------------------------------------------------------------- slow: notebooks run
 
 
-@pytest.mark.slow
 def test_blank_exercises_grade_zero_and_solutions_full_marks():
     subs = [Submission(folder, stem, ROOT / folder / f"{stem}.ipynb") for folder in ("exercises", "solutions")
             for stem in GRADED_STEMS]
@@ -248,7 +247,6 @@ def cheat_rows(tmp_path_factory) -> dict[str, dict[str, Row]]:
     return {cheat: _by_name([r for r in rows if r.student == cheat]) for cheat in _cheats()}
 
 
-@pytest.mark.slow
 def test_a_deleted_or_replaced_check_cell_cannot_make_a_wrong_function_pass(cheat_rows):
     for cheat in ("deleted_check", "replaced_check"):
         rows = cheat_rows[cheat]
@@ -258,7 +256,6 @@ def test_a_deleted_or_replaced_check_cell_cannot_make_a_wrong_function_pass(chea
         assert not passed(list(rows.values()))
 
 
-@pytest.mark.slow
 def test_deleted_exercises_are_missing_not_absent(cheat_rows):
     rows = cheat_rows["deleted_exercises"]
     assert [r.status for r in rows.values()] == ["passed", "missing", "missing"], format_table(list(rows.values()))
@@ -266,7 +263,6 @@ def test_deleted_exercises_are_missing_not_absent(cheat_rows):
     assert not passed(list(rows.values()))
 
 
-@pytest.mark.slow
 def test_checks_run_on_the_course_reference_do_not_count(cheat_rows):
     rows = cheat_rows["checks_on_reference"]
     assert {r.status for r in rows.values()} == {"not attempted"}, format_table(list(rows.values()))
@@ -274,7 +270,6 @@ def test_checks_run_on_the_course_reference_do_not_count(cheat_rows):
     assert {r.status for r in rows.values()} == {"failed"}, format_table(list(rows.values()))
 
 
-@pytest.mark.slow
 def test_patched_checks_and_torch_do_not_count_and_are_reported(cheat_rows):
     rows = cheat_rows["patched_checks"]
     assert {r.status for r in rows.values()} == {"not attempted"}, format_table(list(rows.values()))
@@ -282,20 +277,17 @@ def test_patched_checks_and_torch_do_not_count_and_are_reported(cheat_rows):
     assert "the notebook replaced" in hint and "helpers.checks.merge_heads" in hint and "torch." in hint, hint
 
 
-@pytest.mark.slow
 def test_forged_log_lines_and_printed_passes_do_not_count(cheat_rows):
     rows = cheat_rows["forged_log"]
     assert {r.status for r in rows.values()} == {"not attempted"}, format_table(list(rows.values()))
 
 
-@pytest.mark.slow
 def test_forged_messages_on_the_graders_channel_are_caught(cheat_rows):
     rows = cheat_rows["forged_channel"]
     assert {r.status for r in rows.values()} == {"error"}, format_table(list(rows.values()))
     assert "interfered with the grader" in rows["merge_heads"].hint
 
 
-@pytest.mark.slow
 def test_one_wrong_exercise_is_reported_alone_with_its_hint(tmp_path, capsys):
     path = tmp_path / "01_qkv_shapes.ipynb"
     nbformat.write(_edit(_notebook("01_qkv_shapes"), MERGE_OK, MERGE_WRONG), path)
@@ -331,7 +323,6 @@ def test_syntax_errors_timeouts_and_a_dying_notebook_are_reported_as_such(tmp_pa
     assert {r.status for r in rows} == {"error"} and "(`import os`) ended the process" in rows[0].hint, format_table(rows)
 
 
-@pytest.mark.slow
 def test_a_class_is_graded_in_parallel_into_a_gradebook(tmp_path, capsys):
     cls = tmp_path / "class"
     for student, sources in {"ada": ("solutions", "solutions"), "bo": ("exercises", None)}.items():

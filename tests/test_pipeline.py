@@ -142,7 +142,8 @@ def test_environment_yml_installs_what_pip_installs():
 def test_readme_test_command_is_what_ci_runs():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     ci = (ROOT / ".ci" / "run").read_text()
-    assert "make test" in readme and re.search(r"^make test$", ci, re.M)
+    assert "make test-all" in readme and re.search(r"^make test-all$", ci, re.M)
+    assert re.search(r"`make test`", readme), "the README gives the fast suite too"
 
 
 # --------------------------------------------------------------------------- Colab bootstrap
@@ -189,3 +190,27 @@ def test_bootstrap_on_colab_installs_helpers_and_keeps_torch(monkeypatch, tmp_pa
     out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env={"PYTHONPATH": str(target), "PATH": ""},
                          check=True, capture_output=True, text=True).stdout
     assert str(target) in out, "the installed package, not the checkout, was imported"
+
+
+# --------------------------------------------------------------------------- kernel parts shown in 09
+
+
+def test_every_kernel_part_notebook_09_shows_is_marked_in_the_kernel():
+    """Notebook 09 prints the kernel part by part (``show_source(tf._attn_fwd, "row-mask")``), from
+    ``# lesson: <part>`` comments in helpers/nb09_triton_flash.py: renaming or moving code there
+    must keep them, and this test names the notebook cell that depends on a missing part."""
+    tf = pytest.importorskip("helpers.nb09_triton_flash", reason="Triton is Linux-only")
+    nb = nbtools.read(ROOT / "notebooks" / "09_flash_attention.ipynb")
+    shown = [(i, fn, part) for i, cell in enumerate(nb.cells) if cell.cell_type == "code"
+             for fn, part in re.findall(r'show_source\(tf\.(\w+), "([^"]+)"\)', cell.source)]
+    assert len(shown) >= 5, shown
+    for i, fn, part in shown:
+        kernel = getattr(tf, fn, None)
+        assert kernel is not None, f"notebooks/09_flash_attention.ipynb cell {i} shows tf.{fn}, which no longer exists"
+        try:
+            text = tf.lesson_part(kernel, part)
+        except LookupError as e:
+            pytest.fail(f"notebooks/09_flash_attention.ipynb cell {i}: {e}")
+        assert text.strip(), f"cell {i}: part {part!r} of {fn} is empty"
+    with pytest.raises(LookupError, match="no part 'no-such-part'.*show_source"):
+        tf.lesson_part(tf._attn_fwd, "no-such-part")

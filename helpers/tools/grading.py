@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import json
 import multiprocessing
 import os
@@ -31,6 +30,9 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
 import nbformat
+
+from .gradebook import format_table, passed, write_gradebook
+from .nbgrader import write_nbgrader_course
 
 DEFAULT_CELL_TIMEOUT_S = 300
 STATUSES = ("passed", "failed", "not attempted", "error", "timed out", "missing", "not run")
@@ -556,121 +558,6 @@ def grade_notebook(path: Path, cell_timeout: float = DEFAULT_CELL_TIMEOUT_S) -> 
     stem, _ = identify(Path(path))
     return grade([Submission(Path(path).resolve().parent.name, stem, Path(path))], jobs=1,
                  cell_timeout=cell_timeout, progress=False)
-
-
-# --------------------------------------------------------------------------- reporting
-
-
-def _score(rows: list[Row], unit: str = "") -> str:
-    """``5/8``, or ``5/8 + 0/3 bonus`` (bonus points apart); ``unit`` goes after the first part."""
-    core = [r for r in rows if not r.bonus]
-    bonus = [r for r in rows if r.bonus]
-    text = f"{sum(r.earned for r in core)}/{sum(r.points for r in core)}{unit}"
-    if bonus:
-        text += f" + {sum(r.earned for r in bonus)}/{sum(r.points for r in bonus)} bonus"
-    return text
-
-
-def _columns(header: tuple[str, ...], body: list[tuple[str, ...]]) -> list[str]:
-    """Left-aligned columns; the last one is not padded."""
-    widths = [max(len(x[i]) for x in [header, *body]) for i in range(len(header) - 1)]
-    lines = []
-    for row in [header, tuple("-" * max(len(h), 4) for h in header), *body]:
-        lines.append("  ".join(c.ljust(w) for c, w in zip(row[:-1], widths)) + "  " + row[-1])
-    return [ln.rstrip() for ln in lines]
-
-
-def format_table(rows: list[Row]) -> str:
-    """Rows (student, notebook, exercise, points, status, hint), then scores per notebook and per
-    student, then the total (bonus points apart). The student column appears for a class."""
-    students = sorted({r.student for r in rows})
-    with_student = len(students) > 1
-    header = (("student",) if with_student else ()) + ("notebook", "exercise", "points", "status", "hint")
-    body = [(((r.student,) if with_student else ())
-             + (r.notebook, f"{r.id} {r.name}", f"{r.earned}/{r.points}" + (" bonus" if r.bonus else ""), r.status,
-                " ".join(r.hint.split()))) for r in rows]
-    lines = _columns(header, body)
-    stems = sorted({r.notebook for r in rows})
-    lines.append("")
-    if with_student:  # one line per student, one column per notebook
-        scores = [(s, *(_score([r for r in rows if r.student == s and r.notebook == n]) for n in stems),
-                   _score([r for r in rows if r.student == s])) for s in students]
-        lines += _columns(("student", *stems, "total"), scores)
-    else:
-        lines += _columns(("notebook", "score"), [(n, _score([r for r in rows if r.notebook == n])) for n in stems])
-    core = [r for r in rows if not r.bonus]
-    n_passed = sum(r.status == "passed" for r in core)
-    lines.append("")
-    lines.append(f"score: {_score(rows, ' points')}, {n_passed}/{len(core)} exercises passed"
-                 + (f" ({len(students)} students)" if with_student else ""))
-    return "\n".join(lines)
-
-
-GRADEBOOK_FIELDS = ("student", "notebook", "exercise", "function", "points", "max_points", "bonus", "status", "hint")
-
-
-def write_gradebook(rows: list[Row], path: Path) -> None:
-    """One CSV row per student and exercise: student, notebook, exercise, function, points earned,
-    max_points, bonus, status, hint (the format an LMS or a spreadsheet imports)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f)
-        w.writerow(GRADEBOOK_FIELDS)
-        for r in rows:
-            w.writerow([r.student, r.notebook, r.id, r.name, r.earned, r.points, int(r.bonus), r.status,
-                        " ".join(r.hint.split())])
-
-
-def passed(rows: list[Row]) -> bool:
-    """True when there is something to grade and every exercise that is not a bonus passed."""
-    return bool(rows) and all(r.status == "passed" for r in rows if not r.bonus)
-
-
-# --------------------------------------------------------------------------- nbgrader
-
-NBGRADER_CONFIG = """\
-# nbgrader configuration for the course, written by `python -m helpers.tools.grading --nbgrader-course`.
-import os
-
-from nbconvert.preprocessors import TagRemovePreprocessor
-from nbgrader.converters import GenerateAssignment
-
-c = get_config()  # noqa: F821
-c.CourseDirectory.course_id = "attention-course"
-# The student version is exactly exercises/: answer cells get the course's stub, and the cells
-# tagged solution-only (numbers behind the model answers) are dropped.
-c.ClearSolutions.text_stub = {text_stub!r}
-c.TagRemovePreprocessor.enabled = True
-c.TagRemovePreprocessor.remove_cell_tags = [{solution_only!r}]
-c.GenerateAssignment.preprocessors = [
-    TagRemovePreprocessor, *GenerateAssignment.class_traits()["preprocessors"].default()]
-# Kernels started by nbgrader (validate, autograde) inherit this: an unattempted exercise's check
-# raises (scored 0) instead of printing a notice.
-os.environ[{env!r}] = "1"
-c.Execute.timeout = {timeout}  # seconds per cell: the Triton checks run in the interpreter on a CPU
-"""
-
-
-def write_nbgrader_course(course: Path, stems: Iterable[str] | None = None) -> list[Path]:
-    """Lay ``solutions/`` out as an nbgrader course in ``course``: ``nbgrader_config.py`` and
-    ``source/NN_topic/NN_topic.ipynb`` (one assignment per notebook, with nbgrader's cell metadata
-    from :func:`helpers.tools.notebooks.nbgrader_source`). Returns the notebooks written."""
-    from ..checks import feedback
-    from . import notebooks as nbtools
-
-    course.mkdir(parents=True, exist_ok=True)
-    (course / "nbgrader_config.py").write_text(NBGRADER_CONFIG.format(
-        text_stub=nbtools.EMPTY_ANSWER, solution_only=nbtools.SOLUTION_ONLY_TAG, env=feedback.RAISE_NOT_ATTEMPTED_ENV,
-        timeout=DEFAULT_CELL_TIMEOUT_S), encoding="utf-8")
-    written = []
-    for path in nbtools.notebook_paths("solutions"):
-        if stems is not None and path.stem not in stems:
-            continue
-        target = course / "source" / path.stem / path.name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        nbtools.write(nbtools.nbgrader_source(nbtools.read(path)), target)
-        written.append(target)
-    return written
 
 
 def _shard(text: str) -> tuple[int, int]:

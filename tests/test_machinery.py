@@ -1,6 +1,23 @@
-"""Unit tests of the check machinery (helpers/checks/core.py, feedback.py, guard.py): graduated hints, the integrity
-guard, plain outputs, the call's safety net, recording, the interactive "not attempted" notice,
-model answers, and how a failure looks in a real Jupyter kernel."""
+"""The shared check machinery (helpers/checks/core.py, feedback.py, guard.py, instruments.py) and the
+exercise registry, tested once per mechanism.
+
+- The registry: every exercise of the contract is registered, passes its own reference, has at
+  least two wrong implementations and one right variant in its topic's test file
+  (``tests/test_nbNN_topic.py``, gathered by :func:`tests.exercise_cases.all_cases`), and shows the
+  full recipe only from the second failure on.
+- The machinery's units: graduated hints, the integrity guard, plain outputs, the call's safety
+  net, recording, the interactive "not attempted" notice, model answers, and how a failure looks
+  in a real Jupyter kernel.
+- Hostile submissions, one test per mechanism (monkeypatched comparisons, a replaced reference,
+  tensor and number subclasses, ``sys.exit``, a raised ``KeyboardInterrupt``, meta outputs, a mutated
+  list argument) on a few exercises that cover every kind of output (``SAMPLE``: tensors, tuples,
+  ints, floats, dicts, lists of pairs, decode caches, Triton kernels). Calling the course's reference
+  is tried on every exercise, since each has its own reference. The wrong answer each hostile
+  submission returns is built from the reference's output on the check's first case (recorded by a
+  function that is not attempted yet), then perturbed. Exercise-specific cheats (NumPy in 9.1/9.2,
+  copy-only Triton kernels, finite differences in 4.3, a Mapping in 8.1, ...) are tested in each
+  topic's file.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +29,6 @@ import signal
 import subprocess
 import sys
 import types
-from pathlib import Path
 
 import nbformat
 import numpy as np
@@ -22,17 +38,95 @@ import torch
 import helpers.nb01_qkv_shapes as att
 from helpers import checks, reference
 from helpers.checks import EXERCISES, CheckFailed, core, feedback, guard
+from helpers.runtime import configure_triton
 from helpers.tools import notebooks as nbtools
+from tests.exercise_cases import all_cases
 
-ROOT = Path(__file__).resolve().parent.parent
+configure_triton()  # as setup() does in a notebook: Triton's interpreter on before any kernel exists
+
+WRONG, RIGHT = all_cases()
+NAMES = sorted(EXERCISES)
+SAMPLE = ["scaled_scores", "qkv_projection", "dot_product_std", "find_mask_leaks", "packed_causal_mask",
+          "mha_param_count", "kv_cache_bytes", "decode_step", "attention_flops", "flash_attention_tiled",
+          "flash_attention_triton", "alibi_bias", "induction_scores"]
+_SAVED = {name: getattr(torch, name) for name in ("isclose", "allclose", "equal")}
 
 
 @pytest.fixture(autouse=True)
 def _fresh(monkeypatch):
-    monkeypatch.setattr(core, "DEFAULT_TIME_LIMIT_S", 30.0)
+    monkeypatch.setattr(core, "DEFAULT_TIME_LIMIT_S", 120.0)  # the Triton interpreter is slow
     feedback.reset_attempts()
     yield
+    for name, fn in _SAVED.items():  # whatever happened, leave torch as it was for other tests
+        setattr(torch, name, fn)
     assert guard.verify_integrity(restore=True) == [], "a test left something replaced"
+
+
+# =========================================================================== the registry
+
+
+@pytest.mark.parametrize("name", sorted(EXERCISES))
+def test_reference_passes(name, capsys):
+    getattr(checks, name)(getattr(reference, name))
+    out = capsys.readouterr().out
+    assert out.startswith(f"✓ {EXERCISES[name].id} {name}"), out
+
+
+@pytest.mark.parametrize("name", sorted(EXERCISES))
+def test_every_check_has_wrong_and_right_implementations(name):
+    assert len(WRONG.get(name, [])) >= 2, f"fewer than two wrong implementations for {name} in its tests/test_nb*.py"
+    assert len(RIGHT.get(name, [])) >= 1, f"no right variant of {name} in its tests/test_nb*.py"
+
+
+@pytest.mark.parametrize("name, wrong", [(name, impls[0][0]) for name, impls in sorted(WRONG.items())],
+                         ids=lambda v: getattr(v, "__name__", None) if callable(v) else None)
+def test_a_first_failure_hides_the_recipe_and_a_repeated_one_shows_it(name, wrong):
+    """Graduated hints: the full recipe (``hint=`` of t.tensor / t.number) never comes with the
+    first failure of a check in a kernel, and always with the next one."""
+    check = getattr(checks, name)
+    with pytest.raises(CheckFailed) as first:
+        check(wrong)
+    recipe = first.value.recipe
+    assert not recipe or recipe == first.value.hint or recipe not in str(first.value), str(first.value)
+    with pytest.raises(CheckFailed) as second:
+        check(wrong)
+    assert not recipe or recipe in str(second.value), str(second.value)
+
+
+@pytest.mark.parametrize("bad", [None, 42, "qkv_projection"])
+def test_check_explains_a_non_function(bad):
+    with pytest.raises(CheckFailed, match="pass your function itself"):
+        checks.qkv_projection(bad)
+
+
+# The graded exercises of the course contract (EXERCISES.md): id -> function name.
+CONTRACT = {
+    "1.1": "qkv_projection", "1.2": "merge_heads", "1.3": "scaled_dot_product_attention",
+    "2.1": "scaled_scores", "2.2": "attention_entropy", "2.3": "dot_product_std",
+    "3.1": "causal_mask", "3.2": "padding_mask", "3.3": "masked_softmax", "3.4": "prefix_lm_mask",
+    "3.5": "packed_causal_mask", "3.6": "find_mask_leaks",
+    "4.1": "softmax_jacobian", "4.2": "softmax_backward", "4.3": "attention_backward",
+    "5.1": "multi_head_attention", "5.2": "mha_param_count", "5.3": "ablate_head",
+    "6.1": "repeat_kv", "6.2": "grouped_query_attention", "6.3": "kv_values_per_token", "6.4": "mla_absorbed_scores",
+    "7.1": "kv_cache_bytes", "7.2": "decode_step", "7.3": "prefill_decode_flops",
+    "8.1": "attention_flops", "8.2": "score_matrix_bytes", "8.3": "max_seq_len_for_scores",
+    "9.1": "online_softmax", "9.2": "flash_attention_tiled", "9.3": "flash_attention_triton",
+    "9.4": "flash_attention_triton_backward",
+    "10.1": "rope", "10.2": "alibi_bias",
+    "11.1": "swiglu", "11.2": "causal_lm_loss", "11.3": "induction_scores",
+}
+
+
+def test_exercise_registry_matches_the_contract():
+    for name, ex in EXERCISES.items():
+        assert CONTRACT.get(ex.id) == name, f"check {name} has id {ex.id}; the contract says {CONTRACT.get(ex.id)}"
+        assert ex.points == ex.stars, ex
+        assert ex.bonus == (ex.id == "9.4"), f"{ex.id}: only 9.4 is a bonus exercise"
+        assert hasattr(reference, name), f"helpers.reference.{name} is missing"
+        assert hasattr(checks, name), f"helpers.checks.{name} is not exported"
+
+
+# =========================================================================== the machinery's units
 
 
 @pytest.fixture
@@ -203,7 +297,7 @@ def test_every_exercise_with_a_solution_has_a_model_answer():
 def test_model_answers_are_package_data():
     import tomllib
 
-    with open(ROOT / "pyproject.toml", "rb") as f:
+    with open(nbtools.ROOT / "pyproject.toml", "rb") as f:
         data = tomllib.load(f)["tool"]["setuptools"]["package-data"]
     assert nbtools.MODEL_ANSWERS_PATH.name in data["helpers"]
 
@@ -211,7 +305,7 @@ def test_model_answers_are_package_data():
 @pytest.mark.slow
 def test_an_installed_package_carries_the_model_answers(tmp_path):
     target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target), str(ROOT)],
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target), str(nbtools.ROOT)],
                    check=True, capture_output=True)
     assert (target / "helpers" / nbtools.MODEL_ANSWERS_PATH.name).read_text(encoding="utf-8") == \
         nbtools.MODEL_ANSWERS_PATH.read_text(encoding="utf-8")
@@ -442,7 +536,6 @@ def test_a_debugger_or_trace_hook_inside_the_function_is_reported():
 # --------------------------------------------------------------------------- a real Jupyter kernel
 
 
-@pytest.mark.slow
 def test_in_a_kernel_failures_are_short_and_run_all_reaches_every_exercise(tmp_path):
     """Run All in an exercise-like notebook: a stub shows a notice and does not stop; a wrong
     function shows its message alone (error output, no machinery traceback); a pass shows the
@@ -459,7 +552,7 @@ def test_in_a_kernel_failures_are_short_and_run_all_reaches_every_exercise(tmp_p
     ]
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
     env = {k: v for k, v in os.environ.items() if k != feedback.RAISE_NOT_ATTEMPTED_ENV}
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = str(nbtools.ROOT)
     NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=True,
                    resources={"metadata": {"path": str(tmp_path)}}).execute(env=env)
     outs = [c.outputs for c in nb.cells]
@@ -474,8 +567,8 @@ def test_in_a_kernel_failures_are_short_and_run_all_reaches_every_exercise(tmp_p
     assert [o for o in outs[4] if o["output_type"] == "error"][0]["ename"] == "NotAttempted"
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("path", nbtools.notebook_paths("exercises"), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", [pytest.param(p, id=p.stem, marks=[] if p.stem == "01_qkv_shapes" else [pytest.mark.slow])
+                                  for p in nbtools.notebook_paths("exercises")])
 def test_run_all_of_a_blank_exercise_notebook_reaches_every_exercise(path, tmp_path):
     """A learner's "Run All" on a blank notebook: no cell stops it, every check says "not
     attempted yet" (interactive session: the grading variable is not set)."""
@@ -483,7 +576,7 @@ def test_run_all_of_a_blank_exercise_notebook_reaches_every_exercise(path, tmp_p
 
     nb = nbtools.read(path)
     env = {k: v for k, v in os.environ.items() if k != feedback.RAISE_NOT_ATTEMPTED_ENV}
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = str(nbtools.ROOT)
     NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=True,
                    resources={"metadata": {"path": str(path.parent)}}).execute(env=env)
     errors = [(i, o["ename"], o["evalue"][:200]) for i, c in enumerate(nb.cells) if c.cell_type == "code"
@@ -518,3 +611,274 @@ def test_an_output_on_another_device_than_the_inputs_is_refused():
     # input and a result on the `device` from setup(), cuda).
     with pytest.raises(checks.feedback.Refused, match=r"(?s)The output is on cpu, but the inputs are on meta.*device=x\.device"):
         _trial(lambda x: torch.zeros(2)).call(torch.zeros(2, device="meta"))
+
+
+# =========================================================================== hostile submissions
+
+
+_FIRST: dict[str, tuple] = {}
+
+
+def first_case(name: str) -> tuple[tuple, dict, object]:
+    """(args, kwargs, reference output) of the first call the check of ``name`` makes."""
+    if name not in _FIRST:
+        seen: dict = {}
+
+        def not_attempted(*args, **kwargs):
+            seen["call"] = (args, kwargs)
+            raise NotImplementedError()
+
+        result = getattr(checks, name).evaluate(not_attempted)
+        assert result.status == "not attempted" and "call" in seen, result.message
+        args, kwargs = seen["call"]
+        _FIRST[name] = (args, kwargs, getattr(reference, name)(*args, **kwargs))
+    return _FIRST[name]
+
+
+def perturb(x):
+    """A wrong answer of the same structure as the right one ``x``."""
+    if isinstance(x, torch.Tensor):
+        if x.dtype == torch.bool:
+            return ~x
+        if x.is_floating_point():
+            return x + (x.detach().abs().nan_to_num(0, 0, 0).mean() + 1).to(x.dtype)
+        return x + 1
+    if isinstance(x, bool):
+        return not x
+    if isinstance(x, int):
+        return x + 1
+    if isinstance(x, float):
+        return 1.5 * x + 1.0
+    if isinstance(x, (list, tuple)):
+        items = [perturb(e) for e in x] if x else [(0, 1)]
+        return type(x)(items)
+    if isinstance(x, dict):
+        return {k: perturb(v) for k, v in x.items()}
+    return x
+
+
+def _map(x, on_tensor=None, on_number=None):
+    if isinstance(x, torch.Tensor):
+        return on_tensor(x) if on_tensor else x
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        return on_number(x) if on_number else x
+    if isinstance(x, (list, tuple)):
+        return type(x)(_map(e, on_tensor, on_number) for e in x)
+    if isinstance(x, dict):
+        return {k: _map(v, on_tensor, on_number) for k, v in x.items()}
+    return x
+
+
+def _has(x, kind) -> bool:
+    if isinstance(x, kind) and not isinstance(x, bool):
+        return True
+    if isinstance(x, (list, tuple)):
+        return any(_has(e, kind) for e in x)
+    if isinstance(x, dict):
+        return any(_has(v, kind) for v in x.values())
+    return False
+
+
+def rejected(name: str, fn) -> CheckFailed:
+    """Run the check as a learner would; it must raise CheckFailed (not pass, not crash)."""
+    with pytest.raises(CheckFailed) as info:
+        getattr(checks, name)(fn)
+    message = str(info.value)
+    assert message.startswith(f"{EXERCISES[name].id} {name}"), message
+    return info.value
+
+
+# ----------------------------------------------------------------------------- the submissions
+
+
+@pytest.mark.parametrize("name", SAMPLE)
+def test_monkeypatched_comparisons_are_refused(name):
+    wrong = perturb(first_case(name)[2])
+
+    def hostile(*args, **kwargs):
+        torch.isclose = lambda a, b, *r, **k: torch.ones(torch.broadcast_shapes(a.shape, b.shape), dtype=torch.bool)
+        torch.allclose = lambda *r, **k: True
+        torch.equal = lambda *r, **k: True
+        return wrong
+
+    e = rejected(name, hostile)
+    assert "torch.isclose was replaced" in str(e) and "put the originals back" in str(e), str(e)
+    assert all(getattr(torch, n) is fn for n, fn in _SAVED.items())
+
+
+@pytest.mark.parametrize("name", SAMPLE)
+def test_comparisons_patched_earlier_in_the_notebook_are_refused(name):
+    torch.allclose = lambda *r, **k: True  # a cell before the check
+    e = rejected(name, getattr(reference, name))
+    assert "torch.allclose was replaced" in str(e), str(e)
+    assert torch.allclose is _SAVED["allclose"]
+
+
+@pytest.mark.parametrize("name", SAMPLE)
+def test_replacing_the_course_reference_is_refused(name):
+    wrong = perturb(first_case(name)[2])
+    holders = [m for n, m in sys.modules.items() if n.startswith("helpers.") and not n.startswith("helpers.checks")
+               and callable(getattr(m, name, None))]
+    originals = {m: getattr(m, name) for m in holders}
+
+    def hostile(*args, **kwargs):
+        fake = lambda *a, **k: wrong
+        for module in holders:
+            setattr(module, name, fake)
+        return getattr(reference, name)(*args, **kwargs)
+
+    e = rejected(name, hostile)
+    assert f".{name} was replaced" in str(e), str(e)
+    assert all(getattr(m, name) is fn for m, fn in originals.items())
+
+
+class Liar(torch.Tensor):
+    """A tensor whose comparisons always agree."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in {"allclose", "equal"}:
+            return True
+        if name in {"isclose", "eq", "__eq__"}:
+            return torch.ones(args[0].shape, dtype=torch.bool)
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+@pytest.mark.parametrize("name", SAMPLE)
+def test_tensor_subclass_is_refused(name):
+    wrong = perturb(first_case(name)[2])
+    out = _map(wrong, on_tensor=lambda t: t.as_subclass(Liar)) if _has(wrong, torch.Tensor) \
+        else torch.zeros(1).as_subclass(Liar)
+
+    e = rejected(name, lambda *a, **k: out)
+    assert "subclass of torch.Tensor" in str(e), str(e)
+
+
+def _lying(value, truth):
+    base = int if isinstance(value, int) else float
+
+    class Lying(base):
+        def __eq__(self, other):
+            return True
+
+        __hash__ = base.__hash__
+
+        def __float__(self):
+            return float(truth)
+
+        def __int__(self):
+            return int(truth)
+
+    return Lying(value)
+
+
+@pytest.mark.parametrize("name", SAMPLE)
+def test_lying_number_is_refused(name):
+    expected = first_case(name)[2]
+    if not _has(expected, (int, float)):
+        pytest.skip("no Python number in this exercise's output")
+    truths = []
+    _map(expected, on_number=truths.append)
+    it = iter(truths)
+    out = _map(perturb(expected), on_number=lambda v: _lying(v, next(it)))
+
+    e = rejected(name, lambda *a, **k: out)
+    assert "a subclass of int" in str(e) or "a subclass of float" in str(e), str(e)
+
+
+@pytest.mark.parametrize("name", SAMPLE)
+def test_sys_exit_is_a_failed_check_and_recorded(name):
+    import sys as system
+
+    results = []
+    recorder = feedback.add_recorder(results.append)
+    try:
+        e = rejected(name, lambda *a, **k: system.exit(3))
+    finally:
+        feedback.remove_recorder(recorder)
+    assert "sys.exit()" in str(e) and e.status == "error", str(e)
+    assert [r.status for r in results] == ["error"]
+
+
+@pytest.mark.parametrize("name", SAMPLE)
+def test_keyboard_interrupt_raised_by_the_learner_is_a_failed_check(name):
+    def hostile(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    e = rejected(name, hostile)
+    assert "raised KeyboardInterrupt" in str(e), str(e)
+
+
+@pytest.mark.parametrize("name", SAMPLE)
+def test_meta_output_is_refused(name):
+    wrong = perturb(first_case(name)[2])
+    out = _map(wrong, on_tensor=lambda t: t.to("meta")) if _has(wrong, torch.Tensor) \
+        else torch.empty(3, device="meta")
+
+    e = rejected(name, lambda *a, **k: out)
+    assert "meta device" in str(e), str(e)
+
+
+def _via_reference_module(name):
+    return lambda *a, **k: getattr(reference, name)(*a, **k)
+
+
+def _via_alias(name):
+    alias = getattr(reference, name)
+    return lambda *a, **k: alias(*a, **k)
+
+
+def _via_partial(name):
+    return functools.partial(lambda f, *a, **k: f(*a, **k), getattr(reference, name))
+
+
+def _via_topic_module(name):
+    module = next(m for n, m in sorted(sys.modules.items()) if n.startswith("helpers.") and n != "helpers.reference"
+                  and not n.startswith("helpers.checks") and callable(getattr(m, name, None)))
+    return lambda *a, **k: getattr(module, name)(*a, **k)
+
+
+@pytest.mark.parametrize("how", [_via_reference_module, _via_alias, _via_partial, _via_topic_module],
+                         ids=["reference", "alias", "partial", "topic_module"])
+@pytest.mark.parametrize("name", NAMES)
+def test_calling_the_course_reference_is_refused(name, how):
+    if how is _via_topic_module and not any(
+            n.startswith("helpers.") and n != "helpers.reference" and not n.startswith("helpers.checks")
+            and callable(getattr(m, name, None)) for n, m in sys.modules.items()):
+        pytest.skip("the reference is defined in helpers.reference itself")
+    e = rejected(name, how(name))
+    assert "called the course's own solution" in str(e), str(e)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_turning_off_the_watch_to_call_the_reference_is_refused(name):
+    ref = getattr(reference, name)
+
+    def hostile(*args, **kwargs):
+        tracer = sys.gettrace()
+        sys.settrace(None)
+        try:
+            return ref(*args, **kwargs)
+        finally:
+            sys.settrace(tracer)
+
+    e = rejected(name, hostile)
+    assert "trace function" in str(e), str(e)
+
+
+@pytest.mark.parametrize("name", SAMPLE)
+def test_mutated_list_argument_is_refused(name):
+    args, kwargs, expected = first_case(name)
+    if not any(isinstance(a, list) and len(a) > 1 for a in (*args, *kwargs.values())):
+        pytest.skip("no list argument in this exercise's first case")
+    wrong = perturb(expected)
+
+    def hostile(*a, **k):
+        for x in (*a, *k.values()):
+            if isinstance(x, list):
+                x.reverse()
+        return wrong
+
+    e = rejected(name, hostile)
+    assert "in place" in str(e), str(e)

@@ -1,0 +1,75 @@
+"""What grading reports: the table ``make grade`` prints (per notebook and per student), the
+gradebook CSV of a class, and whether everything that counts passed."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .grading import Row
+
+def _score(rows: list[Row], unit: str = "") -> str:
+    """``5/8``, or ``5/8 + 0/3 bonus`` (bonus points apart); ``unit`` goes after the first part."""
+    core = [r for r in rows if not r.bonus]
+    bonus = [r for r in rows if r.bonus]
+    text = f"{sum(r.earned for r in core)}/{sum(r.points for r in core)}{unit}"
+    if bonus:
+        text += f" + {sum(r.earned for r in bonus)}/{sum(r.points for r in bonus)} bonus"
+    return text
+
+
+def _columns(header: tuple[str, ...], body: list[tuple[str, ...]]) -> list[str]:
+    """Left-aligned columns; the last one is not padded."""
+    widths = [max(len(x[i]) for x in [header, *body]) for i in range(len(header) - 1)]
+    lines = []
+    for row in [header, tuple("-" * max(len(h), 4) for h in header), *body]:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(row[:-1], widths)) + "  " + row[-1])
+    return [ln.rstrip() for ln in lines]
+
+
+def format_table(rows: list[Row]) -> str:
+    """Rows (student, notebook, exercise, points, status, hint), then scores per notebook and per
+    student, then the total (bonus points apart). The student column appears for a class."""
+    students = sorted({r.student for r in rows})
+    with_student = len(students) > 1
+    header = (("student",) if with_student else ()) + ("notebook", "exercise", "points", "status", "hint")
+    body = [(((r.student,) if with_student else ())
+             + (r.notebook, f"{r.id} {r.name}", f"{r.earned}/{r.points}" + (" bonus" if r.bonus else ""), r.status,
+                " ".join(r.hint.split()))) for r in rows]
+    lines = _columns(header, body)
+    stems = sorted({r.notebook for r in rows})
+    lines.append("")
+    if with_student:  # one line per student, one column per notebook
+        scores = [(s, *(_score([r for r in rows if r.student == s and r.notebook == n]) for n in stems),
+                   _score([r for r in rows if r.student == s])) for s in students]
+        lines += _columns(("student", *stems, "total"), scores)
+    else:
+        lines += _columns(("notebook", "score"), [(n, _score([r for r in rows if r.notebook == n])) for n in stems])
+    core = [r for r in rows if not r.bonus]
+    n_passed = sum(r.status == "passed" for r in core)
+    lines.append("")
+    lines.append(f"score: {_score(rows, ' points')}, {n_passed}/{len(core)} exercises passed"
+                 + (f" ({len(students)} students)" if with_student else ""))
+    return "\n".join(lines)
+
+
+GRADEBOOK_FIELDS = ("student", "notebook", "exercise", "function", "points", "max_points", "bonus", "status", "hint")
+
+
+def write_gradebook(rows: list[Row], path: Path) -> None:
+    """One CSV row per student and exercise: student, notebook, exercise, function, points earned,
+    max_points, bonus, status, hint (the format an LMS or a spreadsheet imports)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(GRADEBOOK_FIELDS)
+        for r in rows:
+            w.writerow([r.student, r.notebook, r.id, r.name, r.earned, r.points, int(r.bonus), r.status,
+                        " ".join(r.hint.split())])
+
+
+def passed(rows: list[Row]) -> bool:
+    """True when there is something to grade and every exercise that is not a bonus passed."""
+    return bool(rows) and all(r.status == "passed" for r in rows if not r.bonus)

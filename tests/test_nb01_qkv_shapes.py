@@ -1,0 +1,386 @@
+"""Notebook 01 (qkv_shapes): the lesson code of helpers.nb01_qkv_shapes against torch's own
+implementations, helpers.runtime, and the checks of exercises 1.1-1.3: learner-style wrong
+implementations each check must reject with its hint (WRONG), correct ones in other styles than the
+reference it must accept (RIGHT), what a first and a repeated failure say, and the notebook
+sections the checks of notebooks 01-04 and 09 point at."""
+
+import json
+import math
+import os
+import pathlib
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helpers import checks, runtime
+from helpers import nb01_qkv_shapes as A
+from helpers.checks import EXERCISES, CheckFailed, feedback
+from tests.exercise_cases import assert_accepted, assert_rejected, right_cases, wrong_cases
+
+# ============================================================================= lesson: helpers.nb01_qkv_shapes
+
+
+def test_split_is_a_view_and_merge_inverts_it():
+    x = torch.randn(2, 5, 12)
+    h = A.split_heads(x, 3)
+    assert h.shape == (2, 3, 5, 4) and h.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+    assert torch.equal(A.merge_heads(h), x)
+    with pytest.raises(ValueError, match="not divisible"):
+        A.split_heads(x, 5)
+
+
+def test_sdpa_matches_torch_with_and_without_mask():
+    q, k, v = torch.randn(2, 3, 6, 4), torch.randn(2, 3, 6, 4), torch.randn(2, 3, 6, 5)
+    assert torch.allclose(A.scaled_dot_product_attention(q, k, v), F.scaled_dot_product_attention(q, k, v), atol=1e-6)
+    causal = A.causal_mask(6)
+    got = A.scaled_dot_product_attention(q, k, v, causal)
+    assert torch.allclose(got, F.scaled_dot_product_attention(q, k, v, is_causal=True), atol=1e-6)
+    assert torch.allclose(got, F.scaled_dot_product_attention(q, k, v, attn_mask=causal), atol=1e-6)
+
+
+def test_masked_softmax_is_stable_and_fully_masked_rows_are_zero():
+    scores = torch.tensor([[1e4, -1e4, 0.0], [5.0, 6.0, 7.0]])
+    allowed = torch.tensor([[True, True, False], [False, False, False]])
+    p = A.masked_softmax(scores, allowed)
+    assert torch.equal(p, torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.0, 0.0]]))
+    assert torch.allclose(A.masked_softmax(scores), torch.softmax(scores, -1))
+
+
+def test_qkv_projection_columns_are_q_k_v():
+    x, w = torch.randn(2, 5, 12), torch.randn(12, 36)
+    q, k, v = A.qkv_projection(x, w, 3)
+    for t, cols in ((q, slice(0, 12)), (k, slice(12, 24)), (v, slice(24, 36))):
+        assert torch.allclose(A.merge_heads(t), x @ w[:, cols], atol=1e-5)
+
+
+def test_data_flow_shapes_prefill_decode_and_gqa():
+    rows = {name: shape for _, name, shape in A.data_flow_shapes(1, 4096, 5120, 40, 8, 128)}
+    assert rows["W_K"] == (5120, 1024) and rows["scores"] == (1, 40, 4096, 4096)
+    decode = {name: shape for _, name, shape in A.data_flow_shapes(2, 100, 64, 4, T_q=1)}
+    assert decode["scores"] == (2, 4, 1, 100) and decode["K heads (all keys)"] == (2, 4, 100, 16)
+    assert math.prod(rows["W_Q"]) + 2 * math.prod(rows["W_K"]) + math.prod(rows["W_O"]) == 62_914_560
+    with pytest.raises(ValueError, match="n_kv_heads"):
+        A.data_flow_shapes(1, 8, 64, 4, 3)
+
+
+# ============================================================================= runtime: helpers.runtime
+
+
+def test_setup_seeds_and_switches_on_the_interpreter_without_cuda(capsys, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    device = runtime.setup(seed=3)
+    a = torch.rand(3)
+    runtime.setup(seed=3, quiet=True)
+    assert torch.equal(a, torch.rand(3))
+    out = capsys.readouterr().out
+    assert out.startswith("Runtime: ") and "seed 3" in out
+    if not torch.cuda.is_available():
+        assert device.type == "cpu" and os.environ["TRITON_INTERPRET"] == "1" and "interpreter on" in out
+    assert runtime.in_colab() is False
+
+
+def test_machine_name_names_cpu_cores_and_torch():
+    name = runtime.machine_name()
+    assert f"{os.cpu_count()} cores" in name and f"torch {torch.__version__}" in name
+
+
+# ============================================================================= checks of 1.1-1.3
+
+
+def _message(check, fn) -> str:
+    with pytest.raises(CheckFailed) as info:
+        check(fn)
+    return str(info.value)
+
+
+def test_first_failure_points_at_the_section_and_a_repeat_shows_the_recipe():
+    """An unrecognised mistake (a right answer scaled by 1.01) is described, not explained: the first
+    failure names no cause and no solution, only the section; the second one shows the recipe."""
+    feedback.reset_attempts()
+    first = _message(checks.scaled_dot_product_attention, lambda q, k, v: sdpa_einsum(q, k, v) * 1.01)
+    second = _message(checks.scaled_dot_product_attention, lambda q, k, v: sdpa_einsum(q, k, v) * 1.01)
+    assert "hint:" not in first and "softmax(q @ k" not in first
+    assert "see: notebooks/01_qkv_shapes.ipynb, section" in first
+    assert "recipe: torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d_k), dim=-1) @ v" in second
+    feedback.reset_attempts()
+
+
+@pytest.mark.parametrize("notebook", ["01_qkv_shapes", "02_scaling", "03_masks", "04_backward", "09_flash_attention"])
+def test_every_check_points_at_a_section_of_its_teaching_notebook(notebook):
+    """First failures say "see: notebooks/NN_x.ipynb, section ...": that heading must exist."""
+    cells = json.loads((pathlib.Path(__file__).parent.parent / "notebooks" / f"{notebook}.ipynb").read_text())["cells"]
+    headings = {line.lstrip("#").strip() for c in cells if c["cell_type"] == "markdown"
+                for line in "".join(c["source"]).splitlines() if line.startswith("#")}
+    exercises = [ex for ex in EXERCISES.values() if ex.notebook == notebook]
+    assert exercises
+    for ex in exercises:
+        assert ex.section in headings, f"{ex.id}: section {ex.section!r} is not a heading of {notebook}"
+
+
+# ----------------------------------------------------------------------------- wrong implementations
+
+
+# ----------------------------------------------------------------- 1.1 qkv_projection
+def qkv_reshape_without_transpose(x, w_qkv, n_heads):
+    B, T, D = x.shape
+    q, k, v = (x @ w_qkv).split(D, dim=-1)
+    return tuple(t.reshape(B, n_heads, T, D // n_heads) for t in (q, k, v))
+
+
+def qkv_view_no_transpose(x, w_qkv, n_heads):
+    B, T, D = x.shape
+    q, k, v = (x @ w_qkv).split(D, dim=-1)
+    return tuple(t.view(B, T, n_heads, D // n_heads) for t in (q, k, v))
+
+
+def qkv_wrong_order(x, w_qkv, n_heads):
+    B, T, D = x.shape
+    k, q, v = (x @ w_qkv).split(D, dim=-1)  # K columns taken as Q
+    return tuple(t.view(B, T, n_heads, D // n_heads).transpose(1, 2) for t in (q, k, v))
+
+
+def qkv_dk_major(x, w_qkv, n_heads):
+    B, T, D = x.shape
+    q, k, v = (x @ w_qkv).split(D, dim=-1)
+    return tuple(t.view(B, T, D // n_heads, n_heads).permute(0, 3, 1, 2) for t in (q, k, v))
+
+
+def qkv_returns_numpy(x, w_qkv, n_heads):
+    B, T, D = x.shape
+    q, k, v = (x @ w_qkv).split(D, dim=-1)
+    return tuple(t.view(B, T, n_heads, D // n_heads).transpose(1, 2).numpy() for t in (q, k, v))
+
+
+def qkv_returns_two(x, w_qkv, n_heads):
+    B, T, D = x.shape
+    q, k, _ = (x @ w_qkv).split(D, dim=-1)
+    return q, k
+
+
+
+# ----------------------------------------------------------------- 1.2 merge_heads
+def merge_without_transpose(o):
+    B, H, T, d_k = o.shape
+    return o.reshape(B, T, H * d_k)
+
+
+def merge_with_view(o):
+    B, H, T, d_k = o.shape
+    return o.transpose(1, 2).view(B, T, H * d_k)
+
+
+def merge_dk_major(o):
+    B, H, T, d_k = o.shape
+    return o.permute(0, 2, 3, 1).reshape(B, T, H * d_k)
+
+
+def merge_forgot_return(o):
+    o.transpose(1, 2).reshape(o.shape[0], o.shape[2], -1)
+
+
+def merge_float64(o):
+    B, H, T, d_k = o.shape
+    return o.transpose(1, 2).reshape(B, T, H * d_k).double()
+
+
+
+# ----------------------------------------------------------------- 1.3 scaled_dot_product_attention
+def sdpa_no_scale(q, k, v):
+    return torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v
+
+
+def sdpa_scale_by_dk(q, k, v):
+    return torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1], dim=-1) @ v
+
+
+def sdpa_scale_by_dv(q, k, v):
+    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(v.shape[-1]), dim=-1) @ v
+
+
+def sdpa_softmax_wrong_axis(q, k, v):
+    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-2) @ v
+
+
+def sdpa_transpose_q(q, k, v):
+    return torch.softmax(q.transpose(-2, -1) @ k / math.sqrt(q.shape[-1]), dim=-1) @ v
+
+
+def sdpa_causal_when_not_asked(q, k, v):
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    T_q, T_k = s.shape[-2:]
+    s = s.masked_fill(~torch.ones(T_q, T_k, dtype=torch.bool).tril(), float("-inf"))
+    return torch.softmax(s, dim=-1) @ v
+
+
+def sdpa_in_place(q, k, v):
+    q /= math.sqrt(q.shape[-1])
+    return torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v
+
+
+def sdpa_never_returns(q, k, v):
+    while True:
+        pass
+
+
+def sdpa_not_attempted(q, k, v):
+    raise NotImplementedError()
+
+
+def sdpa_nan(q, k, v):
+    out = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1) @ v
+    return out.index_fill(-1, torch.tensor([0]), float("nan"))
+
+
+def sdpa_returns_weights(q, k, v):
+    # the Math-for-LLMs notes' mistake 3: the weights are not the output
+    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
+
+
+def sdpa_mixes_keys(q, k, v):
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
+    return weights @ k  # keys where the values belong
+
+
+def sdpa_broadcast_shape(q, k, v):
+    out = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1) @ v
+    return out.unsqueeze(0)
+
+
+WRONG = {
+    "qkv_projection": [
+        (qkv_reshape_without_transpose, "reshaped straight to [B, H, T, d_k]"),
+        (qkv_view_no_transpose, "did not transpose"),
+        (qkv_wrong_order, "Q, K, V in that order"),
+        (qkv_dk_major, "d_k-major"),
+        (qkv_returns_numpy, "torch.from_numpy"),
+        (qkv_returns_two, "expected a tuple of 3"),
+    ],
+    "merge_heads": [
+        (merge_without_transpose, "transpose(1, 2) first"),
+        (merge_with_view, "use .reshape"),
+        (merge_dk_major, "d_k-major"),
+        (merge_forgot_return, "forget the `return`"),
+        (merge_float64, "expected dtype torch.float32"),
+    ],
+    "scaled_dot_product_attention": [
+        (sdpa_no_scale, "forgot to divide the scores by sqrt(d_k)"),
+        (sdpa_scale_by_dk, "divided by d_k"),
+        (sdpa_scale_by_dv, "sqrt(d_v)"),
+        (sdpa_softmax_wrong_axis, "wrong axis"),
+        (sdpa_transpose_q, "Transpose the last two axes of k"),
+        (sdpa_causal_when_not_asked, "no mask was asked for"),
+        (sdpa_in_place, "modified one of its input tensors in place"),
+        (sdpa_never_returns, "did not return within"),
+        (sdpa_not_attempted, "not attempted yet"),
+        (sdpa_nan, "got NaN"),
+        (sdpa_broadcast_shape, "expected shape"),
+        (sdpa_returns_weights, "you returned the attention weights"),
+        (sdpa_mixes_keys, "you averaged the keys (weights @ k)"),
+    ],
+}
+
+
+# ----------------------------------------------------------------------------- right variants
+
+
+# ----------------------------------------------------------------- 1.1 qkv_projection
+def qkv_einsum(x, w_qkv, n_heads):
+    B, T, D = x.shape
+    proj = torch.einsum("btd,de->bte", x, w_qkv)
+    return tuple(p.reshape(B, T, n_heads, D // n_heads).permute(0, 2, 1, 3) for p in proj.chunk(3, dim=-1))
+
+
+def qkv_per_head_loop(x, w_qkv, n_heads):
+    D = x.shape[-1]
+    d_k = D // n_heads
+    out = []
+    for part in range(3):
+        heads = [x @ w_qkv[:, part * D + h * d_k: part * D + (h + 1) * d_k] for h in range(n_heads)]
+        out.append(torch.stack(heads, dim=1))
+    return out  # a list of three is fine
+
+
+def qkv_float64_unflatten(x, w_qkv, n_heads):
+    B, T, D = x.shape
+    proj = (x.double() @ w_qkv.double()).to(x.dtype)
+    q, k, v = proj.unflatten(-1, (3, n_heads, D // n_heads)).permute(2, 0, 3, 1, 4).unbind(0)
+    return q, k, v
+
+
+def qkv_linear_contiguous(x, w_qkv, n_heads):
+    B, T, D = x.shape
+    q, k, v = F.linear(x, w_qkv.T).split(D, dim=2)
+    return tuple(t.contiguous().view(B, T, n_heads, -1).transpose(1, 2).contiguous() for t in (q, k, v))
+
+
+
+# ----------------------------------------------------------------- 1.2 merge_heads
+def merge_cat(o):
+    return torch.cat(o.unbind(dim=1), dim=-1)
+
+
+def merge_permute_flatten(o):
+    return o.permute(0, 2, 1, 3).flatten(2)
+
+
+def merge_contiguous_view(o):
+    B, H, T, d_k = o.shape
+    return o.transpose(1, 2).contiguous().view(B, T, -1)
+
+
+def merge_einsum_loop(o):
+    B, H, T, d_k = o.shape
+    out = torch.empty(B, T, H * d_k, dtype=o.dtype)
+    for h in range(H):
+        out[:, :, h * d_k:(h + 1) * d_k] = torch.einsum("btd->btd", o[:, h])
+    return out
+
+
+
+# ----------------------------------------------------------------- 1.3 scaled_dot_product_attention
+def sdpa_torch(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v)
+
+
+def sdpa_einsum(q, k, v):
+    s = torch.einsum("...qd,...kd->...qk", q, k) / q.shape[-1] ** 0.5
+    return torch.einsum("...qk,...kd->...qd", s.softmax(-1), v)
+
+
+def sdpa_float64_by_hand(q, k, v):
+    s = q.double() @ k.double().mT / math.sqrt(q.shape[-1])
+    e = torch.exp(s - s.amax(-1, keepdim=True))
+    return ((e / e.sum(-1, keepdim=True)) @ v.double()).to(q.dtype)
+
+
+def sdpa_query_loop(q, k, v):
+    rows = [torch.softmax(q[..., i:i + 1, :] @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), -1) @ v
+            for i in range(q.shape[-2])]
+    return torch.cat(rows, dim=-2)
+
+
+def sdpa_numpy(q, k, v):
+    qn, kn, vn = q.numpy(), k.numpy(), v.numpy()
+    s = qn @ np.swapaxes(kn, -1, -2) / math.sqrt(qn.shape[-1])  # a Python float keeps float32
+    e = np.exp(s - s.max(-1, keepdims=True))
+    return torch.from_numpy((e / e.sum(-1, keepdims=True)) @ vn)
+
+
+RIGHT = {
+    "qkv_projection": [qkv_einsum, qkv_per_head_loop, qkv_float64_unflatten, qkv_linear_contiguous],
+    "merge_heads": [merge_cat, merge_permute_flatten, merge_contiguous_view, merge_einsum_loop],
+    "scaled_dot_product_attention": [sdpa_torch, sdpa_einsum, sdpa_float64_by_hand, sdpa_query_loop, sdpa_numpy],
+}
+
+
+
+@pytest.mark.parametrize(("name", "wrong", "hint"), wrong_cases(WRONG))
+def test_check_rejects_wrong(name, wrong, hint):
+    assert_rejected(name, wrong, hint)
+
+
+@pytest.mark.parametrize(("name", "right"), right_cases(RIGHT))
+def test_check_accepts_right(name, right):
+    assert_accepted(name, right)

@@ -1,0 +1,662 @@
+"""Notebook 03 (masks): the mask references of helpers.nb03_masks against torch's own attention, and
+the checks of exercises 3.1-3.6: learner-style wrong implementations each check must reject with
+its hint (WRONG), correct ones in other styles than the reference it must accept (RIGHT), the
+attention functions check 3.6 probes, and hints that name only what they recognise."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helpers import checks, reference
+from helpers import nb03_masks as masks
+from helpers.checks import CheckFailed
+from helpers.checks.nb03_masks import _leak_cases, toy_attention
+from helpers.nb01_qkv_shapes import scaled_dot_product_attention
+from tests.exercise_cases import assert_accepted, assert_rejected, right_cases, wrong_cases
+
+# ============================================================================= lesson: helpers.nb03_masks
+
+
+def _qkv(B, H, T, d, seed=0, T_k=None, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    T_k = T if T_k is None else T_k
+    return (torch.randn(B, H, T, d, generator=g, dtype=dtype), torch.randn(B, H, T_k, d, generator=g, dtype=dtype),
+            torch.randn(B, H, T_k, d, generator=g, dtype=dtype))
+
+
+def test_all_lists_exactly_the_graded_functions():
+    assert masks.__all__ == ["causal_mask", "padding_mask", "masked_softmax", "prefix_lm_mask", "packed_causal_mask",
+                             "find_mask_leaks"]
+    for name in masks.__all__:
+        assert getattr(reference, name) is getattr(masks, name)
+
+
+def test_causal_mask_matches_sdpa_is_causal():
+    q, k, v = _qkv(2, 3, 7, 5)
+    ours = scaled_dot_product_attention(q, k, v, masks.causal_mask(7))
+    torch.testing.assert_close(ours, F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    torch.testing.assert_close(ours, F.scaled_dot_product_attention(q, k, v, attn_mask=masks.causal_mask(7)))
+
+
+def test_padding_mask_shape_and_sdpa():
+    lengths = torch.tensor([3, 7, 1])
+    m = masks.padding_mask(lengths, 7)
+    assert m.shape == (3, 1, 1, 7) and m.dtype == torch.bool
+    assert m.sum(-1).flatten().tolist() == lengths.tolist()
+    q, k, v = _qkv(3, 2, 7, 4, seed=1)
+    additive = torch.zeros(m.shape, dtype=q.dtype).masked_fill(~m, float("-inf"))
+    ours = scaled_dot_product_attention(q, k, v, m)
+    torch.testing.assert_close(ours, F.scaled_dot_product_attention(q, k, v, attn_mask=m))
+    torch.testing.assert_close(ours, F.scaled_dot_product_attention(q, k, v, attn_mask=additive))
+
+
+def test_masked_softmax_rows_are_distributions_or_zero():
+    g = torch.Generator().manual_seed(2)
+    s = torch.randn(4, 5, 6, generator=g) * 1e4
+    a = torch.rand(5, 6, generator=g) < 0.4
+    a[1] = False
+    p = masks.masked_softmax(s, a)
+    assert torch.isfinite(p).all()
+    sums = p.sum(-1)
+    torch.testing.assert_close(sums, a.any(-1).float().expand_as(sums))
+    assert (p[..., ~a] == 0).all()
+
+
+def test_masked_softmax_gradient_is_finite_on_empty_rows():
+    s = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    a = torch.tensor([[True, True, False, False], [False] * 4, [True] * 4])
+    masks.masked_softmax(s, a).pow(2).sum().backward()
+    assert torch.isfinite(s.grad).all() and (s.grad[1] == 0).all()
+
+
+def test_prefix_lm_mask_edges():
+    for T in (1, 4, 7):
+        assert torch.equal(masks.prefix_lm_mask(T, 0), masks.causal_mask(T))
+        assert torch.equal(masks.prefix_lm_mask(T, 1), masks.causal_mask(T))
+        assert masks.prefix_lm_mask(T, T).all()
+    m = masks.prefix_lm_mask(7, 3)
+    assert m[:3, :3].all() and not m[:3, 3:].any() and torch.equal(m[3:], masks.causal_mask(7)[3:])
+
+
+def test_packed_mask_equals_separate_sequences():
+    seq_lens = [3, 1, 4, 2]
+    N = sum(seq_lens)
+    q, k, v = _qkv(1, 2, N, 4, seed=3)
+    packed = scaled_dot_product_attention(q, k, v, masks.packed_causal_mask(seq_lens))
+    separate = [F.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
+                for qs, ks, vs in zip(*(t.split(seq_lens, dim=2) for t in (q, k, v)))]
+    torch.testing.assert_close(packed, torch.cat(separate, dim=2))
+
+
+def test_sliding_window_mask():
+    T = 9
+    assert torch.equal(masks.sliding_window_mask(T, T), masks.causal_mask(T))
+    assert torch.equal(masks.sliding_window_mask(T, 1), torch.eye(T, dtype=torch.bool))
+    assert masks.sliding_window_mask(T, 3).sum(-1).tolist() == [min(i + 1, 3) for i in range(T)]
+
+
+def test_find_mask_leaks_on_torch_attention():
+    T, D = 6, 8
+    allowed = masks.causal_mask(T)
+    mha = torch.nn.MultiheadAttention(D, 2, batch_first=True, dtype=torch.float64)
+
+    def correct(x):
+        return mha(x, x, x, attn_mask=~allowed, need_weights=False)[0]  # nn.MultiheadAttention: True = blocked
+
+    def inverted(x):
+        return mha(x, x, x, attn_mask=allowed, need_weights=False)[0]  # the polarity mistake
+
+    with torch.no_grad():
+        assert masks.find_mask_leaks(correct, allowed, D) == []
+        leaks = masks.find_mask_leaks(inverted, allowed, D)
+    assert leaks == [(i, j) for i in range(T) for j in range(T) if j > i]
+
+
+def test_find_mask_leaks_sees_denominator_leaks_with_zero_weights():
+    """Softmax over all keys, then future weights zeroed (no renormalisation): the weight on every
+    future key is exactly 0, yet every future key moves the output through the denominator."""
+    T, D = 5, 6
+    allowed = masks.causal_mask(T)
+    fn = toy_attention(torch.ones(T, T, dtype=torch.bool), D, seed=0, zero_after_softmax=allowed)
+    assert masks.find_mask_leaks(fn, allowed, D) == [(i, j) for i in range(T) for j in range(i + 1, T)]
+
+
+# ============================================================================= checks of 3.1-3.6
+
+
+def _message(check, fn) -> str:
+    with pytest.raises(CheckFailed) as info:
+        check(fn)
+    return str(info.value)
+
+
+def test_leak_cases_of_the_check():
+    """The attention_fns the check of 3.6 uses leak exactly where they are designed to."""
+    found = {name: masks.find_mask_leaks(fn, allowed, d) for name, fn, allowed, d, _, _ in _leak_cases()}
+    assert found["a leak-free causal attention"] == []
+    assert found["a leak-free attention with float round-off"] == []
+    assert found["an off-by-one causal mask"] == [(i, i + 1) for i in range(5)]
+    assert found["an attention that ignores padding"] == [(i, j) for i in range(5, 8) for j in range(5, i + 1)]
+    tool = found["a tool block hidden after the softmax, plus an off-by-one causal mask"]
+    assert tool == sorted([(i, i + 1) for i in range(8)] + [(i, j) for i in range(5, 9) for j in range(2, 5)])
+    assert found["two correctly masked layers"] == [(i, j) for i in range(6, 9) for j in (2, 3)]
+
+
+def test_a_finite_fill_is_not_told_that_exp_overflowed():
+    for fn in (softmax_fill_minus_1e4, softmax_fill_minus_1e4_empty_rows_zeroed):
+        message = _message(checks.masked_softmax, fn)
+        assert "overflow" not in message and ("-1e4" in message or "finite number" in message)
+
+
+def test_list_argument_mutation_is_seen_in_check_3_5():
+    """3.5 relies on the core's in-place detection for its list argument."""
+    message = _message(checks.packed_causal_mask, packed_reverses_seq_lens)
+    assert "in place" in message and "seq_lens" in message
+
+
+# ----------------------------------------------------------------------------- wrong implementations
+
+
+# ----------------------------------------------------------------- 3.1 causal_mask
+def causal_inverted(T):
+    return torch.ones(T, T, dtype=torch.bool).triu(1)  # True where blocked
+
+
+def causal_upper(T):
+    return torch.ones(T, T, dtype=torch.bool).triu()
+
+
+def causal_no_diagonal(T):
+    return torch.ones(T, T, dtype=torch.bool).tril(-1)
+
+
+def causal_one_ahead(T):
+    i = torch.arange(T)
+    return i[None, :] <= i[:, None] + 1
+
+
+def causal_float(T):
+    return torch.tril(torch.ones(T, T))
+
+
+def causal_additive(T):
+    return torch.zeros(T, T).masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+
+
+def causal_with_batch_axes(T):
+    return torch.ones(T, T, dtype=torch.bool).tril()[None, None]
+
+
+def causal_numpy(T):
+    import numpy as np
+
+    return np.tril(np.ones((T, T), dtype=bool))
+
+
+
+# ----------------------------------------------------------------- 3.2 padding_mask
+def padding_flat(lengths, T):
+    return torch.arange(T)[None, :] < lengths[:, None]  # [B, T]
+
+
+def padding_queries(lengths, T):
+    return (torch.arange(T)[None, :] < lengths[:, None])[:, None, :, None]  # [B, 1, T, 1]
+
+
+def padding_queries_full(lengths, T):
+    rows = torch.arange(T)[None, :] < lengths[:, None]
+    return rows[:, None, :, None].expand(-1, 1, T, T)
+
+
+def padding_inclusive(lengths, T):
+    return (torch.arange(T)[None, :] <= lengths[:, None])[:, None, None, :]
+
+
+def padding_inverted(lengths, T):
+    return (torch.arange(T)[None, :] >= lengths[:, None])[:, None, None, :]  # key_padding_mask style
+
+
+def padding_left(lengths, T):
+    return (torch.arange(T)[None, :] >= T - lengths[:, None])[:, None, None, :]
+
+
+def padding_float(lengths, T):
+    return (torch.arange(T)[None, :] < lengths[:, None]).float()[:, None, None, :]
+
+
+def padding_additive(lengths, T):
+    pad = torch.arange(T)[None, :] >= lengths[:, None]
+    return torch.zeros(pad.shape).masked_fill(pad, float("-inf"))[:, None, None, :]
+
+
+def padding_last_index_in_place(lengths, T):
+    last = lengths  # not a copy: the next line changes the caller's tensor
+    last -= 1  # index of the last real token
+    return (torch.arange(T)[None, :] <= last[:, None])[:, None, None, :]
+
+
+
+# ----------------------------------------------------------------- 3.3 masked_softmax
+def softmax_nan_rows(scores, allowed):
+    return torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+
+
+def softmax_mask_after(scores, allowed):
+    return torch.softmax(scores, dim=-1) * allowed
+
+
+def softmax_mask_after_renormalised(scores, allowed):
+    p = torch.softmax(scores, dim=-1) * allowed
+    return p / p.sum(dim=-1, keepdim=True).clamp_min(1e-30)
+
+
+def softmax_no_max_subtraction(scores, allowed):
+    e = torch.exp(scores) * allowed
+    return e / e.sum(dim=-1, keepdim=True).clamp_min(1e-30)
+
+
+def softmax_big_negative(scores, allowed):
+    return torch.softmax(scores.masked_fill(~allowed, -1e9), dim=-1)
+
+
+def softmax_fill_minus_1e4(scores, allowed):
+    return torch.softmax(scores.masked_fill(~allowed, -1e4), dim=-1)
+
+
+def softmax_fill_minus_1e4_empty_rows_zeroed(scores, allowed):
+    p = torch.softmax(scores.masked_fill(~allowed, -1e4), dim=-1)
+    return torch.where(allowed.any(-1, keepdim=True), p, torch.zeros_like(p))
+
+
+def softmax_in_place(scores, allowed):
+    scores.masked_fill_(~allowed, float("-inf"))
+    p = torch.softmax(scores, dim=-1)
+    return torch.where(allowed.any(-1, keepdim=True), p, torch.zeros_like(p))
+
+
+def softmax_inverted(scores, allowed):
+    s = scores.masked_fill(allowed, float("-inf"))
+    p = torch.softmax(s, dim=-1)
+    return torch.where((~allowed).any(-1, keepdim=True), p, torch.zeros_like(p))
+
+
+def softmax_boolean_index(scores, allowed):
+    s = scores.clone()
+    s[~allowed] = float("-inf")
+    return torch.softmax(s, dim=-1).nan_to_num(0.0)
+
+
+def softmax_float64(scores, allowed):
+    s = scores.double().masked_fill(~allowed, float("-inf"))
+    return torch.softmax(s, dim=-1).nan_to_num(0.0)
+
+
+
+# ----------------------------------------------------------------- 3.4 prefix_lm_mask
+def prefix_sees_future(T, prefix_len):
+    i = torch.arange(T)[:, None]
+    j = torch.arange(T)[None, :]
+    return (j <= i) | (i < prefix_len)
+
+
+def prefix_one_too_many(T, prefix_len):
+    m = torch.ones(T, T, dtype=torch.bool).tril()
+    m[: prefix_len + 1, : prefix_len + 1] = True
+    return m
+
+
+def prefix_suffix_blind(T, prefix_len):
+    return torch.block_diag(torch.ones(prefix_len, prefix_len, dtype=torch.bool),
+                            torch.ones(T - prefix_len, T - prefix_len, dtype=torch.bool).tril())
+
+
+def prefix_plain_causal(T, prefix_len):
+    return torch.ones(T, T, dtype=torch.bool).tril()
+
+
+def prefix_inverted(T, prefix_len):
+    m = torch.ones(T, T, dtype=torch.bool).tril()
+    m[:prefix_len, :prefix_len] = True
+    return ~m
+
+
+def prefix_float(T, prefix_len):
+    m = torch.ones(T, T).tril()
+    m[:prefix_len, :prefix_len] = 1.0
+    return m
+
+
+
+# ----------------------------------------------------------------- 3.5 packed_causal_mask
+def packed_plain_causal(seq_lens):
+    N = sum(seq_lens)
+    return torch.ones(N, N, dtype=torch.bool).tril()
+
+
+def packed_bidirectional_blocks(seq_lens):
+    return torch.block_diag(*[torch.ones(n, n, dtype=torch.bool) for n in seq_lens])
+
+
+def packed_boundary_off_by_one(seq_lens):
+    cu = torch.tensor([0, *seq_lens]).cumsum(0)
+    pos = torch.arange(int(cu[-1]))
+    seq = torch.bucketize(pos, cu[1:-1])  # right=False: a boundary position joins the previous sequence
+    return (seq[:, None] == seq[None, :]) & (pos[None, :] <= pos[:, None])
+
+
+def packed_float(seq_lens):
+    return torch.block_diag(*[torch.ones(n, n).tril() for n in seq_lens])
+
+
+def packed_additive(seq_lens):
+    allowed = torch.block_diag(*[torch.ones(n, n).tril() for n in seq_lens]).bool()
+    return torch.zeros(allowed.shape).masked_fill(~allowed, float("-inf"))
+
+
+def packed_reverses_seq_lens(seq_lens):
+    mask = torch.block_diag(*[torch.ones(n, n, dtype=torch.bool).tril() for n in seq_lens])
+    seq_lens.reverse()  # changes the caller's list
+    return mask
+
+
+
+# ----------------------------------------------------------------- 3.6 find_mask_leaks
+def _perturbation_matrix(attention_fn, allowed, d_model, dtype=torch.float64, tol=1e-6):
+    T = allowed.shape[-1]
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, T, d_model, generator=g, dtype=dtype)
+    base = attention_fn(x)
+    moved = torch.zeros(T, T, dtype=torch.bool)
+    for j in range(T):
+        x2 = x.clone()
+        x2[0, j] += torch.randn(d_model, generator=g, dtype=dtype)
+        moved[:, j] = (attention_fn(x2) - base).abs().amax(-1)[0] > tol * (1 + base.abs().max())
+    return moved & ~allowed
+
+
+def leaks_report_everything(attention_fn, allowed, d_model):
+    return [tuple(p) for p in (~allowed).nonzero().tolist()]
+
+
+def leaks_report_nothing(attention_fn, allowed, d_model):
+    return []
+
+
+def leaks_zero_probe(attention_fn, allowed, d_model):
+    """Start from zeros and light up one position at a time: misses denominator leaks."""
+    T = allowed.shape[-1]
+    found = []
+    for j in range(T):
+        x = torch.zeros(1, T, d_model, dtype=torch.float64)
+        x[0, j] = 1.0 + torch.arange(d_model, dtype=torch.float64) / d_model
+        out = attention_fn(x)
+        for i in range(T):
+            if not allowed[i, j] and out[0, i].abs().max() > 1e-9:
+                found.append((i, j))
+    return sorted(found)
+
+
+def leaks_no_tolerance(attention_fn, allowed, d_model):
+    return [tuple(p) for p in _perturbation_matrix(attention_fn, allowed, d_model, tol=0.0).nonzero().tolist()]
+
+
+def leaks_key_major(attention_fn, allowed, d_model):
+    moved = _perturbation_matrix(attention_fn, allowed, d_model)
+    return [(i, j) for j in range(moved.shape[1]) for i in range(moved.shape[0]) if moved[i, j]]
+
+
+def leaks_duplicated(attention_fn, allowed, d_model):
+    pairs = []
+    for _ in range(2):  # two trials, appended without merging
+        pairs += [tuple(p) for p in _perturbation_matrix(attention_fn, allowed, d_model).nonzero().tolist()]
+    return sorted(pairs)
+
+
+def leaks_swapped(attention_fn, allowed, d_model):
+    return sorted((j, i) for i, j in _perturbation_matrix(attention_fn, allowed, d_model).nonzero().tolist())
+
+
+def leaks_as_lists(attention_fn, allowed, d_model):
+    return _perturbation_matrix(attention_fn, allowed, d_model).nonzero().tolist()
+
+
+def leaks_as_tensor(attention_fn, allowed, d_model):
+    return _perturbation_matrix(attention_fn, allowed, d_model).nonzero()
+
+
+def leaks_unbatched_input(attention_fn, allowed, d_model):
+    T = allowed.shape[-1]
+    attention_fn(torch.randn(T, d_model))  # forgot the batch axis
+    return []
+
+
+def leaks_include_allowed(attention_fn, allowed, d_model):
+    T = allowed.shape[-1]
+    x = torch.randn(1, T, d_model, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    base = attention_fn(x)
+    pairs = []
+    for j in range(T):
+        x2 = x.clone()
+        x2[0, j] += 1.0
+        moved = (attention_fn(x2) - base).abs().amax(-1)[0] > 1e-6
+        pairs += [(i, j) for i in range(T) if moved[i]]  # forgot to keep only disallowed pairs
+    return sorted(pairs)
+
+
+WRONG = {
+    "causal_mask": [
+        (causal_inverted, "the mask is inverted"),
+        (causal_upper, "upper triangle"),
+        (causal_no_diagonal, "the diagonal is missing"),
+        (causal_one_ahead, "one step into the future"),
+        (causal_float, "return a bool tensor"),
+        (causal_additive, "an additive (0 / -inf) mask"),
+        (causal_with_batch_axes, "return the [T, T] mask itself"),
+        (causal_numpy, "expected a torch.Tensor"),
+    ],
+    "padding_mask": [
+        (padding_flat, "not [B, T]"),
+        (padding_queries, "masked queries (rows) instead of keys"),
+        (padding_queries_full, "masked queries (rows) instead of keys"),
+        (padding_inclusive, "not j <= L"),
+        (padding_inverted, "key_padding_mask uses the opposite"),
+        (padding_left, "right padding"),
+        (padding_float, "return a bool tensor"),
+        (padding_additive, "additive (0 / -inf) mask"),
+        (padding_last_index_in_place, "modified one of its input tensors in place"),
+    ],
+    "masked_softmax": [
+        (softmax_nan_rows, "rows with nothing allowed came out NaN"),
+        (softmax_mask_after, "you masked after the softmax:"),
+        (softmax_mask_after_renormalised, "masked after the softmax and renormalised"),
+        (softmax_no_max_subtraction, "exp overflowed"),
+        (softmax_big_negative, "finite number instead of -inf: a row with nothing allowed"),
+        (softmax_fill_minus_1e4, "finite number instead of -inf: a row with nothing allowed"),
+        (softmax_fill_minus_1e4_empty_rows_zeroed, "you filled blocked scores with -1e4, but here allowed scores go down to"),
+        (softmax_in_place, "modified one of its input tensors in place"),
+        (softmax_inverted, "the mask is inverted"),
+        (softmax_boolean_index, "allowed only *broadcasts* to scores"),
+        (softmax_float64, "expected dtype torch.float32"),
+    ],
+    "prefix_lm_mask": [
+        (prefix_sees_future, "the prefix sees the future"),
+        (prefix_one_too_many, "one too large"),
+        (prefix_suffix_blind, "suffix positions must still see the whole prefix"),
+        (prefix_plain_causal, "plain causal mask"),
+        (prefix_inverted, "the mask is inverted"),
+        (prefix_float, "return a bool tensor"),
+    ],
+    "packed_causal_mask": [
+        (packed_plain_causal, "across sequence boundaries"),
+        (packed_bidirectional_blocks, "must be causal"),
+        (packed_boundary_off_by_one, "boundaries are off by one"),
+        (packed_float, "return a bool tensor"),
+        (packed_additive, "additive (0 / -inf) mask"),
+        (packed_reverses_seq_lens, "modified its argument `seq_lens` (list) in place"),
+    ],
+    "find_mask_leaks": [
+        (leaks_report_everything, "every disallowed pair without testing"),
+        (leaks_report_nothing, "you found no leaks"),
+        (leaks_zero_probe, "softmax denominator"),
+        (leaks_no_tolerance, "float round-off"),
+        (leaks_key_major, "sorted(pairs)"),
+        (leaks_duplicated, "each pair should appear once"),
+        (leaks_swapped, "(key, query)"),
+        (leaks_as_lists, "tuple (i, j) of two ints"),
+        (leaks_as_tensor, "got a tensor"),
+        (leaks_unbatched_input, "shape [1, T, d_model]"),
+        (leaks_include_allowed, "are allowed pairs"),
+    ],
+}
+
+
+# ----------------------------------------------------------------------------- right variants
+
+
+# ----------------------------------------------------------------- 3.1 causal_mask
+def causal_arange(T):
+    i = torch.arange(T)
+    return i[None, :] <= i[:, None]
+
+
+def causal_loops(T):
+    m = torch.zeros(T, T, dtype=torch.bool)
+    for i in range(T):
+        m[i, : i + 1] = True
+    return m
+
+
+def causal_not_triu(T):
+    return ~torch.ones(T, T, dtype=torch.bool).triu(1)
+
+
+
+# ----------------------------------------------------------------- 3.2 padding_mask
+def padding_expand_view(lengths, T):
+    B = lengths.shape[0]
+    return (torch.arange(T).expand(B, T) < lengths.unsqueeze(1)).view(B, 1, 1, T)
+
+
+def padding_loops(lengths, T):
+    m = torch.zeros(len(lengths), 1, 1, T, dtype=torch.bool)
+    for b, n in enumerate(lengths.tolist()):
+        m[b, 0, 0, :n] = True
+    return m
+
+
+
+# ----------------------------------------------------------------- 3.3 masked_softmax
+def softmax_big_negative_and_zero_rows(scores, allowed):
+    # -1e9 is far below every score here (|scores| <= ~5e4): the maths allows a finite fill, as long
+    # as rows with nothing allowed are set to zero.
+    p = torch.softmax(scores.masked_fill(~allowed, -1e9), dim=-1)
+    return torch.where(allowed.any(-1, keepdim=True), p, torch.zeros_like(p))
+
+
+def softmax_finfo_min(scores, allowed):
+    p = torch.softmax(scores.masked_fill(~allowed, torch.finfo(scores.dtype).min), dim=-1)
+    return p * allowed.any(-1, keepdim=True)
+
+
+def softmax_nan_to_num(scores, allowed):
+    return torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1).nan_to_num(0.0)
+
+
+def softmax_by_hand(scores, allowed):
+    a = allowed.expand_as(scores)
+    m = torch.where(a, scores, torch.full_like(scores, float("-inf"))).amax(-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    e = torch.where(a, torch.exp(scores - m), torch.zeros_like(scores))
+    total = e.sum(-1, keepdim=True)
+    return e / torch.where(total > 0, total, torch.ones_like(total))
+
+
+def softmax_float64_log_space(scores, allowed):
+    s = scores.double().masked_fill(~allowed, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1, keepdim=True)
+    p = torch.exp(s - torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse)))
+    return p.to(scores.dtype)
+
+
+
+# ----------------------------------------------------------------- 3.4 prefix_lm_mask
+def prefix_block_assign(T, prefix_len):
+    m = torch.ones(T, T, dtype=torch.bool).tril()
+    m[:prefix_len, :prefix_len] = True
+    return m
+
+
+def prefix_arange(T, prefix_len):
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    return (j <= i) | ((i < prefix_len) & (j < prefix_len))
+
+
+
+# ----------------------------------------------------------------- 3.5 packed_causal_mask
+def packed_block_diag(seq_lens):
+    return torch.block_diag(*[torch.ones(n, n, dtype=torch.bool).tril() for n in seq_lens])
+
+
+def packed_repeat_interleave(seq_lens):
+    lens = torch.tensor(list(seq_lens))
+    ids = torch.repeat_interleave(torch.arange(len(lens)), lens)
+    pos = torch.arange(ids.numel())
+    return (ids[:, None] == ids[None, :]) & (pos[None, :] <= pos[:, None])
+
+
+def packed_loops(seq_lens):
+    N = sum(seq_lens)
+    m = torch.zeros(N, N, dtype=torch.bool)
+    start = 0
+    for n in seq_lens:
+        for i in range(n):
+            m[start + i, start: start + i + 1] = True
+        start += n
+    return m
+
+
+
+# ----------------------------------------------------------------- 3.6 find_mask_leaks
+def leaks_vector_perturbation(attention_fn, allowed, d_model):
+    T = allowed.shape[-1]
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(1, T, d_model, generator=g, dtype=torch.float64)
+    base = attention_fn(x)
+    pairs = set()
+    for j in range(T):
+        bumped = x.clone()
+        bumped[0, j] += torch.randn(d_model, generator=g, dtype=torch.float64)
+        moved = (attention_fn(bumped) - base)[0].abs().amax(-1) > 1e-7 * (1 + base.abs().max())
+        pairs |= {(i, j) for i in range(T) if moved[i] and not allowed[i, j]}
+    return sorted(pairs)
+
+
+def leaks_jacobian(attention_fn, allowed, d_model):
+    # The influence of every input position on every output row, from autograd: allowed here.
+    T = allowed.shape[-1]
+    x = torch.randn(1, T, d_model, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    jac = torch.autograd.functional.jacobian(attention_fn, x)  # [1, T, D, 1, T, D]
+    moved = jac[0, :, :, 0].abs().amax(dim=(1, 3)) > 1e-9
+    return [(i, j) for i in range(T) for j in range(T) if moved[i, j] and not allowed[i, j]]
+
+
+RIGHT = {
+    "causal_mask": [causal_arange, causal_loops, causal_not_triu],
+    "padding_mask": [padding_expand_view, padding_loops],
+    "masked_softmax": [softmax_big_negative_and_zero_rows, softmax_finfo_min, softmax_nan_to_num, softmax_by_hand,
+                       softmax_float64_log_space],
+    "prefix_lm_mask": [prefix_block_assign, prefix_arange],
+    "packed_causal_mask": [packed_block_diag, packed_repeat_interleave, packed_loops],
+    "find_mask_leaks": [leaks_vector_perturbation, leaks_jacobian],
+}
+
+
+
+@pytest.mark.parametrize(("name", "wrong", "hint"), wrong_cases(WRONG))
+def test_check_rejects_wrong(name, wrong, hint):
+    assert_rejected(name, wrong, hint)
+
+
+@pytest.mark.parametrize(("name", "right"), right_cases(RIGHT))
+def test_check_accepts_right(name, right):
+    assert_accepted(name, right)

@@ -1,0 +1,557 @@
+"""Notebook 07, the KV cache (helpers/nb07_kv_cache.py): decoding with a cache equals attention over
+the whole sequence; the preallocated cache, its reset and mixed lengths; split-K decoding; then
+exercises 7.1-7.3: learner-style wrong implementations their checks must reject, with the hint each
+must give (WRONG), and correct ones in other styles they must accept (RIGHT)."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
+
+from helpers.configs import MODELS
+from helpers.nb01_qkv_shapes import scaled_dot_product_attention
+from helpers.nb03_masks import causal_mask
+from helpers.nb05_multihead import multi_head_attention
+from helpers.nb06_kv_sharing import config_values_per_token, grouped_query_attention
+from helpers.nb07_kv_cache import (
+    KVCache,
+    cached_attention,
+    decode_step,
+    empty_kv,
+    kv_cache_bytes,
+    merge_partials,
+    prefill_decode_flops,
+    split_k_decode,
+)
+from tests.exercise_cases import assert_accepted, assert_rejected, right_cases, wrong_cases
+
+# ============================================================ the lesson code
+
+def _layer(B=2, T=9, H=3, d_k=4, seed=0, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    D = H * d_k
+    x = torch.randn(B, T, D, generator=g, dtype=dtype)
+    w_qkv = torch.randn(D, 3 * D, generator=g, dtype=dtype) / math.sqrt(D)
+    w_o = torch.randn(D, D, generator=g, dtype=dtype) / math.sqrt(D)
+    return x, w_qkv, w_o, H
+
+
+# --------------------------------------------------------------------------- 7.1
+
+
+def test_kv_cache_bytes_of_real_models():
+    llama = MODELS["Llama-3-8B"]
+    assert kv_cache_bytes(1, 8192, llama.n_layers, llama.n_kv_heads, llama.head_dim, 2) == 2**30
+    for cfg in MODELS.values():
+        if cfg.kind in ("mha", "gqa", "mqa"):
+            assert kv_cache_bytes(3, 100, cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, 2) == (
+                3 * 100 * cfg.n_layers * config_values_per_token(cfg) * 2)
+
+
+# --------------------------------------------------------------------------- 7.2
+
+
+def test_decoding_token_by_token_equals_causal_multi_head_attention():
+    x, w_qkv, w_o, H = _layer()
+    full = multi_head_attention(x, w_qkv, w_o, H, causal=True)
+    k, v = empty_kv(x.shape[0], H, x.shape[-1] // H, dtype=x.dtype)
+    for t in range(x.shape[1]):
+        y, k, v = decode_step(x[:, t:t + 1], k, v, w_qkv, w_o, H)
+        assert torch.allclose(y, full[:, t:t + 1], atol=1e-12)
+        assert k.shape == v.shape == (x.shape[0], H, t + 1, x.shape[-1] // H)
+
+
+def test_prefill_then_decode_equals_the_whole_sequence():
+    x, w_qkv, w_o, H = _layer(T=11)
+    full = multi_head_attention(x, w_qkv, w_o, H, causal=True)
+    y, k, v = decode_step(x[:, :7], *empty_kv(2, H, 4, dtype=x.dtype), w_qkv, w_o, H)  # prefill 7 tokens
+    assert torch.allclose(y, full[:, :7], atol=1e-12)
+    y, k, v = decode_step(x[:, 7:], k, v, w_qkv, w_o, H)  # 4 tokens at once: bottom-right causal
+    assert torch.allclose(y, full[:, 7:], atol=1e-12)
+
+
+def test_decode_step_does_not_modify_its_arguments():
+    x, w_qkv, w_o, H = _layer()
+    _, k, v = decode_step(x[:, :5], *empty_kv(2, H, 4, dtype=x.dtype), w_qkv, w_o, H)
+    k0, v0 = k.clone(), v.clone()
+    _, k2, _ = decode_step(x[:, 5:6], k, v, w_qkv, w_o, H)
+    assert torch.equal(k, k0) and torch.equal(v, v0) and k2.shape[2] == 6
+
+
+def test_is_causal_with_one_query_attends_to_the_first_key_only():
+    g = torch.Generator().manual_seed(1)
+    q, k, v = torch.randn(1, 2, 1, 8, generator=g), torch.randn(1, 2, 6, 8, generator=g), torch.randn(1, 2, 6, 8, generator=g)
+    top_left = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert torch.allclose(top_left, v[:, :, :1])
+    right = F.scaled_dot_product_attention(q, k, v)
+    assert torch.allclose(F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(1, 6)), right)
+    assert torch.allclose(scaled_dot_product_attention(q, k, v, causal_mask(6)[-1:]), right, atol=1e-6)
+
+
+# --------------------------------------------------------------------------- 7.3
+
+
+def test_prefill_decode_flops_closed_form():
+    for P, N, d, L in [(5, 3, 16, 2), (128, 64, 24, 3), (7, 0, 8, 4), (1, 1, 1, 1)]:
+        s1 = N * P + N * (N + 1) // 2                               # sum of L = P + t
+        s2 = sum((P + t) ** 2 for t in range(1, N + 1))
+        prefill = 8 * d * d * P + 4 * d * P * P
+        assert prefill_decode_flops(P, N, d, L, True) == L * (prefill + 8 * d * d * N + 4 * d * s1)
+        assert prefill_decode_flops(P, N, d, L, False) == L * (prefill + 8 * d * d * s1 + 4 * d * s2)
+        assert prefill_decode_flops(P, N, d, L, True) <= prefill_decode_flops(P, N, d, L, False)
+
+
+# --------------------------------------------------------------------------- the preallocated cache
+
+
+def test_preallocated_cache_equals_decode_step():
+    x, w_qkv, w_o, H = _layer(T=9)
+    full = multi_head_attention(x, w_qkv, w_o, H, causal=True)
+    cache = KVCache(2, H, 16, 4, dtype=x.dtype)
+    ys = [cached_attention(x[:, :4], cache, w_qkv, w_o, H)]
+    ys += [cached_attention(x[:, t:t + 1], cache, w_qkv, w_o, H) for t in range(4, 9)]
+    assert torch.allclose(torch.cat(ys, dim=1), full, atol=1e-12)
+    assert cache.lengths.tolist() == [9, 9]
+
+
+def test_reset_starts_a_new_sequence_and_a_stale_pointer_does_not():
+    x, w_qkv, w_o, H = _layer(T=6)
+    cache = KVCache(2, H, 16, 4, dtype=x.dtype)
+    cached_attention(x[:, :6], cache, w_qkv, w_o, H)
+    x2, _, _, _ = _layer(T=5, seed=1)
+    stale = cached_attention(x2, cache, w_qkv, w_o, H)        # forgot reset: sees the old sequence
+    cache.reset()
+    fresh = cached_attention(x2, cache, w_qkv, w_o, H)
+    expected = multi_head_attention(x2, w_qkv, w_o, H, causal=True)
+    assert torch.allclose(fresh, expected, atol=1e-12) and not torch.allclose(stale, expected, atol=1e-3)
+
+
+def test_sequences_of_different_lengths_in_one_cache():
+    x, w_qkv, w_o, H = _layer(B=3, T=6)
+    lengths = torch.tensor([6, 2, 4])
+    cache = KVCache(3, H, 12, 4, dtype=x.dtype)
+    y = cached_attention(x, cache, w_qkv, w_o, H, valid=lengths)   # right-padded prompts
+    new = _layer(B=3, T=2, seed=2)[0]
+    y_next = [cached_attention(new[:, i:i + 1], cache, w_qkv, w_o, H) for i in range(2)]
+    for b, n in enumerate(lengths.tolist()):
+        seq = torch.cat([x[b:b + 1, :n], new[b:b + 1]], dim=1)
+        ref = multi_head_attention(seq, w_qkv, w_o, H, causal=True)
+        assert torch.allclose(y[b:b + 1, :n], ref[:, :n], atol=1e-12)
+        assert torch.allclose(torch.cat(y_next, dim=1)[b:b + 1], ref[:, n:], atol=1e-12)
+    assert cache.lengths.tolist() == [8, 4, 6]
+
+
+def test_cache_overflow_is_an_error():
+    cache = KVCache(1, 2, 3, 4)
+    cache.append(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4))
+    with pytest.raises(ValueError, match="overflow"):
+        cache.append(torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 1, 4))
+
+
+# --------------------------------------------------------------------------- split-K decoding
+
+
+@pytest.mark.parametrize("n_splits", [1, 2, 3, 7, 37, 100])
+def test_split_k_decode_equals_attention_over_the_whole_cache(n_splits):
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 6, 1, 16, generator=g)
+    k, v = torch.randn(2, 2, 37, 16, generator=g), torch.randn(2, 2, 37, 16, generator=g)
+    assert torch.allclose(split_k_decode(q, k, v, n_splits), grouped_query_attention(q, k, v), atol=1e-5)
+
+
+def test_merge_partials_gives_empty_chunks_no_weight():
+    outs = torch.tensor([[1.0, 2.0], [5.0, 7.0]])[:, None, :]    # [2 chunks, 1 row, d=2]
+    lses = torch.tensor([[0.0], [-math.inf]])
+    out, lse = merge_partials(outs, lses)
+    assert torch.equal(out, torch.tensor([[1.0, 2.0]])) and lse.item() == 0.0
+
+
+# ============================================================ 7.1 kv_cache_bytes
+
+# wrong: what a learner might write
+def cache_keys_only(batch, seq_len, n_layers, n_kv_heads, head_dim, dtype_bytes):
+    return batch * seq_len * n_layers * n_kv_heads * head_dim * dtype_bytes
+
+
+def cache_bits(batch, seq_len, n_layers, n_kv_heads, head_dim, dtype_bytes):
+    bits = dtype_bytes * 8
+    return 2 * batch * seq_len * n_layers * n_kv_heads * head_dim * bits
+
+
+def cache_one_layer(batch, seq_len, n_layers, n_kv_heads, head_dim, dtype_bytes):
+    return 2 * batch * seq_len * n_kv_heads * head_dim * dtype_bytes
+
+
+def cache_in_gb(batch, seq_len, n_layers, n_kv_heads, head_dim, dtype_bytes):
+    return 2 * batch * seq_len * n_layers * n_kv_heads * head_dim * dtype_bytes / 1e9
+
+
+def cache_in_gib(batch, seq_len, n_layers, n_kv_heads, head_dim, dtype_bytes):
+    return 2 * batch * seq_len * n_layers * n_kv_heads * head_dim * dtype_bytes / 2**30
+
+
+def cache_no_batch(batch, seq_len, n_layers, n_kv_heads, head_dim, dtype_bytes):
+    return 2 * seq_len * n_layers * n_kv_heads * head_dim * dtype_bytes
+
+
+def cache_float_bytes(batch, seq_len, n_layers, n_kv_heads, head_dim, dtype_bytes):
+    per_token = 2.0 * n_layers * n_kv_heads * head_dim * dtype_bytes  # a float creeps in
+    return per_token * batch * seq_len
+
+
+def cache_string(batch, seq_len, n_layers, n_kv_heads, head_dim, dtype_bytes):
+    return f"{2 * batch * seq_len * n_layers * n_kv_heads * head_dim * dtype_bytes:,}"
+
+
+def cache_tensor(batch, seq_len, n_layers, n_kv_heads, head_dim, dtype_bytes):
+    return torch.tensor(2 * batch * seq_len * n_layers * n_kv_heads * head_dim * dtype_bytes)
+
+
+# right: other styles than the reference
+def cache_bytes_prod(batch, seq_len, n_layers, n_kv_heads, head_dim, dtype_bytes):
+    return math.prod([2, batch, seq_len, n_layers, n_kv_heads, head_dim, dtype_bytes])
+
+
+def cache_bytes_per_token(batch, seq_len, n_layers, n_kv_heads, head_dim, dtype_bytes):
+    per_token_per_layer = 2 * n_kv_heads * head_dim * dtype_bytes   # K and V
+    return int(per_token_per_layer * n_layers * seq_len * batch)
+
+
+# ============================================================ 7.2 decode_step
+
+# wrong: what a learner might write
+def _project(x_t, w_qkv, n_heads):
+    B, T, D = x_t.shape
+    q, k, v = (x_t @ w_qkv).split(D, dim=-1)
+    return [m.view(B, T, n_heads, D // n_heads).transpose(1, 2) for m in (q, k, v)]
+
+
+def _finish(o, w_o):
+    B, H, T, d = o.shape
+    return o.transpose(1, 2).reshape(B, T, H * d) @ w_o
+
+
+def decode_not_attending_new(x_t, k_cache, v_cache, w_qkv, w_o, n_heads):
+    q, k, v = _project(x_t, w_qkv, n_heads)
+    o = F.scaled_dot_product_attention(q, k_cache, v_cache)  # attends to the past only
+    return _finish(o, w_o), torch.cat([k_cache, k], dim=2), torch.cat([v_cache, v], dim=2)
+
+
+def decode_prepended(x_t, k_cache, v_cache, w_qkv, w_o, n_heads):
+    q, k, v = _project(x_t, w_qkv, n_heads)
+    k_cache = torch.cat([k, k_cache], dim=2)
+    v_cache = torch.cat([v, v_cache], dim=2)
+    return _finish(F.scaled_dot_product_attention(q, k_cache, v_cache), w_o), k_cache, v_cache
+
+
+def decode_is_causal(x_t, k_cache, v_cache, w_qkv, w_o, n_heads):
+    q, k, v = _project(x_t, w_qkv, n_heads)
+    k_cache = torch.cat([k_cache, k], dim=2)
+    v_cache = torch.cat([v_cache, v], dim=2)
+    o = F.scaled_dot_product_attention(q, k_cache, v_cache, is_causal=True)  # "it is a causal model"
+    return _finish(o, w_o), k_cache, v_cache
+
+
+def decode_top_left_mask(x_t, k_cache, v_cache, w_qkv, w_o, n_heads):
+    q, k, v = _project(x_t, w_qkv, n_heads)
+    K, V = torch.cat([k_cache, k], dim=2), torch.cat([v_cache, v], dim=2)
+    T = K.shape[2]
+    mask = torch.ones(T, T, dtype=torch.bool).tril()[: q.shape[2]]  # the first row, not the last
+    return _finish(F.scaled_dot_product_attention(q, K, V, attn_mask=mask), w_o), K, V
+
+
+def decode_returns_old_cache(x_t, k_cache, v_cache, w_qkv, w_o, n_heads):
+    q, k, v = _project(x_t, w_qkv, n_heads)
+    K, V = torch.cat([k_cache, k], dim=2), torch.cat([v_cache, v], dim=2)
+    return _finish(F.scaled_dot_product_attention(q, K, V), w_o), k_cache, v_cache
+
+
+def decode_returns_new_kv(x_t, k_cache, v_cache, w_qkv, w_o, n_heads):
+    q, k, v = _project(x_t, w_qkv, n_heads)
+    K, V = torch.cat([k_cache, k], dim=2), torch.cat([v_cache, v], dim=2)
+    return _finish(F.scaled_dot_product_attention(q, K, V), w_o), k, v
+
+
+def decode_swapped_caches(x_t, k_cache, v_cache, w_qkv, w_o, n_heads):
+    q, k, v = _project(x_t, w_qkv, n_heads)
+    K, V = torch.cat([k_cache, k], dim=2), torch.cat([v_cache, v], dim=2)
+    return _finish(F.scaled_dot_product_attention(q, K, V), w_o), V, K
+
+
+def decode_no_scale(x_t, k_cache, v_cache, w_qkv, w_o, n_heads):
+    q, k, v = _project(x_t, w_qkv, n_heads)
+    K, V = torch.cat([k_cache, k], dim=2), torch.cat([v_cache, v], dim=2)
+    p = torch.softmax(q @ K.transpose(-2, -1), dim=-1)
+    return _finish(p @ V, w_o), K, V
+
+
+def decode_no_w_o(x_t, k_cache, v_cache, w_qkv, w_o, n_heads):
+    q, k, v = _project(x_t, w_qkv, n_heads)
+    K, V = torch.cat([k_cache, k], dim=2), torch.cat([v_cache, v], dim=2)
+    o = F.scaled_dot_product_attention(q, K, V)
+    B, H, T, d = o.shape
+    return o.transpose(1, 2).reshape(B, T, H * d), K, V
+
+
+def decode_cat_wrong_axis(x_t, k_cache, v_cache, w_qkv, w_o, n_heads):
+    q, k, v = _project(x_t, w_qkv, n_heads)
+    K, V = torch.cat([k_cache, k], dim=1), torch.cat([v_cache, v], dim=1)  # the heads axis
+    return _finish(F.scaled_dot_product_attention(q, K, V), w_o), K, V
+
+
+def decode_stale_query(x_t, k_cache, v_cache, w_qkv, w_o, n_heads):
+    # Uses the first cached key as the query of the new token ("the query is in the cache").
+    q, k, v = _project(x_t, w_qkv, n_heads)
+    K, V = torch.cat([k_cache, k], dim=2), torch.cat([v_cache, v], dim=2)
+    return _finish(F.scaled_dot_product_attention(K[:, :, :1], K, V), w_o), K, V
+
+
+def decode_in_place(x_t, k_cache, v_cache, w_qkv, w_o, n_heads):
+    q, k, v = _project(x_t, w_qkv, n_heads)
+    K, V = torch.cat([k_cache, k], dim=2), torch.cat([v_cache, v], dim=2)
+    x_t.zero_()  # "free" the input
+    return _finish(F.scaled_dot_product_attention(q, K, V), w_o), K, V
+
+
+def decode_global_cache(x_t, k_cache, v_cache, w_qkv, w_o, n_heads, _store={}):  # noqa: B006
+    # Keeps its own cache between calls and ignores the one it is given.
+    q, k, v = _project(x_t, w_qkv, n_heads)
+    K = torch.cat([_store["k"], k], dim=2) if "k" in _store and _store["k"].shape[:2] == k.shape[:2] else k
+    V = torch.cat([_store["v"], v], dim=2) if "v" in _store and _store["v"].shape[:2] == v.shape[:2] else v
+    _store["k"], _store["v"] = K, V
+    return _finish(F.scaled_dot_product_attention(q, K, V), w_o), K, V
+
+
+def decode_float32_only(x_t, k_cache, v_cache, w_qkv, w_o, n_heads):
+    q, k, v = (m.float() for m in _project(x_t, w_qkv, n_heads))
+    K, V = torch.cat([k_cache.float(), k], dim=2), torch.cat([v_cache.float(), v], dim=2)
+    return _finish(F.scaled_dot_product_attention(q, K, V), w_o.float()), K, V
+
+
+# right: other styles than the reference
+def _proj(x_t, w_qkv, n_heads):
+    B, T, D = x_t.shape
+    q, k, v = torch.chunk(x_t @ w_qkv, 3, dim=-1)
+    return [m.reshape(B, T, n_heads, D // n_heads).permute(0, 2, 1, 3) for m in (q, k, v)]
+
+
+def decode_einsum(x_t, k_cache, v_cache, w_qkv, w_o, n_heads):
+    q, k, v = _proj(x_t, w_qkv, n_heads)
+    K, V = torch.cat((k_cache, k), dim=-2), torch.cat((v_cache, v), dim=-2)
+    s = torch.einsum("bhqd,bhkd->bhqk", q, K) / math.sqrt(q.shape[-1])
+    o = torch.einsum("bhqk,bhkd->bqhd", s.softmax(-1), V)
+    return o.flatten(2) @ w_o, K, V
+
+
+def decode_loops_over_heads(x_t, k_cache, v_cache, w_qkv, w_o, n_heads):
+    B, _, D = x_t.shape
+    d_k = D // n_heads
+    qkv = x_t @ w_qkv
+    heads, ks, vs = [], [], []
+    for h in range(n_heads):
+        q = qkv[:, :, h * d_k:(h + 1) * d_k]
+        k = torch.cat([k_cache[:, h], qkv[:, :, D + h * d_k:D + (h + 1) * d_k]], dim=1)
+        v = torch.cat([v_cache[:, h], qkv[:, :, 2 * D + h * d_k:2 * D + (h + 1) * d_k]], dim=1)
+        w = torch.softmax(q @ k.transpose(1, 2) / d_k**0.5, dim=-1)
+        heads.append(w @ v)
+        ks.append(k)
+        vs.append(v)
+    return torch.cat(heads, dim=-1) @ w_o, torch.stack(ks, dim=1), torch.stack(vs, dim=1)
+
+
+def decode_sdpa_bottom_right(x_t, k_cache, v_cache, w_qkv, w_o, n_heads):
+    q, k, v = _proj(x_t, w_qkv, n_heads)
+    K, V = torch.cat([k_cache, k], dim=2), torch.cat([v_cache, v], dim=2)
+    mask = causal_lower_right(q.shape[2], K.shape[2])
+    o = F.scaled_dot_product_attention(q, K, V, attn_mask=mask)
+    B, H, T, d = o.shape
+    return o.transpose(1, 2).reshape(B, T, H * d) @ w_o, K, V
+
+
+def decode_explicit_mask_minus_1e9(x_t, k_cache, v_cache, w_qkv, w_o, n_heads):
+    q, k, v = _proj(x_t, w_qkv, n_heads)
+    K, V = torch.cat([k_cache, k], dim=2), torch.cat([v_cache, v], dim=2)
+    T_new, T = q.shape[2], K.shape[2]
+    allowed = torch.ones(T, T, dtype=torch.bool).tril()[T - T_new:]
+    s = (q @ K.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(~allowed, -1e9)
+    o = torch.softmax(s, -1) @ V
+    B, H, _, d = o.shape
+    return o.transpose(1, 2).reshape(B, T_new, H * d) @ w_o, K, V
+
+
+def decode_float64_inside(x_t, k_cache, v_cache, w_qkv, w_o, n_heads):
+    dtype = x_t.dtype
+    q, k, v = _proj(x_t.double(), w_qkv.double(), n_heads)
+    K, V = torch.cat([k_cache.double(), k], dim=2), torch.cat([v_cache.double(), v], dim=2)
+    o = torch.softmax(q @ K.mT / math.sqrt(q.shape[-1]), dim=-1) @ V
+    B, H, T, d = o.shape
+    y = o.transpose(1, 2).reshape(B, T, H * d) @ w_o.double()
+    return y.to(dtype), K.to(dtype), V.to(dtype)
+
+
+def decode_preallocated(x_t, k_cache, v_cache, w_qkv, w_o, n_heads):
+    q, k, v = _proj(x_t, w_qkv, n_heads)
+    B, H, T_past, d = k_cache.shape
+    K = torch.empty(B, H, T_past + 1, d, dtype=k_cache.dtype)
+    V = torch.empty_like(K)
+    K[:, :, :T_past], K[:, :, T_past:] = k_cache, k
+    V[:, :, :T_past], V[:, :, T_past:] = v_cache, v
+    o = F.scaled_dot_product_attention(q, K, V)
+    return o.transpose(1, 2).flatten(2) @ w_o, K, V
+
+
+# ============================================================ 7.3 prefill_decode_flops
+
+# wrong: what a learner might write
+def _prefill(d, P):
+    return 8 * d * d * P + 4 * d * P * P
+
+
+def flops_off_by_one(prompt_len, new_tokens, d_model, n_layers, use_cache):
+    d, total = d_model, _prefill(d_model, prompt_len)
+    for t in range(new_tokens):  # L = P + t for t = 0..N-1
+        L = prompt_len + t
+        total += 8 * d * d + 4 * d * L if use_cache else 8 * d * d * L + 4 * d * L * L
+    return n_layers * total
+
+
+def flops_no_prefill(prompt_len, new_tokens, d_model, n_layers, use_cache):
+    d, total = d_model, 0
+    for t in range(1, new_tokens + 1):
+        L = prompt_len + t
+        total += 8 * d * d + 4 * d * L if use_cache else 8 * d * d * L + 4 * d * L * L
+    return n_layers * total
+
+
+def flops_cache_recomputes_projections(prompt_len, new_tokens, d_model, n_layers, use_cache):
+    d, total = d_model, _prefill(d_model, prompt_len)
+    for t in range(1, new_tokens + 1):
+        L = prompt_len + t
+        total += 8 * d * d * L + 4 * d * L if use_cache else 8 * d * d * L + 4 * d * L * L
+    return n_layers * total
+
+
+def flops_one_layer(prompt_len, new_tokens, d_model, n_layers, use_cache):
+    d, total = d_model, _prefill(d_model, prompt_len)
+    for t in range(1, new_tokens + 1):
+        L = prompt_len + t
+        total += 8 * d * d + 4 * d * L if use_cache else 8 * d * d * L + 4 * d * L * L
+    return total
+
+
+def flops_ignores_cache(prompt_len, new_tokens, d_model, n_layers, use_cache):
+    d, total = d_model, _prefill(d_model, prompt_len)
+    for t in range(1, new_tokens + 1):
+        L = prompt_len + t
+        total += 8 * d * d * L + 4 * d * L * L
+    return n_layers * total
+
+
+def flops_multiplies_only(prompt_len, new_tokens, d_model, n_layers, use_cache):
+    d, P = d_model, prompt_len
+    total = 4 * d * d * P + 2 * d * P * P
+    for t in range(1, new_tokens + 1):
+        L = P + t
+        total += 4 * d * d + 2 * d * L if use_cache else 4 * d * d * L + 2 * d * L * L
+    return n_layers * total
+
+
+def flops_closed_form_float(prompt_len, new_tokens, d_model, n_layers, use_cache):
+    # Closed form with true division: a float.
+    P, N, d = prompt_len, new_tokens, d_model
+    s1 = N * P + N * (N + 1) / 2
+    s2 = sum((P + t) ** 2 for t in range(1, N + 1))
+    steps = 8 * d * d * N + 4 * d * s1 if use_cache else 8 * d * d * s1 + 4 * d * s2
+    return n_layers * (8 * d * d * P + 4 * d * P * P + steps)
+
+
+def flops_cache_quadratic(prompt_len, new_tokens, d_model, n_layers, use_cache):
+    d, total = d_model, _prefill(d_model, prompt_len)
+    for t in range(1, new_tokens + 1):
+        L = prompt_len + t
+        total += 8 * d * d + 4 * d * L * L if use_cache else 8 * d * d * L + 4 * d * L * L
+    return n_layers * total
+
+
+# right: other styles than the reference
+def flops_closed_form(prompt_len, new_tokens, d_model, n_layers, use_cache):
+    P, N, d = prompt_len, new_tokens, d_model
+    s1 = N * P + N * (N + 1) // 2
+    s2 = N * P * P + P * N * (N + 1) + N * (N + 1) * (2 * N + 1) // 6   # sum of (P + t)^2
+    steps = 8 * d * d * N + 4 * d * s1 if use_cache else 8 * d * d * s1 + 4 * d * s2
+    return n_layers * (8 * d * d * P + 4 * d * P * P + steps)
+
+
+def flops_layer_by_layer(prompt_len, new_tokens, d_model, n_layers, use_cache):
+    total = 0
+    for _ in range(n_layers):
+        total += 8 * d_model**2 * prompt_len + 4 * d_model * prompt_len**2
+        for L in range(prompt_len + 1, prompt_len + new_tokens + 1):
+            if use_cache:
+                total += 8 * d_model**2 + 4 * d_model * L
+            else:
+                total += 8 * d_model**2 * L + 4 * d_model * L**2
+    return total
+
+
+# ============================================================ the exercises' cases
+
+WRONG = {
+    "kv_cache_bytes": [
+        (cache_keys_only, "keys only"),
+        (cache_bits, "you counted bits"),
+        (cache_one_layer, "left out the layers"),
+        (cache_in_gb, "GB as a float"),
+        (cache_in_gib, "GiB as a float"),
+        (cache_no_batch, "left out the batch"),
+        (cache_float_bytes, "expected an int"),
+        (cache_string, "got the string"),
+        (cache_tensor, "return `.item()`"),
+    ],
+    "decode_step": [
+        (decode_not_attending_new, "new token's own key and value were not attended"),
+        (decode_prepended, "at the start of the cache"),
+        (decode_is_causal, "aligns the causal mask top-left"),
+        (decode_top_left_mask, "aligns the causal mask top-left"),
+        (decode_returns_old_cache, "returned the cache you were given"),
+        (decode_returns_new_kv, "only the new token's key/value"),
+        (decode_swapped_caches, "caches swapped"),
+        (decode_no_scale, "sqrt(d_k)"),
+        (decode_no_w_o, "output projection w_o"),
+        (decode_cat_wrong_axis, "dim=2"),
+        (decode_stale_query, "y_t: values differ"),
+        (decode_in_place, "modified one of its input tensors in place"),
+        (decode_global_cache, "y_t: values differ"),
+        (decode_float32_only, "expected dtype torch.float64"),
+    ],
+    "prefill_decode_flops": [
+        (flops_off_by_one, "off by one in the context length"),
+        (flops_no_prefill, "forgot the prefill"),
+        (flops_cache_recomputes_projections, "only the new token is projected"),
+        (flops_one_layer, "one layer only"),
+        (flops_ignores_cache, "ignored use_cache"),
+        (flops_multiplies_only, "multiplies only"),
+        (flops_closed_form_float, "expected an int"),
+        (flops_cache_quadratic, "not 4*d*L^2"),
+    ],
+}
+
+
+RIGHT = {
+    "kv_cache_bytes": [cache_bytes_prod, cache_bytes_per_token],
+    "decode_step": [decode_einsum, decode_loops_over_heads, decode_sdpa_bottom_right, decode_explicit_mask_minus_1e9,
+                    decode_float64_inside, decode_preallocated],
+    "prefill_decode_flops": [flops_closed_form, flops_layer_by_layer],
+}
+
+
+@pytest.mark.parametrize(("name", "wrong", "hint"), wrong_cases(WRONG))
+def test_check_rejects_wrong(name, wrong, hint):
+    assert_rejected(name, wrong, hint)
+
+
+@pytest.mark.parametrize(("name", "right"), right_cases(RIGHT))
+def test_check_accepts_right(name, right):
+    assert_accepted(name, right)

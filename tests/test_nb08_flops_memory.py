@@ -1,0 +1,483 @@
+"""Notebook 08, FLOPs and memory (helpers/nb08_flops_memory.py): the FLOP and byte formulas against
+a FLOP counter and the sources' figures, and the memory meter; then exercises 8.1-8.3: learner-style
+wrong implementations their checks must reject, with the hint each must give (WRONG), and correct
+ones in other styles they must accept (RIGHT)."""
+
+import math
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+from helpers.configs import MODELS
+from helpers.nb01_qkv_shapes import merge_heads, scaled_dot_product_attention, split_heads
+from helpers.nb06_kv_sharing import repeat_kv
+from helpers.nb08_flops_memory import (
+    GB,
+    GiB,
+    PeakMemory,
+    attention_flops,
+    attention_step_costs,
+    both_units,
+    crossover,
+    dense_param_count,
+    ffn_flops,
+    layer_flops,
+    matmul_flops,
+    max_seq_len_for_scores,
+    score_matrix_bytes,
+)
+from tests.exercise_cases import assert_accepted, assert_rejected, right_cases, wrong_cases
+
+# ============================================================ the lesson code
+
+MAVERICK = MODELS["Llama-4-Maverick"]
+
+
+# --------------------------------------------------------------------------- the sources' figures
+
+
+def test_maverick_dense_layer_at_4096_matches_the_dimensions_appendix():
+    a = attention_flops(4096, MAVERICK.d_model, MAVERICK.n_heads, MAVERICK.n_kv_heads, MAVERICK.head_dim)
+    assert [round(a[k] / 1e9, 1) for k in ("q_proj", "k_proj", "v_proj", "o_proj")] == [214.7, 42.9, 42.9, 214.7]
+    assert round(a["scores"] / 1e9, 1) == round(a["weighted_values"] / 1e9, 1) == 171.8
+    assert round(a["softmax"] / 1e9, 1) == 4.0
+    parts = layer_flops(4096, MAVERICK)
+    assert [round(parts[k] / 1e9, 1) for k in ("projections", "core", "ffn")] == [515.4, 347.6, 2061.6]
+    assert round(parts["total"] / 1e9) == 2925
+    shares = [round(100 * parts[k] / parts["total"], 1) for k in ("ffn", "projections", "core")]
+    assert shares == [70.5, 17.6, 11.9]
+    assert a["total"] == parts["projections"] + parts["core"]
+
+
+def test_mha_formula_and_crossover_2d():
+    d, H = 512, 8
+    for n in (1, 17, 512, 4096):
+        a = attention_flops(n, d, H, H, d // H)
+        assert a["total"] - a["softmax"] == 8 * n * d * d + 4 * n * n * d
+        assert a["softmax"] == 6 * H * n * n
+    assert crossover(8 * d * d, 4 * d) == 2 * d            # matmul terms only: exactly n = 2d
+    assert crossover(8 * d * d, 4 * d + 6 * H) < 2 * d     # the softmax term moves it a little earlier
+
+
+def test_crossover_is_the_first_n_where_the_quadratic_term_wins():
+    for lin, quad in [(125_829_120, 20_720), (10, 3), (9, 3), (1, 1), (7, 100)]:
+        n = crossover(lin, quad)
+        assert quad * n * n >= lin * n and (n == 1 or quad * (n - 1) ** 2 < lin * (n - 1))
+
+
+def test_score_matrix_bytes_sources():
+    assert score_matrix_bytes(4, 32, 8192, 2) == 17_179_869_184 == 16 * GiB
+    assert both_units(17_179_869_184) == "17.18 GB (16.00 GiB)"
+    assert score_matrix_bytes(1, 40, 4096, 2) == 1.25 * GiB
+    assert score_matrix_bytes(1, 40, 32768, 2) == 80 * GiB
+    assert score_matrix_bytes(1, 40, 131072, 2) == 1.25 * 2**40
+    assert score_matrix_bytes(1, 40, 1048576, 2) == 80 * 2**40
+
+
+def test_max_seq_len_is_exact_at_the_boundary():
+    assert max_seq_len_for_scores(80 * GiB, 1, 40, 2) == 32768          # an exact fit
+    assert max_seq_len_for_scores(80 * GiB - 1, 1, 40, 2) == 32767      # one byte short
+    assert max_seq_len_for_scores(5, 2, 3, 1) == 0
+    rng = random.Random(0)
+    for _ in range(2000):
+        B, H, b = rng.randint(1, 8), rng.randint(1, 128), rng.choice([1, 2, 4])
+        budget = rng.randint(0, 10 ** rng.randint(1, 22))
+        T = max_seq_len_for_scores(budget, B, H, b)
+        assert score_matrix_bytes(B, H, T, b) <= budget < score_matrix_bytes(B, H, T + 1, b)
+    k = 123_456_789  # above 2**53 a float square root rounds up; the integer one does not
+    assert int(math.sqrt(k * k - 1)) == k and max_seq_len_for_scores(k * k - 1, 1, 1, 1) == k - 1
+
+
+def test_dense_param_counts_match_the_published_sizes():
+    assert round(dense_param_count(MODELS["Llama-3-8B"]) / 1e9, 2) == 8.03
+    assert round(dense_param_count(MODELS["Llama-3-70B"]) / 1e9, 1) == 70.6
+    assert round(dense_param_count(MODELS["Qwen3-8B"]) / 1e9, 1) == 8.2
+
+
+def test_decode_step_intensity_of_mha_in_bf16_is_about_one():
+    # One token, batch 1, MHA: every weight and cached number (2 bytes) is used for one multiply-add.
+    c = attention_step_costs(1, 4096, 4096, 32, 32, 128, batch=1, dtype_bytes=2)
+    assert 0.99 < c["flops"] / c["bytes"] < 1.0
+    prefill = attention_step_costs(4096, 4096, 4096, 32, 32, 128, batch=1, dtype_bytes=2)
+    assert prefill["flops"] / prefill["bytes"] > 1000
+
+
+# --------------------------------------------------------------------------- a counter checks the formulas
+
+
+@pytest.mark.parametrize("n, d, H, H_kv, d_h, d_ff", [(7, 20, 6, 2, 4, 36), (16, 32, 4, 4, 8, 48), (5, 24, 8, 1, 3, 10)])
+def test_formulas_equal_flop_counter_mode(n, d, H, H_kv, d_h, d_ff):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, n, d, generator=g)
+    w_q, w_k, w_v = (torch.randn(d, h * d_h, generator=g) for h in (H, H_kv, H_kv))
+    w_o = torch.randn(H * d_h, d, generator=g)
+    w_gate, w_up, w_down = torch.randn(d, d_ff, generator=g), torch.randn(d, d_ff, generator=g), torch.randn(d_ff, d, generator=g)
+    with FlopCounterMode(display=False) as counter:
+        q, k, v = split_heads(x @ w_q, H), split_heads(x @ w_k, H_kv), split_heads(x @ w_v, H_kv)
+        o = scaled_dot_product_attention(q, repeat_kv(k, H // H_kv), repeat_kv(v, H // H_kv))
+        y = merge_heads(o) @ w_o
+        (F.silu(y @ w_gate) * (y @ w_up)) @ w_down
+    f = attention_flops(n, d, H, H_kv, d_h)
+    assert counter.get_total_flops() == f["total"] - f["softmax"] + ffn_flops(n, d, d_ff)
+    assert matmul_flops(n, d, d_ff) == 2 * n * d * d_ff
+
+
+# --------------------------------------------------------------------------- the memory meter
+
+
+def test_peak_memory_of_plain_attention_is_two_score_matrices():
+    for T in (64, 128):
+        q, k, v = (torch.randn(1, 2, T, 16) for _ in range(3))
+        with PeakMemory(q, k, v) as meter:
+            out = scaled_dot_product_attention(q, k, v)
+        scores = 1 * 2 * T * T * 4
+        assert 2 * scores <= meter.peak <= 2 * scores + 4 * out.nbytes
+        assert meter.now == out.untyped_storage().nbytes()  # only the output is still alive
+
+
+def test_peak_memory_counts_nothing_for_views_of_inputs():
+    x = torch.randn(100, 100)
+    with PeakMemory(x) as meter:
+        x.t()
+        x[:10]
+    assert meter.peak == 0
+
+
+def test_gb_and_gib_are_what_they_say():
+    assert GB == 10**9 and GiB == 2**30
+
+
+@pytest.mark.slow
+def test_peak_memory_agrees_with_the_profilers_allocation_events():
+    # torch.profiler records every CPU allocation (+bytes) and free (-bytes) in time order; the
+    # running sum's maximum is the peak. PeakMemory must find the same for plain attention.
+    from torch.profiler import ProfilerActivity, profile
+
+    q, k, v = (torch.randn(1, 2, 96, 16) for _ in range(3))
+    with PeakMemory(q, k, v) as meter:
+        scaled_dot_product_attention(q, k, v)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        scaled_dot_product_attention(q, k, v)
+    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns())
+    live = peak = 0
+    for e in events:
+        live += e.nbytes()
+        peak = max(peak, live)
+    assert abs(peak - meter.peak) <= 64, (peak, meter.peak)  # a few bytes of 0-dim temporaries
+
+
+# ============================================================ 8.1 attention_flops
+
+# wrong: what a learner might write
+def _counts(n, d, H, H_kv, d_h):
+    f = {
+        "q_proj": 2 * n * d * H * d_h,
+        "k_proj": 2 * n * d * H_kv * d_h,
+        "v_proj": 2 * n * d * H_kv * d_h,
+        "o_proj": 2 * n * H * d_h * d,
+        "scores": H * 2 * n * n * d_h,
+        "softmax": H * 6 * n * n,
+        "weighted_values": H * 2 * n * n * d_h,
+    }
+    f["total"] = sum(f.values())
+    return f
+
+
+def flops_kv_with_query_heads(n, d_model, n_heads, n_kv_heads, head_dim):
+    f = {
+        "q_proj": 2 * n * d_model * n_heads * head_dim,
+        "k_proj": 2 * n * d_model * n_heads * head_dim,  # as in MHA: one key head per query head
+        "v_proj": 2 * n * d_model * n_heads * head_dim,
+        "o_proj": 2 * n * n_heads * head_dim * d_model,
+        "scores": n_heads * 2 * n * n * head_dim,
+        "softmax": n_heads * 6 * n * n,
+        "weighted_values": n_heads * 2 * n * n * head_dim,
+    }
+    f["total"] = sum(f.values())
+    return f
+
+
+def flops_softmax_5(n, d_model, n_heads, n_kv_heads, head_dim):
+    f = _counts(n, d_model, n_heads, n_kv_heads, head_dim)
+    f["softmax"] = n_heads * 5 * n * n  # exp, sum, divide... but forgot the max
+    f["total"] = sum(v for k, v in f.items() if k != "total")
+    return f
+
+
+def flops_multiplies_only(n, d_model, n_heads, n_kv_heads, head_dim):
+    d, H, H_kv, d_h = d_model, n_heads, n_kv_heads, head_dim
+    f = {
+        "q_proj": n * d * H * d_h,  # one per multiply-add
+        "k_proj": n * d * H_kv * d_h,
+        "v_proj": n * d * H_kv * d_h,
+        "o_proj": n * H * d_h * d,
+        "scores": H * n * n * d_h,
+        "softmax": H * 6 * n * n,
+        "weighted_values": H * n * n * d_h,
+    }
+    f["total"] = sum(f.values())
+    return f
+
+
+def flops_total_without_softmax(n, d_model, n_heads, n_kv_heads, head_dim):
+    f = _counts(n, d_model, n_heads, n_kv_heads, head_dim)
+    f["total"] = sum(v for k, v in f.items() if k not in ("total", "softmax"))  # "only matmuls count"
+    return f
+
+
+def flops_softmax_one_head(n, d_model, n_heads, n_kv_heads, head_dim):
+    f = _counts(n, d_model, n_heads, n_kv_heads, head_dim)
+    f["softmax"] = 6 * n * n  # one n x n matrix, not one per head
+    f["total"] = sum(v for k, v in f.items() if k != "total")
+    return f
+
+
+def flops_square_projections(n, d_model, n_heads, n_kv_heads, head_dim):
+    # Every projection as a d x d matrix (true only for MHA with H * d_h = d).
+    f = _counts(n, d_model, n_heads, n_kv_heads, head_dim)
+    f["q_proj"] = f["k_proj"] = f["v_proj"] = f["o_proj"] = 2 * n * d_model * d_model
+    f["total"] = sum(v for k, v in f.items() if k != "total")
+    return f
+
+
+def flops_causal_half(n, d_model, n_heads, n_kv_heads, head_dim):
+    f = _counts(n, d_model, n_heads, n_kv_heads, head_dim)
+    f["scores"] = n_heads * 2 * head_dim * n * (n + 1) // 2  # only the lower triangle
+    f["weighted_values"] = n_heads * 2 * head_dim * n * (n + 1) // 2
+    f["total"] = sum(v for k, v in f.items() if k != "total")
+    return f
+
+
+def flops_scores_per_kv_head(n, d_model, n_heads, n_kv_heads, head_dim):
+    f = _counts(n, d_model, n_heads, n_kv_heads, head_dim)
+    f["scores"] = n_kv_heads * 2 * n * n * head_dim
+    f["total"] = sum(v for k, v in f.items() if k != "total")
+    return f
+
+
+def flops_gflops_floats(n, d_model, n_heads, n_kv_heads, head_dim):
+    return {k: v / 1e9 for k, v in _counts(n, d_model, n_heads, n_kv_heads, head_dim).items()}
+
+
+def flops_missing_key(n, d_model, n_heads, n_kv_heads, head_dim):
+    f = _counts(n, d_model, n_heads, n_kv_heads, head_dim)
+    f["attn_v"] = f.pop("weighted_values")
+    return f
+
+
+def flops_tuple(n, d_model, n_heads, n_kv_heads, head_dim):
+    return tuple(_counts(n, d_model, n_heads, n_kv_heads, head_dim).values())
+
+
+# right: other styles than the reference
+def flops_loop_over_heads(n, d_model, n_heads, n_kv_heads, head_dim):
+    out = dict.fromkeys(["q_proj", "k_proj", "v_proj", "o_proj", "scores", "softmax", "weighted_values"], 0)
+    for _ in range(n_heads):
+        out["q_proj"] += 2 * n * d_model * head_dim
+        out["o_proj"] += 2 * n * head_dim * d_model
+        out["scores"] += 2 * n * n * head_dim
+        out["softmax"] += n * n + 5 * n * n
+        out["weighted_values"] += 2 * n * n * head_dim
+    for _ in range(n_kv_heads):
+        out["k_proj"] += 2 * n * d_model * head_dim
+        out["v_proj"] += 2 * n * d_model * head_dim
+    out["total"] = sum(out.values())
+    return out
+
+
+def flops_matmul_helper(n, d_model, n_heads, n_kv_heads, head_dim):
+    def mm(a, b, c):
+        return 2 * a * b * c
+
+    parts = dict(q_proj=mm(n, d_model, n_heads * head_dim), k_proj=mm(n, d_model, n_kv_heads * head_dim),
+                 v_proj=mm(n, d_model, n_kv_heads * head_dim), o_proj=mm(n, n_heads * head_dim, d_model),
+                 scores=n_heads * mm(n, head_dim, n), softmax=6 * n_heads * n**2,
+                 weighted_values=n_heads * mm(n, n, head_dim))
+    return {**parts, "total": sum(parts.values()), "core": parts["scores"] + parts["softmax"]}  # an extra key is fine
+
+
+def flops_torch_ints(n, d_model, n_heads, n_kv_heads, head_dim):
+    t = torch.tensor([n, d_model, n_heads, n_kv_heads, head_dim], dtype=torch.int64)
+    n_, d_, h, hkv, dh = t
+    out = {"q_proj": 2 * n_ * d_ * h * dh, "k_proj": 2 * n_ * d_ * hkv * dh, "v_proj": 2 * n_ * d_ * hkv * dh,
+           "o_proj": 2 * n_ * h * dh * d_, "scores": 2 * h * n_ * n_ * dh, "softmax": 6 * h * n_ * n_,
+           "weighted_values": 2 * h * n_ * n_ * dh}
+    out = {k: int(v) for k, v in out.items()}
+    out["total"] = sum(out.values())
+    return out
+
+
+# ============================================================ 8.2 score_matrix_bytes
+
+# wrong: what a learner might write
+def bytes_no_batch(batch, n_heads, seq_len, dtype_bytes):
+    return n_heads * seq_len * seq_len * dtype_bytes
+
+
+def bytes_causal_half(batch, n_heads, seq_len, dtype_bytes):
+    return batch * n_heads * seq_len * (seq_len + 1) // 2 * dtype_bytes
+
+
+def bytes_causal_half_float(batch, n_heads, seq_len, dtype_bytes):
+    return batch * n_heads * seq_len * seq_len * dtype_bytes / 2
+
+
+def bytes_gib(batch, n_heads, seq_len, dtype_bytes):
+    return batch * n_heads * seq_len**2 * dtype_bytes / 2**30
+
+
+def bytes_gb(batch, n_heads, seq_len, dtype_bytes):
+    return batch * n_heads * seq_len**2 * dtype_bytes / 1e9
+
+
+def bytes_entries(batch, n_heads, seq_len, dtype_bytes):
+    return batch * n_heads * seq_len * seq_len
+
+
+def bytes_float_pow(batch, n_heads, seq_len, dtype_bytes):
+    return batch * n_heads * math.pow(seq_len, 2) * dtype_bytes
+
+
+# right: other styles than the reference
+def bytes_prod(batch, n_heads, seq_len, dtype_bytes):
+    return math.prod([batch, n_heads, seq_len, seq_len, dtype_bytes])
+
+
+def bytes_via_tensor(batch, n_heads, seq_len, dtype_bytes):
+    dtype = {1: torch.int8, 2: torch.float16, 4: torch.float32}.get(dtype_bytes)
+    if dtype is None:
+        return batch * n_heads * seq_len**2 * dtype_bytes
+    return batch * n_heads * seq_len**2 * torch.empty(0, dtype=dtype).element_size()
+
+
+# ============================================================ 8.3 max_seq_len_for_scores
+
+# wrong: what a learner might write
+def seq_one_past(budget_bytes, batch, n_heads, dtype_bytes):
+    return math.isqrt(budget_bytes // (batch * n_heads * dtype_bytes)) + 1
+
+
+def seq_loop_one_past(budget_bytes, batch, n_heads, dtype_bytes):
+    per = batch * n_heads * dtype_bytes
+    T = math.isqrt(budget_bytes // per) - 2  # start near the answer, then step while it fits
+    while per * T * T <= budget_bytes:
+        T += 1
+    return T  # the first T that does NOT fit
+
+
+def seq_round_sqrt(budget_bytes, batch, n_heads, dtype_bytes):
+    return round(math.sqrt(budget_bytes / (batch * n_heads * dtype_bytes)))
+
+
+def seq_float_sqrt(budget_bytes, batch, n_heads, dtype_bytes):
+    return int(math.sqrt(budget_bytes // (batch * n_heads * dtype_bytes)))
+
+
+def seq_float_pow(budget_bytes, batch, n_heads, dtype_bytes):
+    return int((budget_bytes / (batch * n_heads * dtype_bytes)) ** 0.5)
+
+
+def seq_no_batch(budget_bytes, batch, n_heads, dtype_bytes):
+    return math.isqrt(budget_bytes // (n_heads * dtype_bytes))
+
+
+def seq_no_heads(budget_bytes, batch, n_heads, dtype_bytes):
+    return math.isqrt(budget_bytes // (batch * dtype_bytes))
+
+
+def seq_floor_float(budget_bytes, batch, n_heads, dtype_bytes):
+    return math.sqrt(budget_bytes // (batch * n_heads * dtype_bytes)) // 1  # a float
+
+
+# right: other styles than the reference
+def seq_binary_search(budget_bytes, batch, n_heads, dtype_bytes):
+    lo, hi = 0, 1
+    while batch * n_heads * hi * hi * dtype_bytes <= budget_bytes:
+        hi *= 2
+    while hi - lo > 1:  # lo fits, hi does not
+        mid = (lo + hi) // 2
+        if batch * n_heads * mid * mid * dtype_bytes <= budget_bytes:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def seq_float_then_correct(budget_bytes, batch, n_heads, dtype_bytes):
+    q = budget_bytes // (batch * n_heads * dtype_bytes)
+    T = int(math.sqrt(q))
+    while T * T > q:
+        T -= 1
+    while (T + 1) * (T + 1) <= q:
+        T += 1
+    return T
+
+
+def seq_newton(budget_bytes, batch, n_heads, dtype_bytes):
+    q = budget_bytes // (batch * n_heads * dtype_bytes)
+    if q < 2:
+        return q
+    x = q
+    y = (x + 1) // 2
+    while y < x:
+        x, y = y, (y + q // y) // 2
+    return x
+
+
+# ============================================================ the exercises' cases
+
+WRONG = {
+    "attention_flops": [
+        (flops_kv_with_query_heads, "K and V projections with the query heads"),
+        (flops_softmax_5, "5*n^2 per head"),
+        (flops_multiplies_only, "multiplies only"),
+        (flops_total_without_softmax, "total leaves out the softmax"),
+        (flops_softmax_one_head, "every head's n x n scores"),
+        (flops_square_projections, "W_Q is [d, H*d_h]"),
+        (flops_causal_half, "causal halving is not counted"),
+        (flops_scores_per_kv_head, "not per key/value head"),
+        (flops_gflops_floats, "not a value scaled for printing"),
+        (flops_missing_key, "lacks the key(s) 'weighted_values'"),
+        (flops_tuple, "expected a dict"),
+    ],
+    "score_matrix_bytes": [
+        (bytes_no_batch, "left out the batch"),
+        (bytes_causal_half, "halved the square for the causal mask"),
+        (bytes_causal_half_float, "halved the square for the causal mask"),
+        (bytes_gib, "GiB as a float"),
+        (bytes_gb, "GB as a float"),
+        (bytes_entries, "counted entries, not bytes"),
+        (bytes_float_pow, "expected an int"),
+    ],
+    "max_seq_len_for_scores": [
+        (seq_one_past, "one past the boundary"),
+        (seq_loop_one_past, "one past the boundary"),
+        (seq_round_sqrt, "rounded the square root"),
+        (seq_float_sqrt, "float square root is off by one"),
+        (seq_float_pow, "float square root is off by one"),
+        (seq_no_batch, "ignored the batch"),
+        (seq_no_heads, "ignored the heads"),
+        (seq_floor_float, "expected an int"),
+    ],
+}
+
+
+RIGHT = {
+    "attention_flops": [flops_loop_over_heads, flops_matmul_helper, flops_torch_ints],
+    "score_matrix_bytes": [bytes_prod, bytes_via_tensor],
+    "max_seq_len_for_scores": [seq_binary_search, seq_float_then_correct, seq_newton],
+}
+
+
+@pytest.mark.parametrize(("name", "wrong", "hint"), wrong_cases(WRONG))
+def test_check_rejects_wrong(name, wrong, hint):
+    assert_rejected(name, wrong, hint)
+
+
+@pytest.mark.parametrize(("name", "right"), right_cases(RIGHT))
+def test_check_accepts_right(name, right):
+    assert_accepted(name, right)
