@@ -186,7 +186,7 @@ def check_course_kernel() -> None:
             q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
             ref = F.scaled_dot_product_attention(q32, k32, v32, is_causal=causal)
             ref.backward(grad_out.float())
-            # fp16 storage and fp16 P / dS against an fp32 reference (see tests/test_flash_kernel.py)
+            # fp16 storage and fp16 P / dS against an fp32 reference (see tests/test_nb09_triton_flash.py)
             for name, got, want, tol in (("out", out, ref, 5e-3), ("dq", q.grad, q32.grad, 2e-2),
                                          ("dk", k.grad, k32.grad, 2e-2), ("dv", v.grad, v32.grad, 2e-2)):
                 err = ((got.float() - want).abs() - tol * want.abs()).max().item()

@@ -19,7 +19,7 @@ from helpers import nb01_qkv_shapes as A
 from helpers.checks import EXERCISES, CheckFailed, feedback
 from tests.exercise_cases import assert_accepted, assert_rejected, right_cases, wrong_cases
 
-# ============================================================================= lesson: helpers.nb01_qkv_shapes
+# =============================================================== lesson: helpers.nb01_qkv_shapes
 
 
 def test_split_is_a_view_and_merge_inverts_it():
@@ -65,7 +65,7 @@ def test_data_flow_shapes_prefill_decode_and_gqa():
         A.data_flow_shapes(1, 8, 64, 4, 3)
 
 
-# ============================================================================= runtime: helpers.runtime
+# =============================================================== runtime: helpers.runtime
 
 
 def test_setup_seeds_and_switches_on_the_interpreter_without_cuda(capsys, monkeypatch):
@@ -86,7 +86,7 @@ def test_machine_name_names_cpu_cores_and_torch():
     assert f"{os.cpu_count()} cores" in name and f"torch {torch.__version__}" in name
 
 
-# ============================================================================= checks of 1.1-1.3
+# =============================================================== checks of 1.1-1.3
 
 
 def _message(check, fn) -> str:
@@ -119,10 +119,12 @@ def test_every_check_points_at_a_section_of_its_teaching_notebook(notebook):
         assert ex.section in headings, f"{ex.id}: section {ex.section!r} is not a heading of {notebook}"
 
 
-# ----------------------------------------------------------------------------- wrong implementations
+# --------------------------------------------------------------- wrong implementations
 
 
 # ----------------------------------------------------------------- 1.1 qkv_projection
+
+
 def qkv_reshape_without_transpose(x, w_qkv, n_heads):
     B, T, D = x.shape
     q, k, v = (x @ w_qkv).split(D, dim=-1)
@@ -159,8 +161,9 @@ def qkv_returns_two(x, w_qkv, n_heads):
     return q, k
 
 
-
 # ----------------------------------------------------------------- 1.2 merge_heads
+
+
 def merge_without_transpose(o):
     B, H, T, d_k = o.shape
     return o.reshape(B, T, H * d_k)
@@ -185,8 +188,9 @@ def merge_float64(o):
     return o.transpose(1, 2).reshape(B, T, H * d_k).double()
 
 
-
 # ----------------------------------------------------------------- 1.3 scaled_dot_product_attention
+
+
 def sdpa_no_scale(q, k, v):
     return torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v
 
@@ -282,10 +286,12 @@ WRONG = {
 }
 
 
-# ----------------------------------------------------------------------------- right variants
+# --------------------------------------------------------------- right variants
 
 
 # ----------------------------------------------------------------- 1.1 qkv_projection
+
+
 def qkv_einsum(x, w_qkv, n_heads):
     B, T, D = x.shape
     proj = torch.einsum("btd,de->bte", x, w_qkv)
@@ -315,8 +321,9 @@ def qkv_linear_contiguous(x, w_qkv, n_heads):
     return tuple(t.contiguous().view(B, T, n_heads, -1).transpose(1, 2).contiguous() for t in (q, k, v))
 
 
-
 # ----------------------------------------------------------------- 1.2 merge_heads
+
+
 def merge_cat(o):
     return torch.cat(o.unbind(dim=1), dim=-1)
 
@@ -338,8 +345,9 @@ def merge_einsum_loop(o):
     return out
 
 
-
 # ----------------------------------------------------------------- 1.3 scaled_dot_product_attention
+
+
 def sdpa_torch(q, k, v):
     return F.scaled_dot_product_attention(q, k, v)
 
@@ -373,7 +381,6 @@ RIGHT = {
     "merge_heads": [merge_cat, merge_permute_flatten, merge_contiguous_view, merge_einsum_loop],
     "scaled_dot_product_attention": [sdpa_torch, sdpa_einsum, sdpa_float64_by_hand, sdpa_query_loop, sdpa_numpy],
 }
-
 
 
 @pytest.mark.parametrize(("name", "wrong", "hint"), wrong_cases(WRONG))

@@ -19,12 +19,13 @@ from helpers.checks import CheckFailed
 from helpers.checks import nb02_scaling as scaling_checks
 from tests.exercise_cases import assert_accepted, assert_rejected, right_cases, wrong_cases
 
-# ============================================================================= lesson: helpers.nb02_scaling
+# =============================================================== lesson: helpers.nb02_scaling
 
 
 def test_all_lists_exactly_the_graded_functions():
     assert scaling.__all__ == ["scaled_scores", "attention_entropy", "dot_product_std"]
     assert scaling.scaled_scores is attention.scaled_scores  # one definition, re-exported
+
 
 # ----------------------------------------------------------------- scaled_scores
 
@@ -42,7 +43,6 @@ def test_scaled_scores_have_unit_variance_for_unit_inputs():
         q, k = torch.randn(2000, d_k, generator=g), torch.randn(2000, d_k, generator=g)
         s = scaling.scaled_scores(q, k)  # [2000, 2000] scores, 4e6 (dependent) samples
         assert abs(s.var().item() - 1) < 0.05, d_k
-
 
 
 # ----------------------------------------------------------------- attention_entropy
@@ -72,7 +72,6 @@ def test_entropy_keeps_dtype():
         assert scaling.attention_entropy(torch.full((3, 4), 0.25, dtype=dtype)).dtype == dtype
 
 
-
 # ----------------------------------------------------------------- dot_product_std
 
 
@@ -92,7 +91,7 @@ def test_dot_product_std_is_close_to_sqrt_dk(d_k):
     assert abs(got / math.sqrt(d_k) - 1) < scaling_checks._rel_tol(d_k, n)
 
 
-# ============================================================================= checks of 2.1-2.3
+# =============================================================== checks of 2.1-2.3
 
 
 def _message(check, fn) -> str:
@@ -131,7 +130,8 @@ def test_std_check_restores_the_global_rng():
         checks.dot_product_std(std_global_rng)
     assert torch.equal(state, torch.get_rng_state())
 
-# ----------------------------------------------------------------- 2.3: the statistics of the tolerance and of the spread test
+
+# ----------------------------------------------------------------- 2.3: statistics of the tolerances
 
 
 def test_standard_error_formula_of_the_check():
@@ -175,10 +175,12 @@ def test_pairs_for_inverts_the_formula():
         assert math.isclose(scaling_checks._pairs_for(scaling_checks._cv2(n, 16), 16), n, rel_tol=1e-9)
 
 
-# ----------------------------------------------------------------------------- wrong implementations
+# --------------------------------------------------------------- wrong implementations
 
 
 # ----------------------------------------------------------------- 2.1 scaled_scores
+
+
 def scores_no_scale(q, k):
     return q @ k.transpose(-2, -1)
 
@@ -227,8 +229,9 @@ def scores_in_place(q, k):
     return q @ k.transpose(-2, -1)
 
 
-
 # ----------------------------------------------------------------- 2.2 attention_entropy
+
+
 def entropy_nan(p):
     return -(p * torch.log(p)).sum(dim=-1)
 
@@ -288,8 +291,9 @@ def entropy_eps_in_log(p):
     return -(p * torch.log(p + 1e-6)).sum(dim=-1)
 
 
-
 # ----------------------------------------------------------------- 2.3 dot_product_std
+
+
 def std_returns_variance(d_k, n_samples, generator):
     q = torch.randn(n_samples, d_k, generator=generator)
     k = torch.randn(n_samples, d_k, generator=generator)
@@ -485,10 +489,12 @@ WRONG = {
 }
 
 
-# ----------------------------------------------------------------------------- right variants
+# --------------------------------------------------------------- right variants
 
 
 # ----------------------------------------------------------------- 2.1 scaled_scores
+
+
 def scores_float64(q, k):
     return (q.double() @ k.double().transpose(-2, -1) / math.sqrt(q.shape[-1])).to(q.dtype)
 
@@ -505,8 +511,9 @@ def scores_prescaled_q(q, k):
     return (q / math.sqrt(q.size(-1))) @ k.transpose(-1, -2)
 
 
-
 # ----------------------------------------------------------------- 2.2 attention_entropy
+
+
 def entropy_nan_to_num(p):
     return torch.nan_to_num(-(p * p.log())).sum(-1)
 
@@ -544,8 +551,9 @@ def entropy_eps_1e12(p):
     return -(p * torch.log(p + 1e-12)).sum(-1)
 
 
+# ----------------------------------------------------------------- 2.3 dot_product_std
 
-# ----------------------------------------------------------------- 2.3 dot_product_std (more draw orders in test_std_check_accepts_other_draw_orders)
+
 def std_layout_d_by_n(d_k, n_samples, generator):
     q = torch.randn(d_k, n_samples, generator=generator)
     k = torch.randn(d_k, n_samples, generator=generator)
@@ -579,7 +587,6 @@ RIGHT = {
                           entropy_categorical, entropy_clamp_min_1e30, entropy_where, entropy_eps_1e12],
     "dot_product_std": [std_layout_d_by_n, std_one_draw_float64, std_k_first_normal, std_python_loop],
 }
-
 
 
 @pytest.mark.parametrize(("name", "wrong", "hint"), wrong_cases(WRONG))

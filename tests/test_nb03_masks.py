@@ -14,7 +14,7 @@ from helpers.checks.nb03_masks import _leak_cases, toy_attention
 from helpers.nb01_qkv_shapes import scaled_dot_product_attention
 from tests.exercise_cases import assert_accepted, assert_rejected, right_cases, wrong_cases
 
-# ============================================================================= lesson: helpers.nb03_masks
+# =============================================================== lesson: helpers.nb03_masks
 
 
 def _qkv(B, H, T, d, seed=0, T_k=None, dtype=torch.float64):
@@ -121,7 +121,7 @@ def test_find_mask_leaks_sees_denominator_leaks_with_zero_weights():
     assert masks.find_mask_leaks(fn, allowed, D) == [(i, j) for i in range(T) for j in range(i + 1, T)]
 
 
-# ============================================================================= checks of 3.1-3.6
+# =============================================================== checks of 3.1-3.6
 
 
 def _message(check, fn) -> str:
@@ -154,10 +154,12 @@ def test_list_argument_mutation_is_seen_in_check_3_5():
     assert "in place" in message and "seq_lens" in message
 
 
-# ----------------------------------------------------------------------------- wrong implementations
+# --------------------------------------------------------------- wrong implementations
 
 
 # ----------------------------------------------------------------- 3.1 causal_mask
+
+
 def causal_inverted(T):
     return torch.ones(T, T, dtype=torch.bool).triu(1)  # True where blocked
 
@@ -193,8 +195,9 @@ def causal_numpy(T):
     return np.tril(np.ones((T, T), dtype=bool))
 
 
-
 # ----------------------------------------------------------------- 3.2 padding_mask
+
+
 def padding_flat(lengths, T):
     return torch.arange(T)[None, :] < lengths[:, None]  # [B, T]
 
@@ -235,8 +238,9 @@ def padding_last_index_in_place(lengths, T):
     return (torch.arange(T)[None, :] <= last[:, None])[:, None, None, :]
 
 
-
 # ----------------------------------------------------------------- 3.3 masked_softmax
+
+
 def softmax_nan_rows(scores, allowed):
     return torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
 
@@ -291,8 +295,9 @@ def softmax_float64(scores, allowed):
     return torch.softmax(s, dim=-1).nan_to_num(0.0)
 
 
-
 # ----------------------------------------------------------------- 3.4 prefix_lm_mask
+
+
 def prefix_sees_future(T, prefix_len):
     i = torch.arange(T)[:, None]
     j = torch.arange(T)[None, :]
@@ -326,8 +331,9 @@ def prefix_float(T, prefix_len):
     return m
 
 
-
 # ----------------------------------------------------------------- 3.5 packed_causal_mask
+
+
 def packed_plain_causal(seq_lens):
     N = sum(seq_lens)
     return torch.ones(N, N, dtype=torch.bool).tril()
@@ -359,8 +365,9 @@ def packed_reverses_seq_lens(seq_lens):
     return mask
 
 
-
 # ----------------------------------------------------------------- 3.6 find_mask_leaks
+
+
 def _perturbation_matrix(attention_fn, allowed, d_model, dtype=torch.float64, tol=1e-6):
     T = allowed.shape[-1]
     g = torch.Generator().manual_seed(0)
@@ -510,10 +517,12 @@ WRONG = {
 }
 
 
-# ----------------------------------------------------------------------------- right variants
+# --------------------------------------------------------------- right variants
 
 
 # ----------------------------------------------------------------- 3.1 causal_mask
+
+
 def causal_arange(T):
     i = torch.arange(T)
     return i[None, :] <= i[:, None]
@@ -530,8 +539,9 @@ def causal_not_triu(T):
     return ~torch.ones(T, T, dtype=torch.bool).triu(1)
 
 
-
 # ----------------------------------------------------------------- 3.2 padding_mask
+
+
 def padding_expand_view(lengths, T):
     B = lengths.shape[0]
     return (torch.arange(T).expand(B, T) < lengths.unsqueeze(1)).view(B, 1, 1, T)
@@ -544,8 +554,9 @@ def padding_loops(lengths, T):
     return m
 
 
-
 # ----------------------------------------------------------------- 3.3 masked_softmax
+
+
 def softmax_big_negative_and_zero_rows(scores, allowed):
     # -1e9 is far below every score here (|scores| <= ~5e4): the maths allows a finite fill, as long
     # as rows with nothing allowed are set to zero.
@@ -578,8 +589,9 @@ def softmax_float64_log_space(scores, allowed):
     return p.to(scores.dtype)
 
 
-
 # ----------------------------------------------------------------- 3.4 prefix_lm_mask
+
+
 def prefix_block_assign(T, prefix_len):
     m = torch.ones(T, T, dtype=torch.bool).tril()
     m[:prefix_len, :prefix_len] = True
@@ -591,8 +603,9 @@ def prefix_arange(T, prefix_len):
     return (j <= i) | ((i < prefix_len) & (j < prefix_len))
 
 
-
 # ----------------------------------------------------------------- 3.5 packed_causal_mask
+
+
 def packed_block_diag(seq_lens):
     return torch.block_diag(*[torch.ones(n, n, dtype=torch.bool).tril() for n in seq_lens])
 
@@ -615,8 +628,9 @@ def packed_loops(seq_lens):
     return m
 
 
-
 # ----------------------------------------------------------------- 3.6 find_mask_leaks
+
+
 def leaks_vector_perturbation(attention_fn, allowed, d_model):
     T = allowed.shape[-1]
     g = torch.Generator().manual_seed(1)
@@ -649,7 +663,6 @@ RIGHT = {
     "packed_causal_mask": [packed_block_diag, packed_repeat_interleave, packed_loops],
     "find_mask_leaks": [leaks_vector_perturbation, leaks_jacobian],
 }
-
 
 
 @pytest.mark.parametrize(("name", "wrong", "hint"), wrong_cases(WRONG))

@@ -12,7 +12,7 @@ from helpers.nb03_masks import causal_mask, masked_softmax
 from helpers.nb04_backward import attention_backward, softmax_backward, softmax_jacobian
 from tests.exercise_cases import assert_accepted, assert_rejected, right_cases, wrong_cases
 
-# ============================================================================= lesson: helpers.nb04_backward
+# =============================================================== lesson: helpers.nb04_backward
 
 
 def _gen(seed):
@@ -144,13 +144,15 @@ def test_causal_gradient_structure():
     torch.testing.assert_close(dv[-1], dO[-1] * masked_softmax(q @ k.T / math.sqrt(3), causal_mask(6))[-1, -1])
 
 
-# ============================================================================= checks of 4.1-4.3
+# =============================================================== checks of 4.1-4.3
 
 
-# ----------------------------------------------------------------------------- wrong implementations
+# --------------------------------------------------------------- wrong implementations
 
 
 # ----------------------------------------------------------------- 4.1 softmax_jacobian
+
+
 def jac_diagonal_only(s):
     return torch.diag(s * (1 - s))
 
@@ -185,8 +187,9 @@ def jac_returns_list(s):
     return (torch.diag(s) - torch.outer(s, s)).tolist()
 
 
-
 # ----------------------------------------------------------------- 4.2 softmax_backward
+
+
 def sb_no_subtraction(p, grad_p):
     return p * grad_p
 
@@ -220,8 +223,9 @@ def sb_not_attempted(p, grad_p):
     raise NotImplementedError()
 
 
-
 # ----------------------------------------------------------------- 4.3 attention_backward
+
+
 def _forward(q, k, causal):
     s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
     if causal:
@@ -422,10 +426,12 @@ WRONG = {
 }
 
 
-# ----------------------------------------------------------------------------- right variants
+# --------------------------------------------------------------- right variants
 
 
 # ----------------------------------------------------------------- 4.1 softmax_jacobian
+
+
 def jacobian_diag_embed(s):
     return torch.diag_embed(s) - s[:, None] * s[None, :]
 
@@ -444,8 +450,9 @@ def jacobian_autograd(s):
     return torch.autograd.functional.jacobian(lambda z: torch.softmax(z, -1), s.log())
 
 
-
 # ----------------------------------------------------------------- 4.2 softmax_backward
+
+
 def softmax_backward_einsum(p, grad_p):
     return p * (grad_p - torch.einsum("...i,...i->...", p, grad_p)[..., None])
 
@@ -455,8 +462,9 @@ def softmax_backward_float64(p, grad_p):
     return (p64 * g64 - p64 * (p64 * g64).sum(-1, keepdim=True)).to(p.dtype)
 
 
-
 # ----------------------------------------------------------------- 4.3 attention_backward
+
+
 def attention_backward_einsum(q, k, v, grad_out, causal):
     scale = q.shape[-1] ** -0.5
     s = torch.einsum("...id,...jd->...ij", q, k) * scale
@@ -500,7 +508,6 @@ RIGHT = {
     "softmax_backward": [softmax_backward_einsum, softmax_backward_float64],
     "attention_backward": [attention_backward_einsum, attention_backward_recomputes_p, attention_backward_delta_form],
 }
-
 
 
 @pytest.mark.parametrize(("name", "wrong", "hint"), wrong_cases(WRONG))

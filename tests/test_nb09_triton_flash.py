@@ -1,4 +1,7 @@
-"""Tests of helpers/nb09_flash_attention.py (PyTorch teaching versions) and helpers/nb09_triton_flash.py (Triton kernels).
+"""Notebook 09, FlashAttention in Triton: the kernels of helpers.nb09_triton_flash (forward and
+backward, their autotuning tables) and their API (FlashAttentionFunction, any leading dims), and where
+learners run them (Triton's interpreter, the import order, Triton 3.6 with NumPy 2.4). The PyTorch
+teaching versions and the checks of 9.1-9.4 are tested in tests/test_nb09_flash_attention.py.
 
 Without a CUDA GPU the kernels run in Triton's interpreter (importing helpers.nb09_triton_flash turns it
 on), so sequences stay short and each axis (T, d, causal, dtype, GQA) is covered by a few cases
@@ -15,28 +18,51 @@ Tolerances (max |got - ref| <= atol + rtol * |ref|):
   up to T = 257 terms of size ~|q| or |k| ~ 1, so errors grow like sqrt(T) * 5e-4; the result is
   rounded to fp16 too: atol = rtol = 1e-2 (measured max error ~3e-3).
 A mistake in masking, scaling or indexing gives errors of order 0.1-1, far above all of these.
+
+The API as other people's code calls it:
+* Call forms: ``FlashAttentionFunction.apply(q, k, v, causal)`` (``sm_scale`` defaults to 1/sqrt(d)),
+  inputs with any leading dims (``[T, d]``, ``[B, T, d]``, ``[B, H, T, d]``, ``[B1, B2, H, T, d]``,
+  grouped-query k and v), the saved log-sum-exp in the caller's shape ``q.shape[:-1]``; gradients
+  against autograd of plain attention (explicit scores) in float32 and fp16.
+* Import order: the course's helpers switch Triton's interpreter on before anything imports
+  Triton, so checks imported first, or the learner's own ``import triton``, cannot leave Triton's
+  library compiled-only (subprocesses: a fresh interpreter each).
+* Triton 3.6 (what torch 2.11 pins) with NumPy >= 2.4: Triton's interpreter < 3.7 cannot convert
+  a loop bound (triton-lang/triton#9171); the helpers apply Triton 3.7's fix. A slow test installs
+  triton==3.6.0 from the package index into a cached folder and runs the interpreter kernel tests
+  with it in a subprocess (torch stays the CPU build: it does not depend on Triton).
 """
 
 from __future__ import annotations
 
 import importlib
 import math
+import os
+import platform
+import re
+import shutil
+import subprocess
 import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from helpers.nb09_flash_attention import flash_attention_tiled, online_softmax
+from helpers.nb09_flash_attention import flash_attention_tiled
 
 try:
     from helpers import nb09_triton_flash as tf  # turns on the interpreter when there is no CUDA GPU
-except ImportError:  # macOS / Windows: no Triton; the PyTorch tests still run
+except ImportError:  # macOS / Windows: no Triton
     tf = None
 
+ROOT = Path(__file__).resolve().parent.parent
 needs_triton = pytest.mark.skipif(tf is None, reason="Triton is Linux-only")
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+needs_interpreter_machine = pytest.mark.skipif(
+    torch.cuda.is_available(), reason="tests the interpreter's set-up, which a machine with a CUDA GPU does not use"
+)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {  # (atol, rtol), see the module docstring
     (torch.float32, "fwd"): (1e-4, 1e-4),
@@ -85,118 +111,43 @@ def assert_close(got, ref, dtype, kind, what):
     torch.testing.assert_close(got.float(), ref.float(), atol=atol, rtol=rtol, msg=lambda m: f"{what}: {m}")
 
 
-# --------------------------------------------------------------------------------------------
-# online_softmax
-# --------------------------------------------------------------------------------------------
+def plain_attention(q, k, v, causal=False, sm_scale=None):
+    """softmax(q k^T * scale, causal mask) v from explicit scores, any leading dims; k and v with
+    fewer heads (dim -3) are repeated for grouped-query attention."""
+    if q.ndim >= 3 and k.shape[-3] != q.shape[-3]:
+        group = q.shape[-3] // k.shape[-3]
+        k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
+    scale = 1 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
+    s = q @ k.transpose(-2, -1) * scale
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+    return torch.softmax(s, dim=-1) @ v
 
 
-@pytest.mark.parametrize("block_size", [1, 3, 16, 50, 64])
-def test_online_softmax_equals_softmax(block_size):
-    x = torch.randn(4, 3, 50, generator=torch.Generator().manual_seed(1)) * 5
-    torch.testing.assert_close(online_softmax(x, block_size), torch.softmax(x, dim=-1), atol=1e-6, rtol=1e-5)
+def make(shape_q, shape_kv, dtype, seed=0, device="cpu"):
+    """q, k, v (leaf tensors that require grad) and a grad_out, from a fixed generator."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(s, generator=g) for s in (shape_q, shape_kv, shape_kv))
+    grad_out = torch.randn(shape_q, generator=g)
+    q, k, v = (t.to(device, dtype).requires_grad_() for t in (q, k, v))
+    return q, k, v, grad_out.to(device, dtype)
 
 
-def test_online_softmax_large_scores_and_dtype():
-    x = torch.tensor([[1e4, -1e4, 0.0, 1e4 - 1.0], [-1e4, -1e4 + 2, -1e4, -1e4]])
-    torch.testing.assert_close(online_softmax(x, 2), torch.softmax(x, dim=-1))
-    xh = x.half() / 1000
-    assert online_softmax(xh, 3).dtype == torch.float16
+def reference_grads(q, k, v, grad_out, causal, sm_scale=None, dtype=None):
+    """(out, dq, dk, dv) by autograd through :func:`plain_attention`, in ``dtype`` (default: q's)."""
+    leaves = [t.detach().to(dtype or q.dtype).requires_grad_() for t in (q, k, v)]
+    out = plain_attention(*leaves, causal, sm_scale)
+    out.backward(grad_out.to(out.dtype))
+    return out.detach(), *(t.grad for t in leaves)
 
 
-def test_online_softmax_minus_inf_entries_and_rows():
-    x = torch.randn(3, 10, generator=torch.Generator().manual_seed(2))
-    x[0, :7] = float("-inf")  # the first two blocks of 3 are entirely -inf
-    x[1, ::2] = float("-inf")
-    x[2] = float("-inf")  # nothing allowed: all zeros, never NaN
-    got = online_softmax(x, 3)
-    assert not got.isnan().any()
-    torch.testing.assert_close(got[:2], torch.softmax(x[:2], dim=-1))
-    assert torch.equal(got[2], torch.zeros(10))
+def saved_lse(out, q):
+    """The saved tensors of out's autograd node that have lse's shape ``q.shape[:-1]``."""
+    return [t for t in out.grad_fn.saved_tensors if t.shape == q.shape[:-1]]
 
 
-def test_online_softmax_rejects_bad_block():
-    with pytest.raises(ValueError, match="block_size"):
-        online_softmax(torch.randn(4), 0)
+# =============================================================== the kernels
 
-
-# --------------------------------------------------------------------------------------------
-# flash_attention_tiled (PyTorch)
-# --------------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "B, H, H_kv, T_q, T_k, d, causal, block",
-    [
-        (2, 3, 3, 1, 1, 8, True, 4),
-        (2, 3, 3, 17, 17, 8, False, 4),
-        (1, 2, 2, 37, 37, 16, True, 8),
-        (1, 4, 2, 50, 50, 16, True, 16),  # GQA
-        (1, 4, 1, 23, 41, 8, False, 16),  # MQA, T_q != T_k
-        (1, 2, 2, 64, 64, 32, True, 64),  # a single block
-    ],
-)
-def test_tiled_matches_sdpa(B, H, H_kv, T_q, T_k, d, causal, block):
-    q, k, v = make_qkv(B, H, H_kv, T_q, d, T_k=T_k, device="cpu")
-    out, lse = flash_attention_tiled(q, k, v, causal=causal, block_size=block)
-    ref, ref_lse = sdpa_reference(q, k, v, causal)
-    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(lse, ref_lse, atol=1e-5, rtol=1e-5)
-    assert lse.dtype == torch.float32 and lse.shape == (B, H, T_q)
-
-
-def test_tiled_scale_and_half_precision():
-    q, k, v = make_qkv(1, 2, 2, 30, 16, dtype=torch.float16, device="cpu")
-    out, lse = flash_attention_tiled(q, k, v, causal=True, block_size=8, sm_scale=0.3)
-    ref, ref_lse = sdpa_reference(q, k, v, True, sm_scale=0.3)
-    assert out.dtype == torch.float16
-    assert_close(out, ref, torch.float16, "fwd", "out")
-    torch.testing.assert_close(lse, ref_lse, atol=1e-4, rtol=1e-4)
-
-
-class ShapeRecorder(TorchDispatchMode):
-    """Records the op name and output shape of every aten op run inside it."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else [out]:
-            if isinstance(t, torch.Tensor):
-                self.ops.append((str(func.overloadpacket), tuple(t.shape)))
-        return out
-
-
-@pytest.mark.parametrize("causal", [False, True])
-def test_tiled_never_forms_a_TxT_tensor(causal):
-    T, block, d = 100, 16, 8
-    q, k, v = make_qkv(1, 2, 2, T, d, device="cpu")
-    with ShapeRecorder() as rec:
-        flash_attention_tiled(q, k, v, causal=causal, block_size=block)
-    big = [(op, s) for op, s in rec.ops if len(s) >= 2 and s[-1] > block and s[-2] > block]
-    assert not big, f"tensors larger than a tile in both of the last two dims: {big[:3]}"
-    # one row max per score tile: causal visits only tiles on or below the diagonal
-    n = math.ceil(T / block)
-    tiles = sum(op == "aten.amax" for op, _ in rec.ops)
-    assert tiles == (n * (n + 1) // 2 if causal else n * n)
-
-
-def test_tiled_rejects_bad_inputs():
-    q, k, v = make_qkv(1, 4, 4, 8, 8, device="cpu")
-    with pytest.raises(ValueError, match=r"leading \(batch\) dims"):  # [H, T, d] with [B, H, T, d]
-        flash_attention_tiled(q[0], k, v)
-    with pytest.raises(ValueError, match="multiple of key/value heads"):
-        flash_attention_tiled(q, k[:, :3], v[:, :3])
-    with pytest.raises(ValueError, match="T_q == T_k"):
-        flash_attention_tiled(q, k[:, :, :5], v[:, :, :5], causal=True)
-    with pytest.raises(ValueError, match="block_size"):
-        flash_attention_tiled(q, k, v, block_size=0)
-
-
-# --------------------------------------------------------------------------------------------
-# Triton kernels
-# --------------------------------------------------------------------------------------------
 
 # (B, H, H_kv, T, d, causal, dtype): each T, d, causal, dtype and GQA value appears, not the product.
 KERNEL_CASES = [
@@ -281,6 +232,7 @@ def test_triton_non_contiguous_and_cross_attention():
 
 
 @needs_triton
+@pytest.mark.slow
 @pytest.mark.parametrize("causal", [False, True])
 def test_triton_every_gpu_tile_shape(causal, monkeypatch):
     """Run each tile shape the GPU autotuner may pick (one per config table row, in turn) in the
@@ -349,9 +301,7 @@ def test_triton_missing_gives_clear_import_error(monkeypatch):
         importlib.import_module("helpers.nb09_triton_flash")
 
 
-# --------------------------------------------------------------------------------------------
-# GPU configuration logic (pure Python: runs everywhere) and GPU-only tests
-# --------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------- GPU configuration (pure Python: runs everywhere), GPU-only tests
 
 
 @needs_triton
@@ -413,6 +363,7 @@ compile_for_hopper(tf._bwd_preprocess, {"HEAD_DIM": 64, "BLOCK_M": 128})
 
 
 @needs_triton
+@pytest.mark.slow
 def test_kernels_compile_for_hopper_without_a_gpu():
     """The GPU path never runs here, but Triton can compile it ahead of time (to sm_90 PTX and a
     cubin, with the ptxas bundled in the wheel): this catches what the interpreter lets through
@@ -461,9 +412,7 @@ def test_autotuned_kernels_on_gpu():
     assert_close(out.detach(), ref, torch.float16, "fwd", "out")
 
 
-# --------------------------------------------------------------------------------------------
-# bench/bench_attention.py: the report code runs on synthetic timings (the timings need a GPU)
-# --------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------- bench/bench_attention.py on synthetic timings (real ones need a GPU)
 
 
 def _load_bench():
@@ -517,3 +466,241 @@ def test_bench_without_cuda_runs_interpreter_check(capsys):
     assert _load_bench().main([]) == 0
     out = capsys.readouterr().out
     assert "No CUDA GPU" in out and "Interpreter check passed." in out
+
+
+# =============================================================== the API (Triton's interpreter without a CUDA GPU: small shapes)
+
+
+@needs_triton
+@pytest.mark.parametrize("causal", [False, True])
+def test_triton_function_apply_with_four_arguments_on_B_T_d(causal):
+    """The call other courses' tests make: ``FlashAttentionFunction.apply(q, k, v, is_causal)``
+    with q, k, v ``[B, T, d]``; the saved lse is ``[B, T]``."""
+    q, k, v, grad_out = make((3, 20, 16), (3, 20, 16), torch.float32, seed=3, device=DEVICE)
+    ref, *ref_grads = reference_grads(q, k, v, grad_out, causal)
+    out = tf.FlashAttentionFunction.apply(q, k, v, causal)
+    assert out.shape == q.shape and len(saved_lse(out, q)) == 1
+    out.backward(grad_out)
+    for name, got, want in zip(("out", "dq", "dk", "dv"), (out, q.grad, k.grad, v.grad), (ref, *ref_grads)):
+        torch.testing.assert_close(got.detach(), want, atol=1e-4, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
+    with torch.no_grad():
+        assert torch.equal(tf.FlashAttentionFunction.apply(q, k, v), tf.flash_attention_triton(q, k, v, False, 0.25))
+
+
+@needs_triton
+def test_triton_leading_dims_and_gqa_in_half_precision():
+    q, k, v, grad_out = make((2, 1, 4, 40, 16), (2, 1, 2, 40, 16), torch.float16, seed=4, device=DEVICE)
+    ref, *ref_grads = reference_grads(q, k, v, grad_out, True, dtype=torch.float32)
+    out = tf.flash_attention_triton(q, k, v, causal=True)
+    out.backward(grad_out)
+    assert out.dtype == torch.float16 and out.shape == q.shape and k.grad.shape == k.shape
+    torch.testing.assert_close(out.detach().float(), ref, atol=2e-3, rtol=2e-3)  # tolerances: the module docstring
+    for name, got, want in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), ref_grads):
+        torch.testing.assert_close(got.float(), want, atol=1e-2, rtol=1e-2, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@needs_triton
+def test_triton_forward_and_backward_functions_keep_the_callers_shape():
+    q, k, v, grad_out = make((24, 32), (24, 32), torch.float32, seed=5, device=DEVICE)
+    with torch.no_grad():
+        out, lse = tf.flash_attention_triton_forward(q, k, v, causal=True)
+        assert out.shape == (24, 32) and lse.shape == (24,)
+        grads = tf.flash_attention_triton_backward(q, k, v, out, lse, grad_out, causal=True)
+        with pytest.raises(ValueError, match=r"lse must have shape \(24,\)"):
+            tf.flash_attention_triton_backward(q, k, v, out, lse[None], grad_out)
+    for got, want in zip(grads, reference_grads(q, k, v, grad_out, True)[1:]):
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+# ----------------------------------------------------------------- import order: the interpreter is on before anyone imports Triton
+
+# The order of the solutions notebook (checks, then setup(), then the learner's `import triton`),
+# where a helper imports Triton at import (as a version probe in the checks once did); then a
+# learner's kernel with a loop bound known only at run time, and the course's kernel.
+LEARNER_ORDER = """
+import torch
+{first}
+import triton  # as a helper module might, at import
+from helpers.runtime import setup
+setup()
+import triton.language as tl
+
+@triton.jit
+def double_rows(X, Y, N, BLOCK: tl.constexpr):
+    for start in range(0, N, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        tl.store(Y + offs, tl.load(X + offs, mask=offs < N) * 2 + tl.zeros([BLOCK], tl.float32), mask=offs < N)
+
+x = torch.arange(37, dtype=torch.float32)
+y = torch.empty_like(x)
+double_rows[(1,)](x, y, 37, BLOCK=16)
+assert torch.equal(y, 2 * x), y
+from helpers.nb09_triton_flash import flash_attention_triton
+q = torch.randn(1, 2, 20, 16)
+assert torch.allclose(flash_attention_triton(q, q, q), torch.nn.functional.scaled_dot_product_attention(q, q, q),
+                      atol=1e-5)
+print("ran", triton.__version__)
+"""
+
+
+def run_python(code: str, folder: Path, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run ``code`` as a script (Triton wants kernels in a file) in a fresh Python, from the repository
+    root, without TRITON_INTERPRET unless ``env`` sets it."""
+    script = folder / "script.py"
+    script.write_text(code)
+    base = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    base["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), base.get("PYTHONPATH")]))
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=ROOT,
+                          env={**base, **(env or {})}, timeout=timeout)
+
+
+@needs_triton
+@needs_interpreter_machine
+@pytest.mark.parametrize("first", [
+    "from helpers import checks",
+    pytest.param("import helpers.checks.nb09_flash_attention", marks=pytest.mark.slow),
+])
+def test_checks_imported_first_then_the_learners_triton_kernel_runs(first, tmp_path):
+    run = run_python(LEARNER_ORDER.format(first=first), tmp_path)
+    assert run.returncode == 0 and "ran" in run.stdout, run.stderr[-3000:]
+
+
+@needs_triton
+@needs_interpreter_machine
+@pytest.mark.slow
+def test_the_import_order_test_fails_without_the_import_hook(tmp_path):
+    """Without the hook that helpers.runtime installs, the same script meets the reported error."""
+    unhook = "sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != '_CourseImportHook']"
+    run = run_python(LEARNER_ORDER.format(first=f"import sys, helpers\n{unhook}\nfrom helpers import checks"), tmp_path)
+    assert run.returncode != 0 and "Cannot call @triton.jit'd outside of the scope of a kernel" in run.stderr, run.stderr
+
+
+@needs_triton
+@needs_interpreter_machine
+@pytest.mark.slow
+def test_triton_imported_before_the_helpers_gets_a_clear_warning(tmp_path):
+    run = run_python("import torch, triton\nimport helpers", tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "Triton was imported before the course's helpers" in run.stderr and "setup()" in run.stderr
+
+
+# ----------------------------------------------------------------- Triton 3.6 with NumPy >= 2.4 (triton-lang/triton#9171)
+
+OLD_TRITON = "3.6.0"  # what torch 2.11 pins, and what GPU images carry
+
+# Triton's own interpreter, without the course's helpers, then after `import helpers`.
+BARE_KERNEL = """
+import torch, triton, triton.language as tl
+
+@triton.jit
+def double_rows(X, Y, N, BLOCK: tl.constexpr):
+    for start in range(0, N, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        tl.store(Y + offs, tl.load(X + offs, mask=offs < N) * 2, mask=offs < N)
+
+x = torch.arange(37, dtype=torch.float32)
+y = torch.zeros_like(x)
+try:
+    double_rows[(1,)](x, y, 37, BLOCK=16)
+    print("bare:", "ran" if torch.equal(y, 2 * x) else "wrong")
+except Exception as e:
+    print("bare:", repr(e))
+import helpers
+y = torch.zeros_like(x)
+double_rows[(1,)](x, y, 37, BLOCK=16)
+print("with helpers:", "ran" if torch.equal(y, 2 * x) else "wrong", triton.__version__)
+"""
+
+# The interpreter kernel tests run with Triton 3.6 (about a minute on 2 cores): every kernel, both
+# directions, causal or not, fp16 and fp32, GQA and MQA, ragged T, strided inputs, leading dims.
+OLD_TRITON_TESTS = [
+    f"tests/test_nb09_triton_flash.py::{name}" for name in (
+        "test_triton_forward_backward_match_sdpa",
+        "test_triton_autograd_function",
+        "test_triton_non_contiguous_and_cross_attention",
+        "test_triton_rejects_bad_inputs",
+        "test_triton_function_apply_with_four_arguments_on_B_T_d",
+        "test_triton_leading_dims_and_gqa_in_half_precision",
+        "test_triton_forward_and_backward_functions_keep_the_callers_shape",
+        "test_checks_imported_first_then_the_learners_triton_kernel_runs",
+        "test_the_import_order_test_fails_without_the_import_hook",
+        "test_triton_imported_before_the_helpers_gets_a_clear_warning",
+    )
+] + [
+    f"tests/test_nb09_flash_attention.py::{name}" for name in (  # the PyTorch autograd Function, as before
+        "test_tiled_function_matches_autograd_of_plain_attention_in_float64",
+        "test_tiled_function_gradcheck",
+        "test_tiled_function_in_float32_and_half",
+        "test_sm_scale_defaults_to_one_over_sqrt_d",
+        "test_tiled_backward_works_tile_by_tile",
+        "test_tiled_backward_function_and_its_errors",
+        "test_leading_dims_must_agree",
+    )
+]
+# Deselected there: the longest cases, and the import-order scripts (the import hook is the same
+# for every Triton; without it, Triton 3.6 stops at the NumPy bug before the error they look for).
+OLD_TRITON_DESELECT = ["257", "imported_first", "import_order"]
+
+
+def install_old_triton(request, tmp_path_factory) -> Path:
+    """``pip install --no-deps --target DIR triton==OLD_TRITON``, kept in pytest's cache folder so
+    that later runs reuse it (a fresh temporary folder with ``-p no:cacheprovider``)."""
+    if sys.platform != "linux" or platform.machine() not in ("x86_64", "aarch64"):
+        pytest.skip(f"Triton wheels exist for Linux x86_64 / aarch64 only, not {sys.platform} {platform.machine()}")
+    name = f"triton-{OLD_TRITON}-py{sys.version_info.major}{sys.version_info.minor}"
+    cache = getattr(request.config, "cache", None)
+    base = cache.mkdir(name) if cache is not None else tmp_path_factory.mktemp(name)
+    site = base / "site"
+    init = site / "triton" / "__init__.py"
+    if init.exists() and f"__version__ = '{OLD_TRITON}'" in init.read_text(errors="replace"):
+        return site
+    partial = base / "partial"
+    for folder in (partial, site):
+        shutil.rmtree(folder, ignore_errors=True)
+    # Not importlib.util.find_spec("pip"): on Python < 3.12 that call makes setuptools' distutils
+    # shim stand down for the rest of the process, and a later `import setuptools` (nbgrader's,
+    # in tests/test_nbgrader.py on the same worker) then fails its own distutils assertion.
+    if subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True).returncode:
+        pytest.skip(f"pip is not installed in this environment, so triton=={OLD_TRITON} cannot be installed")
+    try:
+        pip = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--disable-pip-version-check",
+                              "--target", str(partial), f"triton=={OLD_TRITON}"], capture_output=True, text=True,
+                             timeout=600)
+    except subprocess.TimeoutExpired:
+        pytest.skip(f"installing triton=={OLD_TRITON} (a ~200 MB wheel) took over 10 minutes")
+    if pip.returncode:
+        text = pip.stderr + pip.stdout
+        unreachable = re.search(r"No matching distribution|Could not find a version|NewConnectionError|Max retries|"
+                                r"Temporary failure in name resolution|Network is unreachable|timed out", text)
+        if unreachable:
+            pytest.skip(f"triton=={OLD_TRITON} could not be installed: the package index is unreachable or has no "
+                        f"wheel for this Python (pip: {unreachable[0]})")
+        pytest.fail(f"pip install triton=={OLD_TRITON} failed:\n{text[-3000:]}")
+    partial.rename(site)
+    return site
+
+
+@needs_triton
+@pytest.mark.slow
+def test_triton_3_6_with_numpy_2_4(request, tmp_path_factory):
+    """Triton 3.6's interpreter fails on NumPy >= 2.4 (shown, without the helpers); with the
+    helpers imported, the course's interpreter kernel tests pass on it."""
+    site = install_old_triton(request, tmp_path_factory)
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), str(ROOT), os.environ.get("PYTHONPATH")])),
+           "CUDA_VISIBLE_DEVICES": "", "TRITON_INTERPRET": "1"}  # the interpreter path, even on a GPU machine
+    bare = run_python(BARE_KERNEL, tmp_path_factory.mktemp("bare"), env)
+    assert bare.returncode == 0, bare.stderr[-3000:]
+    assert f"with helpers: ran {OLD_TRITON}" in bare.stdout, bare.stdout
+    if np.lib.NumpyVersion(np.__version__) >= "2.4.0":  # the bug is there without the helpers' fix...
+        assert "only 0-dimensional arrays can be converted to Python scalars" in bare.stdout, bare.stdout
+    else:  # ...and only with NumPy >= 2.4
+        assert "bare: ran" in bare.stdout, bare.stdout
+    tests = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+         "-k", " and ".join(f"not {word}" for word in OLD_TRITON_DESELECT), *OLD_TRITON_TESTS],
+        capture_output=True, text=True, cwd=ROOT, env={**os.environ, **env}, timeout=900,
+    )
+    summary = tests.stdout.strip().splitlines()[-1] if tests.stdout.strip() else tests.stderr[-2000:]
+    assert tests.returncode == 0, f"with Triton {OLD_TRITON}: {summary}\n{tests.stdout[-6000:]}"
+    assert re.search(r"\b(\d{2,}) passed", summary) and "failed" not in summary, summary
