@@ -22,8 +22,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from helpers import checks
-from helpers.checks import CheckFailed
-from helpers.checks import nb09_flash_attention as flash_checks
+from helpers.checks import CheckFailed, instruments
 from helpers.nb09_flash_attention import (
     FlashAttentionTiledFunction,
     flash_attention_tiled,
@@ -356,8 +355,8 @@ def test_logged_call_chains_an_active_profiler():
 # ----------------------------------------------------------------- guarded allocations and kernel launches (9.3, 9.4)
 @needs_triton
 def test_triton_instruments_are_removed_after_a_failure():
-    runners = {cls: cls.run for cls in flash_checks._runner_classes()}
-    factories = {name: getattr(torch, name) for name in flash_checks._GuardAllocations.FUNCS}
+    runners = {cls: cls.run for cls in instruments.runner_classes()}
+    factories = {name: getattr(torch, name) for name in instruments.GuardAllocations.FUNCS}
     with pytest.raises(CheckFailed, match="wrote past the end"):
         checks.flash_attention_triton(_forward("unmasked_store", MASK_STORE=False))
     assert all(cls.run is run for cls, run in runners.items())
@@ -376,21 +375,21 @@ def test_triton_instruments_are_removed_after_an_autotuned_run():
 
 
 def test_guarded_allocations_leave_meta_tensors_alone():
-    guard = flash_checks._GuardAllocations()
+    guard = instruments.GuardAllocations()
     with guard:
         m = torch.empty(2, 3, device="meta")  # this recursed before: meta torch.full calls torch.empty
         z = torch.zeros_like(torch.ones(4), device="meta")
         x = torch.empty(5)
-    assert m.device.type == "meta" and z.device.type == "meta" and bool((x == flash_checks._EMPTY_FILL).all())
+    assert m.device.type == "meta" and z.device.type == "meta" and bool((x == instruments.EMPTY_FILL).all())
     assert not guard.overrun()
 
 
 def test_guarded_allocations_catch_a_write_past_the_end():
-    guard = flash_checks._GuardAllocations()
+    guard = instruments.GuardAllocations()
     with guard:
         x = torch.empty(2, 3)
         y = torch.zeros_like(x)
-    assert x.shape == (2, 3) and bool((x == flash_checks._EMPTY_FILL).all()) and bool((y == 0).all())
+    assert x.shape == (2, 3) and bool((x == instruments.EMPTY_FILL).all()) and bool((y == 0).all())
     assert not guard.overrun()
     torch.as_strided(y, (7,), (1,)).fill_(1.0)  # one element past the end
     assert guard.overrun()

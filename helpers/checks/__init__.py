@@ -24,6 +24,7 @@ from .nb06_kv_sharing import *  # noqa: F403
 from .nb07_kv_cache import *  # noqa: F403
 from .nb08_flops_memory import *  # noqa: F403
 from .nb09_flash_attention import *  # noqa: F403
+from .nb09_triton_flash import *  # noqa: F403
 from .nb10_positions import *  # noqa: F403
 from .nb11_trained_transformer import *  # noqa: F403
 

@@ -9,20 +9,30 @@ exercise asks for a particular way (block by block, by hand, inside a Triton ker
 - :class:`Calls` is a profile hook (chained with any profiler already active) that records
   conversions of tensors out of PyTorch and calls into automatic differentiation.
 
+- :func:`call_logged` runs the learner's function under all three (9.1, 9.2).
+- :class:`GuardAllocations` puts the float tensors the learner allocates inside padded buffers,
+  and :class:`KernelLaunches` records every Triton kernel launch and marks what it wrote (9.3, 9.4).
+
 All are context managers, removed again on exit, and are entered *inside* the function that the
 check's ``Trial.call`` runs, so they see the learner's thread whatever thread that is.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import sys
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten
+
+from . import guard as _guard
+
+if TYPE_CHECKING:
+    from .core import Trial
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 
@@ -267,3 +277,287 @@ class Calls:
                 return False
 
         return _Paused()
+
+
+# --------------------------------------------------------------------------- how a function computes (9.1, 9.2)
+
+REDUCTIONS = {"amax", "sum", "logsumexp", "_softmax", "_log_softmax", "mean", "cumsum", "cummax",
+               "logcumsumexp", "sort", "topk", "prod", "aminmax", "nansum", "var", "std"}
+MAX_REDUCTIONS = {"aten.amax.default", "aten.max.dim", "aten.max.default"}
+MAX_LIKE = {"amax", "max", "maximum", "fmax", "cummax", "aminmax", "sort", "topk", "kthvalue",
+             "max_pool1d", "max_pool2d", "max_pool1d_with_indices", "max_pool2d_with_indices",
+             "adaptive_max_pool1d", "adaptive_max_pool2d", "clamp_min"}
+EXP_LIKE = {"exp", "exp2", "expm1", "_softmax", "logsumexp", "logaddexp", "logaddexp2", "sigmoid"}
+
+
+class ShapeLog(OpLog):
+    """Logs ``(op, first input shape, output shapes)`` (the three-field form that
+    helpers.checks.nb06_kv_sharing imports; new code uses helpers.checks.instruments.OpLog)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        self.ops[-1] = self.ops[-1][:3]
+        return out
+
+
+def is_reduction(op: str) -> bool:
+    return op_name(op) in REDUCTIONS or op in MAX_REDUCTIONS or op in {"aten.min.dim", "aten.min.default"}
+
+
+def is_exp_like(op: str) -> bool:
+    return op_name(op) in EXP_LIKE or op == "aten.pow.Scalar"  # pow.Scalar: base ** tensor
+
+
+class Watched:
+    """What the instruments saw during one call: aten ops, provenance, conversions."""
+
+    def __init__(self, ops: list, prov: Provenance, calls: Calls):
+        self.ops, self.prov, self.calls = ops, prov, calls
+
+    def exported(self, names: set[str]) -> str:
+        """How sourced data left PyTorch (".numpy()", "NumPy", ...), or ''."""
+        return next((how for how, x in self.calls.exported if x.numel() > 1 and self.prov.sources(x) & names), "")
+
+
+def call_logged(t: Trial, *args: Any, sources: dict[str, torch.Tensor], case: str) -> tuple[Any, Watched]:
+    """``t.call(*args)`` with the learner's aten ops logged and its data followed."""
+    __tracebackhide__ = True
+    warm_up()
+    log, prov, calls, fn = OpLog(), Provenance(sources), Calls(), t.fn
+
+    def run(*a):
+        with calls, prov, log:
+            return fn(*a)
+
+    t.fn = run
+    try:
+        got = t.call(*args, case=case)
+    finally:
+        t.fn = fn
+    return got, Watched(log.ops, prov, calls)
+
+
+def check_stays_in_torch(t: Trial, seen: Watched, names: set[str], what: str, reads_limit: int | None) -> None:
+    """Fail if the inputs' data left PyTorch, where the op log cannot follow the work."""
+    __tracebackhide__ = True
+    how = seen.exported(names)
+    if how:
+        t.fail(f"your function took {what} out of PyTorch ({how}): the check follows your computation through "
+               "PyTorch's operations to see how it reads the data, and cannot follow work done in NumPy or on "
+               "Python lists.", "keep the data in torch tensors (torch.exp, .amax, @ ...) from start to end.")
+    if reads_limit is not None and seen.prov.scalar_reads >= reads_limit:
+        t.fail(f"your function read {what} into {seen.prov.scalar_reads} Python numbers one at a time (.item(), "
+               "float(), a loop over elements): the check follows your computation through PyTorch's operations "
+               "and cannot follow arithmetic on Python numbers.",
+               "work on blocks as tensors: x[..., s:s + block_size] and torch operations on it.")
+
+
+# --------------------------------------------------------------------------- kernel launches and guarded memory (9.3, 9.4)
+
+PAD_BEFORE, PAD_AFTER = 1024, 128 * 128  # elements; a tile of 128 rows x 128 columns fits in the padding
+SENTINEL = -5555.0  # the padding of tensors the learner allocates
+EMPTY_FILL = 7777.0  # the body of torch.empty(...) tensors: an entry still equal to it was never written
+
+
+def guarded(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """x's values, contiguous on ``device``, inside a buffer padded with NaN on both sides."""
+    n = x.numel()
+    buf = torch.full((PAD_BEFORE + n + PAD_AFTER,), float("nan"), dtype=x.dtype, device=device)
+    view = buf[PAD_BEFORE : PAD_BEFORE + n].view(x.shape)
+    view.copy_(x)
+    return view
+
+
+class GuardAllocations:
+    """While active, float tensors from torch.empty / empty_like / zeros / zeros_like and
+    Tensor.new_empty / new_zeros on the CPU or a GPU live inside buffers padded with ``SENTINEL``;
+    ``empty`` ones are filled with ``EMPTY_FILL``. (Tensors on other devices, such as ``meta``, and
+    allocations made while a guarded one is being built are left alone.)"""
+
+    FUNCS = ("empty", "empty_like", "zeros", "zeros_like")
+    METHODS = ("new_empty", "new_zeros")
+
+    def __init__(self):
+        self.buffers: list[tuple[torch.Tensor, int]] = []
+        self.saved: dict[str, Any] = {}
+        self.busy = False
+
+    def _guard(self, t: torch.Tensor, fill: float) -> torch.Tensor:
+        if (not isinstance(t, torch.Tensor) or t.device.type not in ("cpu", "cuda") or not t.is_floating_point()
+                or not t.is_contiguous() or t.requires_grad):
+            return t
+        self.busy = True
+        try:
+            n = t.numel()
+            buf = self.saved["full"]((PAD_BEFORE + n + PAD_AFTER,), SENTINEL, dtype=t.dtype, device=t.device)
+            view = buf[PAD_BEFORE : PAD_BEFORE + n].view(t.shape)
+            view.fill_(fill)
+        finally:
+            self.busy = False
+        self.buffers.append((buf, n))
+        return view
+
+    def _wrap(self, real: Callable, fill: float) -> Callable:
+        def alloc(*args, **kwargs):
+            t = real(*args, **kwargs)
+            return t if self.busy else self._guard(t, fill)
+
+        return alloc
+
+    def __enter__(self):
+        self.saved["full"] = torch.full
+        for name in self.FUNCS:
+            self.saved[name] = getattr(torch, name)
+            setattr(torch, name, self._wrap(self.saved[name], EMPTY_FILL if "empty" in name else 0.0))
+        for name in self.METHODS:
+            self.saved["Tensor." + name] = torch.Tensor.__dict__.get(name)  # None: inherited from TensorBase
+            real = getattr(torch.Tensor, name)
+            setattr(torch.Tensor, name, self._wrap(real, EMPTY_FILL if "empty" in name else 0.0))
+        return self
+
+    def __exit__(self, *exc):
+        for name in self.FUNCS:
+            setattr(torch, name, self.saved[name])
+        for name in self.METHODS:
+            if self.saved["Tensor." + name] is None:
+                delattr(torch.Tensor, name)
+            else:
+                setattr(torch.Tensor, name, self.saved["Tensor." + name])
+        return False
+
+    def overrun(self) -> bool:
+        """True if anything was written into the padding of a guarded allocation."""
+        for buf, n in self.buffers:
+            pad = torch.cat([buf[:PAD_BEFORE], buf[PAD_BEFORE + n :]])
+            if not bool((pad == torch.tensor(SENTINEL, dtype=buf.dtype, device=buf.device)).all()):
+                return True
+        return False
+
+
+def runner_classes() -> list[type]:
+    """Triton's kernel classes whose ``run`` launches a kernel (compiled, or in the interpreter)."""
+    classes = []
+    try:
+        from triton.runtime.jit import JITFunction
+
+        classes.append(JITFunction)
+    except ImportError:
+        pass
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+
+        classes.append(InterpretedFunction)
+    except ImportError:
+        pass
+    return [c for c in classes if callable(getattr(c, "run", None))]
+
+
+def tensor_args(args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """The tensors a kernel launch received: tensors, and the tensors inside tensor descriptors."""
+    found = []
+    for a in (*args, *kwargs.values()):
+        for x in (a if isinstance(a, (list, tuple)) else (a,)):
+            base = x if isinstance(x, torch.Tensor) else getattr(x, "base", None)
+            if isinstance(base, torch.Tensor):
+                found.append(base)
+    return found
+
+
+class KernelUnsupported(RuntimeError):
+    """Triton could not run an operation of the learner's kernel (removed API, interpreter limits)."""
+
+
+GPU_KERNEL_ON_CPU = ("your kernel is a compiled (GPU) kernel, and this machine has no GPU: it was decorated with "
+                      "@triton.jit before Triton's interpreter was switched on")
+
+
+class KernelLaunches:
+    """While active, every Triton kernel launch is recorded (kernel name, source file, tensor
+    arguments) and what it wrote is marked in ``prov``; it runs with the check's dispatch modes,
+    profile hook and trace hook off (the interpreter runs kernels as Python: watching that would
+    only slow it down, about 3x). In the interpreter, ``@triton.autotune`` takes its first config
+    without benchmarking (benchmarks need a GPU)."""
+
+    def __init__(self, prov: Provenance, calls: Calls, interpreter: bool):
+        self.prov, self.calls, self.interpreter = prov, calls, interpreter
+        self.launches: list[tuple[str, str, list[torch.Tensor]]] = []
+        self.patched: list[tuple[type, str, Any]] = []
+
+    def _launch(self, cls: type, original: Callable) -> Callable:
+        launches = self
+
+        def run(this, *args, **kwargs):
+            fn = getattr(this, "fn", None)
+            code = getattr(fn, "__code__", None)
+            tensors = tensor_args(args, kwargs)
+            launches.launches.append((getattr(fn, "__name__", "?"), code.co_filename if code else "?", tensors))
+            with disabled_modes():
+                before = [x.detach().clone() for x in tensors]
+            # The check machinery's trace hook watches for calls of the course's reference; a kernel body
+            # is no place for one (a launch of the course's kernel is caught here), and traced, the
+            # interpreter runs about 3x slower. It is paused through the machinery's own switch.
+            trace, settrace = sys.gettrace(), getattr(_guard, "_own_settrace", None)
+            try:
+                with disabled_modes(), launches.calls.pause():
+                    if settrace is not None and trace is not None:
+                        settrace(None)
+                    return original(this, *args, **kwargs)
+            except NotImplementedError as e:
+                if not e.args:
+                    raise
+                raise KernelUnsupported(f"Triton {triton_version()} cannot run this kernel: {e}") from None
+            except Exception as e:
+                text = str(e)
+                if text == "NotImplementedError()":  # the interpreter wraps a kernel body's bare raise
+                    raise NotImplementedError() from None
+                if "active drivers" in text and cls.__name__ == "JITFunction" and not torch.cuda.is_available():
+                    raise RuntimeError(GPU_KERNEL_ON_CPU) from None
+                raise
+            finally:
+                if settrace is not None and trace is not None:
+                    settrace(trace)
+                with disabled_modes():
+                    launches.prov.kernel_launch(tensors, before)
+
+        return run
+
+    def _patch(self, cls: type, name: str, new: Any) -> None:
+        self.patched.append((cls, name, cls.__dict__.get(name)))  # None: inherited
+        setattr(cls, name, new)
+
+    def __enter__(self):
+        for cls in runner_classes():
+            self._patch(cls, "run", self._launch(cls, cls.run))
+        if self.interpreter:
+            try:
+                from triton.runtime.autotuner import Autotuner
+            except ImportError:
+                Autotuner = None
+            if Autotuner is not None and hasattr(Autotuner, "_bench"):
+                self._patch(Autotuner, "_bench", lambda this, *args, config, **meta: [0.0, 0.0, 0.0])
+        return self
+
+    def __exit__(self, *exc):
+        for cls, name, original in reversed(self.patched):
+            if original is None:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, original)
+        self.patched.clear()
+        return False
+
+
+def triton_version() -> str:
+    """The installed Triton's version, read without importing it (importing Triton before
+    helpers.runtime.configure_triton() has run would leave its own library compiled-only)."""
+    try:
+        return importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        return "?"
+
+
+def kernel_device() -> torch.device:
+    """Where the learner's kernel runs: the CPU under Triton's interpreter, else the GPU."""
+    if os.environ.get("TRITON_INTERPRET", "0") == "1" or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda")

@@ -1,0 +1,613 @@
+"""Checks for notebook 09_flash_attention, in Triton: exercises 9.3 (forward kernel) and 9.4 (bonus:
+backward kernels).
+
+The checks run the learner's kernels on the GPU, or in Triton's interpreter on a CPU, on *guarded*
+tensors (:mod:`helpers.checks.instruments`): each input sits inside a larger buffer padded with
+NaN, and each float tensor the learner allocates with ``torch.empty / zeros / *_like`` (or
+``Tensor.new_empty / new_zeros``) gets a padding of sentinel values and, for ``empty``, a marker
+value in its body. A load past the end then turns into NaN, a store past the end changes the
+padding, and an entry the kernel never writes keeps the marker, so each is named instead of reading
+or corrupting memory. The checks also follow which inputs every tensor's data comes from: PyTorch
+may prepare and allocate, but combining q, k and v (scores, softmax, weighted sums) must happen in a
+Triton kernel, and the returned output must be written by a kernel that read them. Kernels written
+with pointer arithmetic, ``tl.make_block_ptr`` (where the installed Triton has it), tensor
+descriptors, ``@triton.autotune`` (in the interpreter the first config is taken, without
+benchmarking) or any grid layout are all accepted. The cases go from friendly to awkward (a sequence
+length that every block size divides, then ragged lengths, then several batches and heads), and a
+``v`` made of one-hot rows turns the output into the attention weights themselves, so a wrong weight
+pattern (scale, causal condition, normalisation, skipped key blocks) is diagnosed from it.
+
+Every case's expected output is computed before the learner's function first runs.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import nb01_qkv_shapes as att
+from .core import Trial, describe, describe_case, exercise, seeded
+from .instruments import (
+    EMPTY_FILL,
+    KERNEL,
+    Calls,
+    GuardAllocations,
+    KernelLaunches,
+    Provenance,
+    guarded,
+    kernel_device,
+    triton_version,
+    warm_up,
+)
+from .nb09_flash_attention import _COURSE_FUNCTIONS, LOG2E, NB, _qkv, _tiled_model
+
+__all__ = ["flash_attention_triton", "flash_attention_triton_backward"]
+
+TRITON_TIME_LIMIT_S = 120.0  # per call: the interpreter is slow, and a GPU compiles on first use
+
+_HELPERS = Path(__file__).resolve().parent.parent
+_KERNEL_FILES = {str(_HELPERS / "nb09_triton_flash.py")}
+
+
+_TRITON_ERRORS = {
+    r"Block pointers have been removed": "tl.make_block_ptr and tl.advance were removed from recent Triton versions "
+    f"(this machine has Triton {triton_version()}), on a GPU as in the interpreter: load tiles with pointer "
+    "arithmetic and masks, tl.load(K + offsets, mask=offs_n[:, None] < T, other=0.0) (section 4), or with "
+    "tl.make_tensor_descriptor.",
+    r"not supported in interpreter mode": "Triton's interpreter cannot run this operation (the message names it): "
+    "it runs only compiled, on a GPU. Write the kernel with tl.load, tl.store, tl.dot and elementwise operations.",
+    r"decorated with @triton\.jit before": "run `setup()` "
+    "(helpers.runtime) before the cell that defines your kernel, then run that cell again: Triton decides between "
+    "compiling and interpreting when a kernel is decorated.",
+    r"active drivers|no GPU|Found no NVIDIA driver|not compiled with CUDA": "your launcher asked Triton or torch for a GPU, and there is "
+    "none: in Triton's interpreter only the kernel launch itself runs. Remove GPU queries from the launcher "
+    "(triton.runtime.driver.active..., device properties, triton.testing.do_bench, torch.cuda...).",
+    r"arange.*power of 2|power of two": "tl.arange needs a power of 2: use block sizes like 16, 32, 64 and pass the "
+    "head dim d as a tl.constexpr (HEAD_DIM).",
+    r"constexpr": "sizes used in tl.arange, tl.zeros and tile shapes must be tl.constexpr arguments (BLOCK_M, "
+    "BLOCK_N, HEAD_DIM).",
+    r"out of resource|shared memory": "the tiles do not fit in this GPU's shared memory: use smaller BLOCK_M / "
+    "BLOCK_N (or fewer num_stages).",
+    r"[Ii]nput shapes should have M >= 16|K >= 16|N >= 16": "tl.dot needs both tiles at least 16 x 16: use "
+    "BLOCK_M, BLOCK_N and HEAD_DIM of 16 or more.",
+    r"[Bb]oth operands must be same dtype|dtype mismatch.*dot": "tl.dot needs both tiles in the same dtype: convert "
+    "p to v's dtype first, tl.dot(p.to(v.dtype), v).",
+}
+
+
+def _call_kernel(t: Trial, *args: Any, sources: dict[str, torch.Tensor], case: str) -> tuple[Any, Provenance]:
+    """``t.call(*args)`` with guarded allocations, kernel launches recorded and the data of q, k, v
+    followed. Fails on a store past the end, on no Triton launch at all, on a launch of the course's
+    own kernel, and when the attention was computed outside the learner's kernels."""
+    __tracebackhide__ = True
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        t.fail("Triton is not installed here (it is Linux-only), so this exercise cannot run on this machine.",
+               "run this notebook on Linux or in Colab (Runtime > Change runtime type > GPU).")
+    warm_up()
+    watched = {"q", "k", "v"}
+    prov, calls, guard, fn = Provenance(sources, watched), Calls(), GuardAllocations(), t.fn
+    launches = KernelLaunches(prov, calls, interpreter=kernel_device().type == "cpu")
+
+    def run(*a):
+        with calls, prov, launches, guard, warnings.catch_warnings():
+            # NumPy's "invalid value" warnings from a kernel making NaN in the interpreter: the check names it.
+            warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.")
+            return fn(*a)
+
+    t.fn = run
+    try:
+        got = t.call(*args, case=case)
+    finally:
+        t.fn = fn
+    if guard.overrun():
+        t.fail("your kernel wrote past the end of a tensor it stores into (the memory just after out, lse or a "
+               "gradient changed).",
+               "mask every tl.store with the rows (or keys) that exist, e.g. mask=offs_m[:, None] < T for a "
+               "[BLOCK_M, HEAD_DIM] tile and mask=offs_m < T for lse.")
+    if not launches.launches:
+        t.fail("no Triton kernel ran during your function.", "launch your kernel, `_kernel[grid](...)`, and return "
+               "what it wrote.")
+    if any(f in _KERNEL_FILES for _, f, _ in launches.launches) and not t.is_reference:
+        t.fail("your function launched the course's kernel (helpers/nb09_triton_flash.py) instead of your own.",
+               "write the kernel in the notebook: the point of the exercise is to build it.")
+    where = "your kernels" if len({name for name, _, _ in launches.launches}) > 1 else "your kernel"
+    if prov.mixed:
+        t.fail(f"your function computed with q, k and v in PyTorch ({prov.mixed[0]}): in this exercise the "
+               f"attention is computed in {where}, not in PyTorch around it.",
+               "pass q, k, v and the output tensors to the kernel and do the arithmetic on them inside it; in "
+               "PyTorch only allocate outputs, compute launch parameters (and, in the backward, D = rowsum(dO * O)).")
+    how = next((how for how, x in calls.exported
+                if x.numel() > 1 and prov.sources(x) & watched and KERNEL not in prov.sources(x)), "")
+    if how:
+        t.fail(f"your function took q, k or v out of PyTorch ({how}): in this exercise the attention is computed "
+               f"in {where}.", "pass q, k, v themselves to the kernel and do the arithmetic inside it.")
+    q = sources["q"]
+    if prov.scalar_reads >= q.numel() // 2:
+        t.fail(f"your function read q, k or v into {prov.scalar_reads} Python numbers one at a time: in this "
+               f"exercise the attention is computed in {where}.",
+               "pass q, k, v themselves to the kernel and do the arithmetic inside it.")
+    return got, prov
+
+
+def _written_by_kernel(t: Trial, prov: Provenance, got: torch.Tensor, what: str, needs: set[str]) -> None:
+    """Fail unless the data of ``got`` comes from a kernel launch that read the inputs in ``needs``."""
+    __tracebackhide__ = True
+    have = prov.sources(got)
+    if not needs | {KERNEL} <= have:
+        read = ", ".join(sorted(have - {KERNEL})) or "none of the inputs"
+        t.fail(f"{what} was not written by a Triton kernel that read {' and '.join(sorted(needs))} (its data comes "
+               f"from: {read}).",
+               f"launch your kernel with {', '.join(sorted(needs))} and {what} among its arguments, let it store the "
+               f"result into {what}, and return that tensor.")
+
+
+def _attention64(q, k, v, causal: bool):
+    """Exact attention in float64 on the CPU -> (out, lse, P, raw scores q k^T)."""
+    q, k, v = (x.detach().to("cpu", torch.float64) for x in (q, k, v))
+    T = q.shape[-2]
+    raw = q @ k.transpose(-2, -1)
+    s = raw / math.sqrt(q.shape[-1])
+    allowed = att.causal_mask(T) if causal else None
+    p = att.masked_softmax(s, allowed)
+    lse = torch.logsumexp(s.masked_fill(~allowed, float("-inf")) if causal else s, dim=-1)
+    return p @ v, lse, p, raw
+
+
+def _tol(dtype: torch.dtype, device: torch.device, kind: str) -> dict:
+    """Tolerances. fp32 in the interpreter is true fp32; on a GPU tl.dot on fp32 may use TF32 (10-bit
+    mantissa), so allow ~1e-3 relative per product. fp16: P and the output are rounded to fp16 (2^-11).
+    A mistake in masking, scaling or indexing gives errors of order 0.1-1."""
+    gpu = device.type == "cuda"
+    if kind == "probe":  # attention weights P (entries ~1/T) read back through a one-hot v
+        return dict(atol=1e-5, rtol=2e-2) if gpu else dict(atol=1e-6, rtol=1e-4)
+    if kind == "lse":
+        return dict(atol=1e-2, rtol=1e-3) if gpu and dtype == torch.float32 else dict(atol=2e-3, rtol=1e-3)
+    if dtype == torch.float16:
+        return dict(atol=5e-3, rtol=5e-3) if kind == "fwd" else dict(atol=1e-2, rtol=1e-2)
+    if gpu:
+        return dict(atol=1e-2, rtol=1e-2) if kind == "fwd" else dict(atol=3e-2, rtol=3e-2)
+    return dict(atol=1e-4, rtol=1e-4) if kind == "fwd" else dict(atol=2e-4, rtol=2e-4)
+
+
+def _closeness(got: torch.Tensor, expected: torch.Tensor, atol: float, rtol: float) -> torch.Tensor:
+    """Elementwise closeness in float64 on the CPU (NaN where expected is finite counts as wrong)."""
+    return torch.isclose(got.detach().double().cpu(), expected.detach().double().cpu(), atol=atol, rtol=rtol)
+
+
+def _close(got: Any, expected: torch.Tensor, atol: float, rtol: float) -> bool:
+    return (isinstance(got, torch.Tensor) and got.shape == expected.shape and got.dtype == expected.dtype
+            and bool(_closeness(got, expected, atol, rtol).all()))
+
+
+def _ranges(idx: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0..2, 5'."""
+    out, start = [], None
+    for i, x in enumerate(idx):
+        if start is None:
+            start = x
+        if i + 1 == len(idx) or idx[i + 1] != x + 1:
+            out.append(f"{start}" if start == x else f"{start}..{x}")
+            start = None
+    return ", ".join(out)
+
+
+def _unwritten(got: torch.Tensor, what: str) -> tuple[str, str]:
+    """(diagnosis, where) when some entries still hold torch.empty's marker; ('', '') otherwise."""
+    marker = (got.detach().cpu() == EMPTY_FILL)
+    if not bool(marker.any()):
+        return "", ""
+    B, H, T = got.shape[:3]
+    per_row = marker.reshape(B, H, T, -1).all(-1)  # [B, H, T]: a row never written at all
+    slices_all, slices_any = per_row.all(-1), marker.reshape(B, H, -1).any(-1)
+    if bool(slices_all.any()) and bool((slices_all == slices_any).all()):
+        missing = [tuple(x) for x in slices_all.nonzero().tolist()]
+        return (f"{what}[b, h] was never written for {len(missing)} of the B * H = {B * H} (batch, head) slices "
+                f"(first {missing[0]}): the grid's second axis must launch B * H programs, one per batch and head "
+                "(program_id(1) = b * H + h).", "")
+    rows = per_row.all(0).all(0)
+    if bool(rows.any()) and bool((per_row == rows).all()):
+        r0 = int(rows.nonzero()[0])
+        if bool(rows[r0:].all()):
+            return (f"rows {r0}..{T - 1} of {what} were never written (in every batch and head), rows before were: "
+                    f"T = {T} ends in a partial block. Launch triton.cdiv(T, BLOCK_M) programs along the query "
+                    "axis, not T // BLOCK_M, and store the partial block with mask offs_m < T.", "")
+    first = marker.nonzero()[0].tolist()
+    return "", f"some entries were never written, first at index {first}"
+
+
+def _slices(got: torch.Tensor, expected: torch.Tensor, tol: dict, what: str) -> tuple[str, str]:
+    """(diagnosis, where) for an output whose (batch, head) slices are right in some places only."""
+    B, H = got.shape[:2]
+    ok = _closeness(got, expected, **tol).reshape(B, H, -1).all(-1)
+    if bool(ok.all()) or B * H == 1:
+        return "", ""
+    wrong = [tuple(x) for x in (~ok).nonzero().tolist()]
+    found = {}
+    for b, h in wrong:
+        for b2 in range(B):
+            for h2 in range(H):
+                if (b2, h2) != (b, h) and bool(_closeness(got[b, h], expected[b2, h2], **tol).all()):
+                    found[(b, h)] = (b2, h2)
+    if len(found) == len(wrong):
+        b, h = wrong[0]
+        b2, h2 = found[wrong[0]]
+        what_offset = ("the batch offset" if all(f[1] == w[1] for w, f in found.items())
+                       else "the head offset" if all(f[0] == w[0] for w, f in found.items()) else "the offsets")
+        verb = "are" if what_offset == "the offsets" else "is"
+        return (f"{what}[{b}, {h}] holds the result of (batch, head) ({b2}, {h2}): {what_offset} of a program {verb} "
+                "wrong. With program_id(1) = b * H + h, offset q, k, v and the output by b * stride_b + h * stride_h "
+                "(b = program_id(1) // H, h = program_id(1) % H).", "")
+    right = [tuple(x) for x in ok.nonzero().tolist()]
+    where = f"wrong in (batch, head) slices {wrong[:6]}{' ...' if len(wrong) > 6 else ''}"
+    return "", where + (f", right in {right[:4]}{' ...' if len(right) > 4 else ''}" if right else "")
+
+
+def _rows(got: torch.Tensor, expected: torch.Tensor, tol: dict, T: int) -> str:
+    """'rows r0..T-1' when exactly the last rows (of every slice) are wrong, else ''."""
+    bad = ~_closeness(got, expected, **tol).reshape(-1, T, got.shape[-1]).all(-1).all(0)  # [T]: a row wrong somewhere
+    if not bool(bad.any()):
+        return ""
+    r0 = int(bad.nonzero()[0])
+    return f"rows {r0}..{T - 1}" if r0 > 0 and bool(bad[r0:].all()) else ""
+
+
+# =========================================================================== 9.3 Triton forward
+
+
+def _split_forward(t: Trial, got: Any) -> tuple[Any, Any]:
+    __tracebackhide__ = True
+    if isinstance(got, torch.Tensor):
+        return got, None
+    if isinstance(got, (tuple, list)) and len(got) == 2 and isinstance(got[0], torch.Tensor):
+        return got[0], got[1]
+    t.fail(f"expected the output tensor, or a tuple (out, lse), got {describe(got)}.",
+           "did you forget the `return` statement?" if got is None else "return out (or out, lse).")
+    return None, None
+
+
+def _probe(T: int, d: int = 128, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k random ``[1, 1, T, d]`` and v with one-hot rows (v[j] = e_j), so that out[i, :T] = P[i, :]."""
+    g = seeded(seed)
+    q = torch.randn(1, 1, T, d, generator=g)
+    k = torch.randn(1, 1, T, d, generator=g)
+    return q, k, torch.eye(T, d).view(1, 1, T, d)
+
+
+def _weights_hint(P: torch.Tensor, P_ref: torch.Tensor, raw: torch.Tensor, causal: bool, d: int, ragged: bool) -> str:
+    """Name the mistake from the attention weights P [T, T] a kernel produced (float64, CPU), or ''."""
+    T = P.shape[-1]
+    scale = 1 / math.sqrt(d)
+    nan_rows = torch.isnan(P).any(dim=-1)
+    if causal:
+        future = torch.ones(T, T, dtype=torch.bool).triu(1)
+        if (P.nan_to_num(0.0)[future].abs() > 1e-4).any():
+            return ("queries put weight on future keys (j > i): the causal condition is reversed or on the wrong axis. "
+                    "Rows are queries, columns keys: keep scores where offs_m[:, None] >= offs_n[None, :], and do not "
+                    "loop past the diagonal block.")
+        if nan_rows[0] and not nan_rows.all():
+            first_ok = int((~nan_rows).nonzero()[0])
+            if first_ok == 1:
+                return ("row 0 is NaN: with causal=True query 0 sees only key 0, and your mask hid it. Query i may attend "
+                        "to keys j <= i: keep scores where offs_m[:, None] >= offs_n[None, :].")
+            if not nan_rows[first_ok:].any():
+                return (f"rows 0..{first_ok - 1} are NaN: they saw no key at all, so the diagonal block was skipped. "
+                        "With causal=True, query block start_m needs key blocks up to and including its own: loop "
+                        "`for start_n in range(0, min((start_m + 1) * BLOCK_M, T), BLOCK_N)`.")
+    if nan_rows.any():
+        return ""
+    if causal and (P.diagonal()[1:].abs() < 1e-6).all():
+        return ("no query attends to itself: the mask hides the diagonal. Query i may attend to keys j <= i "
+                "(offs_m[:, None] >= offs_n[None, :], not >).")
+    dead = ((P.abs() < 1e-12) & (P_ref > 1e-9)).any(0) & ~(P.abs() >= 1e-12).any(0)  # keys nobody weighs
+    if dead.any():
+        keys = dead.nonzero().flatten().tolist()
+        if keys[-1] == T - 1 and keys == list(range(keys[0], T)):
+            return (f"keys {keys[0]}..{T - 1} got no weight from any query: the loop over key blocks stops before the "
+                    f"last, partial block (T = {T}). Loop `for start_n in range(0, hi, BLOCK_N)` with hi = T "
+                    "(or the causal limit), and mask the keys >= T of that block instead of skipping it.")
+        return (f"keys {_ranges(keys)} got no weight from any query: those key blocks were skipped. Every query "
+                "block must visit every key block (with causal=True: up to and including its diagonal block).")
+    if causal:
+        past = ~future & (P_ref > 1e-6)
+        if (P[past].abs() < 1e-9).any():
+            return ("some keys j <= i got no weight at all: key blocks were skipped. With causal=True the loop over key "
+                    "blocks runs up to the end of this query block, (start_m + 1) * BLOCK_M, diagonal block included.")
+    sums = P.sum(dim=-1)
+    if not torch.allclose(sums, torch.ones_like(sums), atol=1e-3):
+        if torch.allclose(P / sums[:, None], P_ref, atol=1e-4, rtol=1e-2):
+            if bool((sums > 1).all()):
+                return ("the weights are right up to a factor per row, the row's sum l (> 1): divide the accumulator "
+                        "by l at the end (acc / l_i[:, None]).")
+            if ragged and bool((sums < 1).all()):
+                return (f"T = {T} is not a multiple of the block here, and keys at positions >= T got weight: the "
+                        "weights on the real keys sum to less than 1 (row 0: "
+                        f"{float(sums[0]):.3f}). After loading k and v with mask=offs_n[:, None] < T, other=0.0, set "
+                        "the scores of those keys to -inf: qk = tl.where(offs_n[None, :] < T, qk, float('-inf')).")
+        return ""
+    # Rows sum to 1: compare the effective softmax temperature with known mistakes.
+    for factor, hint in (
+        (math.sqrt(d), "the scores are not scaled by 1 / sqrt(d) (sm_scale)."),
+        (1 / math.sqrt(d), "the scores were divided by d; the scale is 1 / sqrt(d)."),
+        (math.log(2), "you used exp2 on scores that were not multiplied by log2(e): exp(x) = exp2(x * log2(e)), so "
+                      "scale the scores by sm_scale * log2(e) (one multiply) before tl.exp2."),
+        (LOG2E, "you multiplied the scores by log2(e) but then used tl.exp; with the log2(e) factor use tl.exp2."),
+        (math.sqrt(d) * LOG2E, "the scores are not scaled by 1 / sqrt(d), and log2(e) is applied with tl.exp."),
+        (math.sqrt(d) * math.log(2), "the scores are not scaled by 1 / sqrt(d) (the log2(e) factor is right)."),
+    ):
+        allowed = att.causal_mask(T) if causal else None
+        if torch.allclose(P, att.masked_softmax(raw * scale * factor, allowed), atol=1e-4, rtol=1e-2):
+            return hint
+    return ""
+
+
+def _rescale_hint(out: torch.Tensor, q, k, v, causal: bool, tol: dict) -> str:
+    """Is ``out`` a tiled forward without a rescale (for some power-of-2 key block size)? Name it, or ''."""
+    variants = {
+        "the accumulator was not rescaled: when a key block raises the running max, multiply acc by alpha = "
+        "exp2(m_i - m_new) before adding the new block (l_i gets the same factor).": dict(rescale_acc=False),
+        "the running sum l_i was not rescaled: when a key block raises the running max, l_i = l_i * alpha + "
+        "rowsum(p) with alpha = exp2(m_i - m_new), just like acc.": dict(rescale_l=False),
+        "neither acc nor l_i was rescaled when a key block raised the running max: multiply both by alpha = "
+        "exp2(m_i - m_new) before adding the new block.": dict(rescale_acc=False, rescale_l=False),
+    }
+    T = q.shape[-2]
+    for hint, kw in variants.items():
+        for bs in (16, 32, 64, 128):
+            if bs < T and _close(out, _tiled_model(q, k, v, causal, bs, **kw)[0].to(out.dtype), **tol):
+                return hint
+    return ""
+
+
+_FWD_HINT = ("per key block: qk = tl.dot(q, tl.trans(k)) * sm_scale * log2(e); m_new = max(m_i, rowmax(qk)); "
+             "p = tl.exp2(qk - m_new[:, None]); alpha = tl.exp2(m_i - m_new); l_i = l_i * alpha + rowsum(p); "
+             "acc = acc * alpha[:, None] + tl.dot(p, v); then out = acc / l_i[:, None].")
+
+
+def _forward_cases(dev: torch.device) -> list[dict]:
+    """Every case of 9.3 with its expected values, built before the learner's code runs."""
+    specs = []
+    # 1-2: T = 128, a multiple of every block size, and v one-hot: out is the attention weights.
+    for causal in (False, True):
+        specs.append((*_probe(128, seed=930 + causal), causal, torch.float32, "probe"))
+    # 3-4: T = 100 is ragged for every block size from 8 to 64 (and shorter than 128).
+    for causal in (False, True):
+        specs.append((*_probe(100, seed=932 + causal), causal, torch.float32, "ragged-probe"))
+    # then several batches and heads, short and ragged T.
+    for i, (B, H, T, d, causal, dtype) in enumerate(_FORWARD_CASES):
+        specs.append((*_qkv(B, H, T, d, seed=940 + i, spread=1.0), causal, dtype, "full"))
+    cases = []
+    for q, k, v, causal, dtype, kind in specs:
+        q, k, v = (x.to(dtype) for x in (q, k, v))
+        out64, lse64, P64, raw = _attention64(q, k, v, causal)
+        cases.append(dict(q=q, k=k, v=v, causal=causal, dtype=dtype, kind=kind, P64=P64, raw=raw,
+                          out=out64.to(device=dev, dtype=dtype), lse=lse64.to(device=dev, dtype=torch.float32),
+                          args=[guarded(x, dev) for x in (q, k, v)]))
+    return cases
+
+
+def _forward_case(t: Trial, c: dict, passed: list[str]) -> None:
+    """Run one forward case (see _forward_cases) and compare, naming what it can recognise."""
+    __tracebackhide__ = True
+    dev = kernel_device()
+    qg, kg, vg = c["args"]
+    causal, dtype, kind, expected = c["causal"], c["dtype"], c["kind"], c["out"]
+    B, H, T, d = qg.shape
+    got, prov = _call_kernel(t, qg, kg, vg, causal, sources={"q": qg, "k": kg, "v": vg},
+                             case=describe_case(q=qg, k=kg, v=vg, causal=causal) + f" on {dev.type}")
+    out, lse = _split_forward(t, got)
+    if isinstance(out, torch.Tensor) and out.shape == expected.shape:
+        _dtype_check(t, out, dtype, "out")
+    tol = _tol(dtype, dev, "probe" if "probe" in kind else "fwd")
+    diagnosis, what = "", "out"
+    if isinstance(out, torch.Tensor) and out.shape == expected.shape and out.dtype == dtype and not _close(out, expected, **tol):
+        diagnosis, where = _unwritten(out, "out")
+        P = out.detach().double().cpu()[0, 0, :, :T]
+        if not diagnosis and not where and "probe" in kind:
+            if kind == "ragged-probe" and torch.isnan(P).any() and "probe" in passed:
+                diagnosis = ("NaN now that T is not a multiple of the block (the cases with T = 128 passed): your kernel "
+                             "read past the end of q, k or v (the memory after them holds NaN here). Mask the loads: "
+                             "tl.load(k_ptrs, mask=offs_n[:, None] < T, other=0.0), and the same for q (offs_m) and v.")
+            diagnosis = diagnosis or _weights_hint(P, c["P64"][0, 0], c["raw"][0, 0], causal, d, kind == "ragged-probe")
+        if not diagnosis and not where:
+            diagnosis, where = _slices(out, expected, tol, "out")
+        if not diagnosis and not where:
+            diagnosis = _rescale_hint(out, c["q"], c["k"], c["v"], causal, tol)
+        if not diagnosis and not where:
+            rows = _rows(out, expected, tol, T)
+            if rows and T % 16:
+                diagnosis = (f"{rows} of out (the last, partial query block: T = {T}) are wrong, the rows before are "
+                             "right: mask that block's loads, scores and stores with offs < T.")
+            elif causal and "plain-" + str((B, H, T, d, dtype)) in passed:
+                diagnosis = ("the same shapes passed with causal=False, so look at the causal parts: keep scores where "
+                             "offs_m[:, None] >= offs_n[None, :], and loop over key blocks up to the end of this query "
+                             "block, (start_m + 1) * BLOCK_M.")
+        what = f"out ({where})" if where else "out"
+    t.tensor(out, expected, what=what, hint=_FWD_HINT, diagnosis=diagnosis, **tol)
+    if T > 1:  # with one key, out = v: a kernel's output is then also a copy of an input
+        _written_by_kernel(t, prov, out, "out", {"q", "k", "v"})
+    if lse is not None:
+        ref_lse = c["lse"]
+        if isinstance(lse, torch.Tensor) and lse.shape != ref_lse.shape:
+            t.fail(f"lse: expected shape {list(ref_lse.shape)} ([B, H, T]), got {list(lse.shape)}.",
+                   "allocate lse as torch.empty((B, H, T), dtype=torch.float32, device=q.device), or return only out.")
+        if isinstance(lse, torch.Tensor) and lse.dtype != torch.float32:
+            t.fail(f"lse: expected float32, got {lse.dtype}.", "keep the running statistics m_i, l_i and lse in float32.")
+        lse_diag = _unwritten(lse[..., None], "lse")[0] if isinstance(lse, torch.Tensor) else ""
+        t.tensor(lse, ref_lse, what="lse", diagnosis=lse_diag, hint="lse = (m_i + tl.log2(l_i)) * ln(2) when m_i is in "
+                 "log2 units (natural log: m + log(l)).", **_tol(dtype, dev, "lse"), mistakes={
+                     "lse is in log2 units: multiply m_i + log2(l_i) by ln(2) to get the natural log.": lambda: ref_lse * LOG2E,
+                     "lse is only the running max: add the log of the running sum, lse = m + log(l).": lambda: (
+                         c["raw"] / math.sqrt(d)).masked_fill(causal & ~att.causal_mask(T), float("-inf")).amax(-1).to(
+                         device=dev, dtype=torch.float32),
+                 })
+    passed.append(kind)
+    if not causal:
+        passed.append("plain-" + str((B, H, T, d, dtype)))
+
+
+def _dtype_check(t: Trial, got: torch.Tensor, dtype: torch.dtype, what: str) -> None:
+    __tracebackhide__ = True
+    if isinstance(got, torch.Tensor) and got.dtype != dtype:
+        t.fail(f"{what}: expected dtype {dtype} (the inputs' dtype), got {got.dtype}.",
+               "allocate it like the inputs (torch.empty_like(q)) and convert the float32 accumulator when you "
+               "store it: tl.store(ptrs, acc.to(Out.dtype.element_ty), mask=...).")
+
+
+# (B, H, T, d, causal, dtype) after the probes: several batches and heads, short and ragged T.
+_FORWARD_CASES = [
+    (2, 3, 17, 16, True, torch.float16),
+    (2, 3, 33, 32, False, torch.float32),
+    (1, 2, 1, 64, True, torch.float16),
+    (3, 2, 70, 64, True, torch.float32),
+]
+
+
+@exercise("9.3", "FlashAttention forward in Triton", points=3, stars=3, notebook=NB, time_limit=TRITON_TIME_LIMIT_S,
+          section="4. The Triton kernel, block by block")
+def flash_attention_triton(t: Trial) -> None:
+    t.error_hints = _TRITON_ERRORS
+    t.forbidden_references = set(_COURSE_FUNCTIONS)
+    passed: list[str] = []
+    for case in _forward_cases(kernel_device()):
+        _forward_case(t, case, passed)
+
+
+# =========================================================================== 9.4 Triton backward
+
+
+def _backward64(q, k, v, lse, do, causal: bool, scale_grads: bool = True, use_delta: bool = True,
+                mask: str = "causal", lse_units: str = "ln", dv_transposed: bool = True):
+    """Gradients in float64 from P recomputed with the given lse, with one mistake switched on."""
+    q, k, v, do = (x.detach().to("cpu", torch.float64) for x in (q, k, v, do))
+    lse = lse.detach().to("cpu", torch.float64)
+    T, d = q.shape[-2:]
+    scale = 1 / math.sqrt(d)
+    s = q @ k.transpose(-2, -1) * scale
+    p = torch.exp(s - lse[..., None])
+    if lse_units == "log2-missed":  # exp2(s * scale * log2e - lse): lse not converted to log2 units
+        p = p * torch.exp(lse * (1 - math.log(2)))[..., None]
+    if causal and mask != "none":
+        keep = att.causal_mask(T)
+        if mask == "strict":
+            keep = keep & ~torch.eye(T, dtype=torch.bool)
+        p = p.masked_fill(~keep, 0.0)
+    o = p @ v
+    dv = p.transpose(-2, -1) @ do if dv_transposed else p @ do
+    dp = do @ v.transpose(-2, -1)
+    delta = (do * o).sum(dim=-1, keepdim=True) if use_delta else 0.0
+    ds = p * (dp - delta)
+    g = scale if scale_grads else 1.0
+    return ds @ k * g, ds.transpose(-2, -1) @ q * g, dv
+
+
+_BWD_HINTS = {
+    "dv": "dV = P^T dO, with P = exp(S * sm_scale - lse) recomputed from the saved lse (natural log: with exp2, "
+          "multiply both by log2(e)).",
+    "dk": "dK = sm_scale * dS^T Q with dS = P * (dP - D), dP = dO V^T and D = rowsum(dO * O).",
+    "dq": "dQ = sm_scale * dS K with dS = P * (dP - D), dP = dO V^T and D = rowsum(dO * O).",
+}
+
+
+def _backward_mistakes(q, k, v, lse, do, causal: bool, which: int, dtype, dev) -> dict[str, Callable]:
+    def g(**kw):
+        return lambda: _backward64(q, k, v, lse, do, causal, **kw)[which].to(device=dev, dtype=dtype)
+
+    mistakes = {
+        "the gradients of q and k miss the softmax scale: S = sm_scale * Q K^T, so dQ = sm_scale * dS K and "
+        "dK = sm_scale * dS^T Q.": g(scale_grads=False),
+        "D is missing: dS = P * (dP - D) with D = rowsum(dO * O) (one number per query row), not P * dP.": g(use_delta=False),
+        "P was recomputed with lse in the wrong units: lse is a natural log; with tl.exp2 use "
+        "exp2(qk * sm_scale * log2(e) - lse * log2(e)).": g(lse_units="log2-missed"),
+    }
+    if which == 2:
+        mistakes["dV = P^T dO (keys x queries times queries x d): transpose P."] = g(dv_transposed=False)
+    if causal:
+        mistakes["the causal mask is missing in the backward pass: P recomputed from lse must be 0 for keys j > i "
+                 "(tl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0))."] = g(mask="none")
+        mistakes["the backward mask also hides the diagonal: query i attends to key i (keep j <= i)."] = g(mask="strict")
+    return mistakes
+
+
+_BACKWARD_CASES = [  # (B, H, T, d, causal, dtype): friendly T = 128 first, then ragged, then several heads
+    (1, 1, 128, 64, False, torch.float32),
+    (1, 1, 128, 64, True, torch.float32),
+    (1, 1, 100, 32, True, torch.float32),
+    (1, 1, 100, 16, False, torch.float16),
+    (2, 3, 17, 128, True, torch.float16),
+    (1, 2, 1, 64, False, torch.float32),
+]
+
+
+def _backward_cases(dev: torch.device) -> list[dict]:
+    """Every case of 9.4 with its expected gradients (autograd through SDPA in float64), built first."""
+    cases = []
+    for i, (B, H, T, d, causal, dtype) in enumerate(_BACKWARD_CASES):
+        q, k, v = (x.to(dtype) for x in _qkv(B, H, T, d, seed=950 + i, spread=1.0))
+        do = torch.randn(B, H, T, d, generator=seeded(960 + i)).to(dtype)
+        out64, lse64, _, _ = _attention64(q, k, v, causal)
+        lse = lse64.float()
+        qr, kr, vr = (x.detach().double().requires_grad_() for x in (q, k, v))
+        with torch.enable_grad():
+            o = torch.nn.functional.scaled_dot_product_attention(qr, kr, vr, is_causal=causal)
+            o.backward(do.double())
+        cases.append(dict(q=q, k=k, v=v, do=do, lse=lse, causal=causal, dtype=dtype,
+                          expected=[x.grad.to(device=dev, dtype=dtype) for x in (qr, kr, vr)],
+                          args=[guarded(x, dev) for x in (q, k, v, out64.to(dtype), lse, do)]))
+    return cases
+
+
+@exercise("9.4", "FlashAttention backward in Triton", points=3, stars=3, notebook=NB,
+          time_limit=TRITON_TIME_LIMIT_S, bonus=True, section="5. The backward pass")
+def flash_attention_triton_backward(t: Trial) -> None:
+    t.error_hints = _TRITON_ERRORS
+    t.forbidden_references = set(_COURSE_FUNCTIONS)
+    dev = kernel_device()
+    passed: list[tuple] = []
+    for c in _backward_cases(dev):
+        args, causal, dtype = c["args"], c["causal"], c["dtype"]
+        B, H, T, d = args[0].shape
+        case = describe_case(q=args[0], k=args[1], v=args[2], out=args[3], lse=args[4], grad_out=args[5],
+                             causal=causal) + f" on {dev.type}"
+        names = ("q", "k", "v", "out", "lse", "grad_out")
+        got, prov = _call_kernel(t, *args, causal, sources=dict(zip(names, args)), case=case)
+        got = t.tuple(got, 3, ("grad_q", "grad_k", "grad_v"))
+        tol = _tol(dtype, dev, "bwd")
+        for which, name in ((2, "dv"), (1, "dk"), (0, "dq")):
+            g, e = got[which], c["expected"][which]
+            what = f"grad_{name[1]}"
+            if isinstance(g, torch.Tensor) and g.shape == e.shape:
+                _dtype_check(t, g, dtype, what)
+            diagnosis = ""
+            if isinstance(g, torch.Tensor) and g.shape == e.shape and g.dtype == e.dtype and not _close(g, e, **tol):
+                diagnosis, where = _unwritten(g, what)
+                if not diagnosis and not where and torch.isnan(g).any() and T % 16 and any(p[2] % 16 == 0 for p in passed):
+                    diagnosis = (f"NaN now that T is not a multiple of the block here (T = {T}; the cases with T = 128 "
+                                 "passed): your kernels read past the end of q, k, v, dO, lse or D (the memory after them "
+                                 "holds NaN here). Mask those loads with offs < T (other=0), set P to 0 for positions "
+                                 ">= T (tl.where), and mask the stores.")
+                if not diagnosis and not where:
+                    diagnosis, where = _slices(g, e, tol, what)
+                if not diagnosis and not where:
+                    rows = _rows(g, e, tol, T)
+                    if rows and T % 16:
+                        diagnosis = (f"{rows} of {what} (the last, partial block: T is not a multiple of the block here) "
+                                     "are wrong, the rows before are right: mask the loads of that block with offs < T "
+                                     "(other=0), set P to 0 for positions >= T, and mask the stores.")
+                    elif causal and (B, H, T, d, dtype, False) in passed:
+                        diagnosis = ("the same shapes passed with causal=False, so look at the causal parts: P must be 0 "
+                                     "for keys j > i (offs_m[:, None] >= offs_n[None, :]) in both kernels, and the loops "
+                                     "must cover every pair j <= i: dK/dV from the key block's first query on, dQ up to "
+                                     "the end of its query block.")
+                what = f"{what} ({where})" if where else what
+            t.tensor(g, e, what=what, hint=_BWD_HINTS[name], diagnosis=diagnosis, **tol,
+                     mistakes=_backward_mistakes(c["q"], c["k"], c["v"], c["lse"], c["do"], causal, which, dtype, dev))
+            if T > 1:  # with one key, grad_q = grad_k = 0 and grad_v = grad_out: nothing to compute
+                _written_by_kernel(t, prov, g, f"grad_{name[1]}", {"q", "k"})
+        passed.append((B, H, T, d, dtype, causal))
