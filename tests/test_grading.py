@@ -344,20 +344,12 @@ def test_a_class_is_graded_in_parallel_into_a_gradebook(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_nbval_lax_fails_blank_exercises_and_passes_filled_ones(tmp_path):
-    """Students run `pytest --nbval-lax exercises/`: blank notebooks fail (not attempted), filled pass."""
+def test_nbval_lax_fails_blank_exercises(tmp_path):
+    """Students run `pytest --nbval-lax exercises/`: a blank notebook fails (not attempted). (A filled
+    one passes: solutions/ passes nbval in strict mode in every test run, which is stricter.)"""
     blank = tmp_path / "blank" / "01_qkv_shapes.ipynb"
-    filled = tmp_path / "filled" / "01_qkv_shapes.ipynb"
     blank.parent.mkdir()
-    filled.parent.mkdir()
     shutil.copy(ROOT / "exercises" / "01_qkv_shapes.ipynb", blank)
-    shutil.copy(ROOT / "solutions" / "01_qkv_shapes.ipynb", filled)
-
-    def nbval_lax(path):
-        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax",
-                               "--nbval-current-env", str(path)], cwd=tmp_path, capture_output=True, text=True)
-
-    result = nbval_lax(blank)
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax",
+                             "--nbval-current-env", str(blank)], cwd=tmp_path, capture_output=True, text=True)
     assert result.returncode == 1 and "not attempted yet" in result.stdout, result.stdout[-2000:]
-    result = nbval_lax(filled)
-    assert result.returncode == 0, result.stdout[-2000:]

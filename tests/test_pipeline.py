@@ -214,3 +214,68 @@ def test_every_kernel_part_notebook_09_shows_is_marked_in_the_kernel():
         assert text.strip(), f"cell {i}: part {part!r} of {fn} is empty"
     with pytest.raises(LookupError, match="no part 'no-such-part'.*show_source"):
         tf.lesson_part(tf._attn_fwd, "no-such-part")
+
+
+# --------------------------------------------------------------------------- the package's layers
+
+
+def _imports() -> dict[str, set[str]]:
+    """helpers module -> the helpers modules it imports (at top level or inside functions)."""
+    import ast
+
+    graph: dict[str, set[str]] = {}
+    for path in sorted((ROOT / "helpers").rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        package = name if parts[-1] == "__init__" else name.rsplit(".", 1)[0]
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                found |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(up + ([node.module] if node.module else []))
+                found |= {base} | {f"{base}.{a.name}" for a in node.names}
+        graph[name] = {m for m in found if m.startswith("helpers") and m != name}
+    modules = set(graph)
+    resolved = {k: {m if m in modules else m.rsplit(".", 1)[0] for m in v} & modules - {k} for k, v in graph.items()}
+    # `from . import guard` inside helpers.checks names the package too; a package's own
+    # submodules importing it (or each other through it) is how packages work, not a cycle.
+    return {k: {m for m in v if not k.startswith(m + ".")} for k, v in resolved.items()}
+
+
+def _layer(name: str) -> int:
+    """0: runtime; 1: what the notebooks teach; 2: the checks; 3: the tools."""
+    if name in ("helpers", "helpers.runtime"):
+        return 0
+    if name.startswith("helpers.tools"):
+        return 3
+    if name.startswith("helpers.checks"):
+        return 2
+    return 1
+
+
+def test_no_import_runs_back_up_a_layer_and_there_is_no_cycle():
+    """Lessons never import the checks or the tools, the checks never import the tools, and no
+    module imports itself through others (the package has no cycle, counting imports inside
+    functions)."""
+    graph = _imports()
+    up = [(a, b) for a, deps in graph.items() for b in deps if _layer(b) > _layer(a) and b != "helpers"]
+    assert not up, f"imports running back up a layer: {up}"
+    seen: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> None:
+        seen[node] = 1
+        for dep in sorted(graph.get(node, ())):
+            if dep == "helpers":
+                continue
+            assert seen.get(dep) != 1, f"import cycle: {' -> '.join(path + [dep])}"
+            if dep not in seen:
+                visit(dep, path + [dep])
+        seen[node] = 2
+
+    for module in sorted(graph):
+        if module not in seen:
+            visit(module, [module])

@@ -4,11 +4,27 @@ gradebook CSV of a class, and whether everything that counts passed."""
 from __future__ import annotations
 
 import csv
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .grading import Row
+
+@dataclass
+class Row:
+    """One exercise of one notebook of one student, as the table and the gradebook show it."""
+
+    notebook: str
+    id: str
+    name: str
+    points: int
+    status: str
+    hint: str = ""
+    bonus: bool = False
+    student: str = ""
+
+    @property
+    def earned(self) -> int:
+        return self.points if self.status == "passed" else 0
+
 
 def _score(rows: list[Row], unit: str = "") -> str:
     """``5/8``, or ``5/8 + 0/3 bonus`` (bonus points apart); ``unit`` goes after the first part."""

@@ -31,10 +31,10 @@ from pathlib import Path
 
 import nbformat
 
-from .gradebook import format_table, passed, write_gradebook
+from . import DEFAULT_CELL_TIMEOUT_S
+from .gradebook import Row, format_table, passed, write_gradebook
 from .nbgrader import write_nbgrader_course
 
-DEFAULT_CELL_TIMEOUT_S = 300
 STATUSES = ("passed", "failed", "not attempted", "error", "timed out", "missing", "not run")
 START_TIMEOUT_S = 60.0  # a notebook's process setting itself up (before its first cell)
 GRACE_S = 10.0  # after an interrupt, how long a notebook has to stop before it is killed
@@ -56,20 +56,6 @@ class NotACourseNotebook(Exception):
     """The file's name does not say which of the course's notebooks it answers."""
 
 
-@dataclass
-class Row:
-    notebook: str
-    id: str
-    name: str
-    points: int
-    status: str
-    hint: str = ""
-    bonus: bool = False
-    student: str = ""
-
-    @property
-    def earned(self) -> int:
-        return self.points if self.status == "passed" else 0
 
 
 @dataclass
@@ -583,7 +569,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     start = time.perf_counter()
     if args.nbgrader_course:
-        for path in write_nbgrader_course(args.nbgrader_course):
+        for path in write_nbgrader_course(args.nbgrader_course, cell_timeout=args.cell_timeout):
             print(f"wrote {path}")
         print(f"next: cd {args.nbgrader_course} && nbgrader generate_assignment '*'")
         return 0

@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+from . import DEFAULT_CELL_TIMEOUT_S
+
 NBGRADER_CONFIG = """\
 # nbgrader configuration for the course, written by `python -m helpers.tools.grading --nbgrader-course`.
 import os
@@ -31,18 +33,17 @@ c.Execute.timeout = {timeout}  # seconds per cell: the Triton checks run in the 
 """
 
 
-def write_nbgrader_course(course: Path, stems: Iterable[str] | None = None) -> list[Path]:
+def write_nbgrader_course(course: Path, stems: Iterable[str] | None = None, cell_timeout: float = DEFAULT_CELL_TIMEOUT_S) -> list[Path]:
     """Lay ``solutions/`` out as an nbgrader course in ``course``: ``nbgrader_config.py`` and
     ``source/NN_topic/NN_topic.ipynb`` (one assignment per notebook, with nbgrader's cell metadata
     from :func:`helpers.tools.notebooks.nbgrader_source`). Returns the notebooks written."""
     from ..checks import feedback
     from . import notebooks as nbtools
-    from .grading import DEFAULT_CELL_TIMEOUT_S
 
     course.mkdir(parents=True, exist_ok=True)
     (course / "nbgrader_config.py").write_text(NBGRADER_CONFIG.format(
         text_stub=nbtools.EMPTY_ANSWER, solution_only=nbtools.SOLUTION_ONLY_TAG, env=feedback.RAISE_NOT_ATTEMPTED_ENV,
-        timeout=DEFAULT_CELL_TIMEOUT_S), encoding="utf-8")
+        timeout=cell_timeout), encoding="utf-8")
     written = []
     for path in nbtools.notebook_paths("solutions"):
         if stems is not None and path.stem not in stems:
