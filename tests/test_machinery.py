@@ -26,7 +26,6 @@ import functools
 import json
 import os
 import signal
-import subprocess
 import sys
 import types
 
@@ -300,18 +299,6 @@ def test_model_answers_are_package_data():
     with open(nbtools.ROOT / "pyproject.toml", "rb") as f:
         data = tomllib.load(f)["tool"]["setuptools"]["package-data"]
     assert nbtools.MODEL_ANSWERS_PATH.name in data["helpers"]
-
-
-@pytest.mark.slow
-def test_an_installed_package_carries_the_model_answers(tmp_path):
-    target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target), str(nbtools.ROOT)],
-                   check=True, capture_output=True)
-    assert (target / "helpers" / nbtools.MODEL_ANSWERS_PATH.name).read_text(encoding="utf-8") == \
-        nbtools.MODEL_ANSWERS_PATH.read_text(encoding="utf-8")
-
-
-# --------------------------------------------------------------------------- the integrity guard
 
 
 def test_a_method_added_to_torch_tensor_is_found_and_removed():

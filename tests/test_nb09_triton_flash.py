@@ -627,17 +627,7 @@ OLD_TRITON_TESTS = [
         "test_the_import_order_test_fails_without_the_import_hook",
         "test_triton_imported_before_the_helpers_gets_a_clear_warning",
     )
-] + [
-    f"tests/test_nb09_flash_attention.py::{name}" for name in (  # the PyTorch autograd Function, as before
-        "test_tiled_function_matches_autograd_of_plain_attention_in_float64",
-        "test_tiled_function_gradcheck",
-        "test_tiled_function_in_float32_and_half",
-        "test_sm_scale_defaults_to_one_over_sqrt_d",
-        "test_tiled_backward_works_tile_by_tile",
-        "test_tiled_backward_function_and_its_errors",
-        "test_leading_dims_must_agree",
-    )
-]
+]  # (the PyTorch tiled Function never imports Triton: its tests would prove nothing here)
 # Deselected there: the longest cases, and the import-order scripts (the import hook is the same
 # for every Triton; without it, Triton 3.6 stops at the NumPy bug before the error they look for).
 OLD_TRITON_DESELECT = ["257", "imported_first", "import_order"]

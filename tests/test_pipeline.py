@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -157,8 +158,24 @@ def test_bootstrap_does_nothing_outside_colab(monkeypatch):
     assert calls == []
 
 
+@pytest.fixture(scope="module")
+def installed_package(tmp_path_factory) -> Path:
+    """The course installed as a package (`pip install --no-deps --target`), once for the tests that
+    need one."""
+    target = tmp_path_factory.mktemp("site")
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target), str(ROOT)],
+                   check=True, capture_output=True)
+    return target
+
+
 @pytest.mark.slow
-def test_bootstrap_on_colab_installs_helpers_and_keeps_torch(monkeypatch, tmp_path):
+def test_an_installed_package_carries_the_model_answers(installed_package):
+    assert (installed_package / "helpers" / nbtools.MODEL_ANSWERS_PATH.name).read_text(encoding="utf-8") == \
+        nbtools.MODEL_ANSWERS_PATH.read_text(encoding="utf-8")
+
+
+@pytest.mark.slow
+def test_bootstrap_on_colab_installs_helpers_and_keeps_torch(monkeypatch, tmp_path, installed_package):
     """Simulate Colab: a fake google.colab module; the pip command the cell builds is run against
     the local checkout (dry run with a report, then a real install into a scratch folder)."""
     import types
@@ -183,9 +200,7 @@ def test_bootstrap_on_colab_installs_helpers_and_keeps_torch(monkeypatch, tmp_pa
     assert "attention-course" in to_install
     assert not {"torch", "triton"} & to_install, f"the bootstrap would replace Colab's torch/triton: {to_install}"
 
-    target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target), str(ROOT)],
-                   check=True, capture_output=True)
+    target = installed_package
     probe = "import helpers.checks, helpers.reference, helpers.runtime, helpers.tools.grading; print(helpers.checks.__file__)"
     out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env={"PYTHONPATH": str(target), "PATH": ""},
                          check=True, capture_output=True, text=True).stdout
