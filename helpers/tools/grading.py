@@ -258,6 +258,9 @@ def _child(conn: Connection, path: str, cells: list[tuple[int, str]], names: lis
         devnull = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(devnull, fd)
+        # The grader stops a cell with SIGINT. A process started in the background (a CI job, `cmd &`)
+        # inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler: put it back.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         os.environ[feedback.RAISE_NOT_ATTEMPTED_ENV] = "1"  # an unattempted exercise fails, not a notice
         os.environ["MPLBACKEND"] = "agg"
         import matplotlib
