@@ -97,13 +97,16 @@ def _message(check, fn) -> str:
 
 def test_first_failure_points_at_the_section_and_a_repeat_shows_the_recipe():
     """An unrecognised mistake (a right answer scaled by 1.01) is described, not explained: the first
-    failure names no cause and no solution, only the section; the second one shows the recipe."""
+    failure names no cause and no solution, only the section and what was found (the factor); the
+    third failed attempt shows the recipe."""
     feedback.reset_attempts()
-    first = _message(checks.scaled_dot_product_attention, lambda q, k, v: sdpa_einsum(q, k, v) * 1.01)
-    second = _message(checks.scaled_dot_product_attention, lambda q, k, v: sdpa_einsum(q, k, v) * 1.01)
+    wrong = lambda q, k, v: sdpa_einsum(q, k, v) * 1.01  # noqa: E731
+    first, second, third = (_message(checks.scaled_dot_product_attention, wrong) for _ in range(3))
     assert "hint:" not in first and "softmax(q @ k" not in first
     assert "see: notebooks/01_qkv_shapes.ipynb, section" in first
-    assert "recipe: torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d_k), dim=-1) @ v" in second
+    assert "found: every entry is 1.01 times the expected one" in first
+    assert "recipe:" not in second
+    assert "recipe: torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d_k), dim=-1) @ v" in third
     feedback.reset_attempts()
 
 

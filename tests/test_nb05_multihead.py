@@ -206,9 +206,59 @@ def mha_torch_module(x, w_qkv, w_o, n_heads, causal=False):
     return m(x, x, x, attn_mask=mask, need_weights=False)[0].detach()
 
 
+def mha_causal_off_by_one(x, w_qkv, w_o, n_heads, causal=False):
+    B, T, D = x.shape
+    q, k, v = _heads(x, w_qkv, n_heads)
+    s = q @ k.transpose(-2, -1) / math.sqrt(D // n_heads)
+    if causal:
+        s = s.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(diagonal=1), float("-inf"))
+    return (torch.softmax(s, dim=-1) @ v).transpose(1, 2).reshape(B, T, D) @ w_o
+
+
+def mha_mask_inverted(x, w_qkv, w_o, n_heads, causal=False):
+    B, T, D = x.shape
+    q, k, v = _heads(x, w_qkv, n_heads)
+    s = q @ k.transpose(-2, -1) / math.sqrt(D // n_heads)
+    if causal:
+        s = s.masked_fill(~torch.ones(T, T, dtype=torch.bool).triu(), float("-inf"))
+    return (torch.softmax(s, dim=-1) @ v).transpose(1, 2).reshape(B, T, D) @ w_o
+
+
+def mha_softmax_over_queries(x, w_qkv, w_o, n_heads, causal=False):
+    B, T, D = x.shape
+    q, k, v = _heads(x, w_qkv, n_heads)
+    s = q @ k.transpose(-2, -1) / math.sqrt(D // n_heads)
+    if causal:
+        s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    return (torch.softmax(s, dim=-2) @ v).transpose(1, 2).reshape(B, T, D) @ w_o
+
+
+def mha_qkv_grouped_per_head(x, w_qkv, w_o, n_heads, causal=False):
+    B, T, D = x.shape
+    qkv = (x @ w_qkv).view(B, T, n_heads, 3, D // n_heads)  # as if the columns were [q_h, k_h, v_h] per head
+    q, k, v = (qkv[:, :, :, i].transpose(1, 2) for i in range(3))
+    o = _attend(q, k, v, causal, math.sqrt(D // n_heads))
+    return o.transpose(1, 2).reshape(B, T, D) @ w_o
+
+
+def mha_heads_split_dk_first(x, w_qkv, w_o, n_heads, causal=False):
+    B, T, D = x.shape
+    q, k, v = (t.view(B, T, D // n_heads, n_heads).permute(0, 3, 1, 2) for t in (x @ w_qkv).split(D, dim=-1))
+    o = _attend(q, k, v, causal, math.sqrt(D // n_heads))
+    return o.transpose(1, 2).reshape(B, T, D) @ w_o
+
+
 # ============================================================ 5.2 mha_param_count
 
 # wrong: what a learner might write
+def count_bias_head_wide(d_model, n_heads, bias=False):
+    return 4 * d_model**2 + (4 * (d_model // n_heads) if bias else 0)  # a bias as wide as one head
+
+
+def count_square_per_head(d_model, n_heads, bias=False):
+    return n_heads * 4 * d_model**2 + (4 * d_model if bias else 0)  # a D x D matrix for every head
+
+
 def count_without_w_o(d_model, n_heads, bias=False):
     return 3 * d_model**2 + (3 * d_model if bias else 0)
 
@@ -370,6 +420,11 @@ WRONG = {
         (mha_no_w_o, "output projection is missing"),
         (mha_returns_heads, "expected shape [2, 5, 12]"),
         (mha_float32_inside, "expected dtype torch.float64"),
+        (mha_causal_off_by_one, "one key ahead"),
+        (mha_mask_inverted, "your causal mask is inverted"),
+        (mha_softmax_over_queries, "softmax over the queries"),
+        (mha_qkv_grouped_per_head, "grouped per head"),
+        (mha_heads_split_dk_first, ".view(B, T, d_k, H)"),
     ],
     "mha_param_count": [
         (count_without_w_o, "W_O is missing"),
@@ -381,6 +436,8 @@ WRONG = {
         (count_per_head_square, "per-head widths"),
         (count_one_head, "per-head widths"),
         (count_as_float, "expected an int"),
+        (count_bias_head_wide, "not d_k wide"),
+        (count_square_per_head, "a D x D matrix per head"),
     ],
     "ablate_head": [
         (ablate_one_based, "you zeroed head 0, not head 1"),

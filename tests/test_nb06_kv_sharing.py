@@ -359,6 +359,53 @@ def mla_matmul_broadcast(q, c_kv, w_uk):
 
 # ============================================================ the exercises' cases
 
+def repeat_kv_one_copy_short(x, n_rep):
+    return x.repeat_interleave(n_rep - 1, dim=1)  # "n_rep more copies"
+
+
+def repeat_kv_along_d(x, n_rep):
+    B, H_kv, T, d = x.shape
+    return x.repeat_interleave(n_rep, dim=-1).reshape(B, H_kv * n_rep, T, d)
+
+
+def gqa_hides_diagonal(q, k, v, causal=False):
+    n_rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(n_rep, dim=1), v.repeat_interleave(n_rep, dim=1)
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if causal:
+        T = s.shape[-1]
+        s = s.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(-1), float("-inf"))
+    return torch.softmax(s, dim=-1) @ v
+
+
+def gqa_last_kv_head(q, k, v, causal=False):
+    return _attend(q, k[:, -1:], v[:, -1:], causal)
+
+
+def gqa_scale_all_kv_heads(q, k, v, causal=False):
+    n_rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(n_rep, dim=1), v.repeat_interleave(n_rep, dim=1)
+    s = q @ k.transpose(-2, -1) / math.sqrt(k.shape[1] // n_rep * q.shape[-1])
+    if causal:
+        T = s.shape[-1]
+        s = s.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+    return torch.softmax(s, dim=-1) @ v
+
+
+def values_mla_latent_per_head(kind, n_heads, n_kv_heads, head_dim, kv_lora_rank, rope_dim):
+    if kind == "mla":
+        return n_heads * kv_lora_rank + rope_dim
+    return 2 * {"mha": n_heads, "gqa": n_kv_heads, "mqa": 1}[kind] * head_dim
+
+
+def mla_heads_reversed(q, c_kv, w_uk):
+    return (q @ w_uk.flip(0).transpose(-2, -1)) @ c_kv.unsqueeze(1).transpose(-2, -1)
+
+
+def mla_scores_transposed(q, c_kv, w_uk):
+    return c_kv.unsqueeze(1) @ (q @ w_uk.transpose(-2, -1)).transpose(-2, -1)  # [B, H, T, T_q]
+
+
 WRONG = {
     "repeat_kv": [
         (repeat_kv_tiles, "you tiled the heads"),
@@ -366,6 +413,8 @@ WRONG = {
         (repeat_kv_sequence_axis, "sequence axis"),
         (repeat_kv_no_reshape, "5-D view"),
         (repeat_kv_float32, "expected dtype torch.float64"),
+        (repeat_kv_one_copy_short, "n_rep - 1 copies"),
+        (repeat_kv_along_d, "along the last axis (d)"),
     ],
     "grouped_query_attention": [
         (gqa_tiled_heads, "are tiled"),
@@ -374,6 +423,9 @@ WRONG = {
         (gqa_always_causal, "causal=False here"),
         (gqa_no_repeat, "repeat each kv head"),
         (gqa_no_scale, "not scaled"),
+        (gqa_hides_diagonal, "also hides the diagonal"),
+        (gqa_last_kv_head, "read the last kv head"),
+        (gqa_scale_all_kv_heads, "1/sqrt(H_kv * d)"),
     ],
     "kv_values_per_token": [
         (values_keys_only, "keys only"),
@@ -383,6 +435,7 @@ WRONG = {
         (values_gqa_query_heads, "GQA with the query heads"),
         (values_in_bytes, "you counted bytes"),
         (values_as_float, "expected an int"),
+        (values_mla_latent_per_head, "a latent per head"),
     ],
     "mla_absorbed_scores": [
         (mla_scaled, "divided by sqrt(d_h)"),
@@ -395,6 +448,8 @@ WRONG = {
         (mla_forms_keys_per_token, "formed the per-head keys"),
         (mla_forms_keys_broadcast, "formed the per-head keys"),
         (mla_three_operand_einsum, "formed the per-head keys"),
+        (mla_heads_reversed, "w_uk[H - 1 - h]"),
+        (mla_scores_transposed, "[B, H, T, T_q], the transpose"),
     ],
 }
 

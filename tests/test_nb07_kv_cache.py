@@ -498,6 +498,23 @@ def flops_layer_by_layer(prompt_len, new_tokens, d_model, n_layers, use_cache):
 
 # ============================================================ the exercises' cases
 
+def cache_head_dim_for_heads(batch, seq_len, n_layers, n_kv_heads, head_dim, dtype_bytes):
+    return 2 * batch * seq_len * n_layers * head_dim * head_dim * dtype_bytes  # head_dim twice
+
+
+def cache_bf16_always(batch, seq_len, n_layers, n_kv_heads, head_dim, dtype_bytes):
+    return 2 * batch * seq_len * n_layers * n_kv_heads * head_dim * 2  # "2 bytes per number"
+
+
+def flops_without_w_o(prompt_len, new_tokens, d_model, n_layers, use_cache):
+    d, P = d_model, prompt_len
+    total = 6 * d * d * P + 4 * d * P * P  # Q, K, V only
+    for t in range(1, new_tokens + 1):
+        L = P + t
+        total += 6 * d * d + 4 * d * L if use_cache else 6 * d * d * L + 4 * d * L * L
+    return n_layers * total
+
+
 WRONG = {
     "kv_cache_bytes": [
         (cache_keys_only, "keys only"),
@@ -509,6 +526,8 @@ WRONG = {
         (cache_float_bytes, "expected an int"),
         (cache_string, "got the string"),
         (cache_tensor, "return `.item()`"),
+        (cache_head_dim_for_heads, "head_dim where n_kv_heads belongs"),
+        (cache_bf16_always, "ignored dtype_bytes (2 bytes"),
     ],
     "decode_step": [
         (decode_not_attending_new, "new token's own key and value were not attended"),
@@ -535,6 +554,7 @@ WRONG = {
         (flops_multiplies_only, "multiplies only"),
         (flops_closed_form_float, "expected an int"),
         (flops_cache_quadratic, "not 4*d*L^2"),
+        (flops_without_w_o, "you left out W_O"),
     ],
 }
 

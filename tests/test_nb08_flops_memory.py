@@ -430,6 +430,22 @@ def seq_newton(budget_bytes, batch, n_heads, dtype_bytes):
 
 # ============================================================ the exercises' cases
 
+def bytes_linear_in_t(batch, n_heads, seq_len, dtype_bytes):
+    return batch * n_heads * seq_len * dtype_bytes  # one score per token
+
+
+def bytes_fp16_always(batch, n_heads, seq_len, dtype_bytes):
+    return batch * n_heads * seq_len * seq_len * 2  # "fp16: 2 bytes"
+
+
+def seq_strictly_less(budget_bytes, batch, n_heads, dtype_bytes):
+    per = batch * n_heads * dtype_bytes
+    T = math.isqrt(budget_bytes // per)
+    while T > 0 and per * T * T >= budget_bytes:  # ">=": an exact fit is treated as too big
+        T -= 1
+    return T
+
+
 WRONG = {
     "attention_flops": [
         (flops_kv_with_query_heads, "K and V projections with the query heads"),
@@ -452,6 +468,8 @@ WRONG = {
         (bytes_gb, "GB as a float"),
         (bytes_entries, "counted entries, not bytes"),
         (bytes_float_pow, "expected an int"),
+        (bytes_linear_in_t, "T entries per head, not T*T"),
+        (bytes_fp16_always, "ignored dtype_bytes (2 bytes"),
     ],
     "max_seq_len_for_scores": [
         (seq_one_past, "one past the boundary"),
@@ -462,6 +480,7 @@ WRONG = {
         (seq_no_batch, "ignored the batch"),
         (seq_no_heads, "ignored the heads"),
         (seq_floor_float, "expected an int"),
+        (seq_strictly_less, "an exact fit is left out"),
     ],
 }
 

@@ -336,6 +336,33 @@ def alibi_heads_last(n_heads, T):
     return -_distance(T)[:, :, None] * slopes  # [T, T, H]
 
 
+def rope_positions_from_one(x, positions, base):
+    d = x.shape[-1]
+    inv_freq = 1.0 / (base ** (torch.arange(0, d, 2).double() / d))
+    emb = torch.cat([(positions.double()[:, None] + 1) * inv_freq] * 2, dim=-1)  # "positions start at 1"
+    x1, x2 = _halves(x)
+    return x * emb.cos().to(x.dtype) + torch.cat((-x2, x1), dim=-1) * emb.sin().to(x.dtype)
+
+
+def rope_cos_sin_swapped(x, positions, base):
+    d = x.shape[-1]
+    inv_freq = 1.0 / (base ** (torch.arange(0, d, 2).double() / d))
+    emb = torch.cat([positions.double()[:, None] * inv_freq] * 2, dim=-1)
+    x1, x2 = _halves(x)
+    return x * emb.sin().to(x.dtype) + torch.cat((-x2, x1), dim=-1) * emb.cos().to(x.dtype)
+
+
+def alibi_base_e(n_heads, T):
+    slopes = torch.exp(-8 * torch.arange(1, n_heads + 1) / n_heads)
+    return -slopes[:, None, None] * _distance(T)
+
+
+def alibi_lower_triangle_only(n_heads, T):
+    slopes = 2.0 ** (-8 * torch.arange(1, n_heads + 1) / n_heads)
+    i = torch.arange(T)
+    return -slopes[:, None, None] * (i[:, None] - i[None, :]).clamp(min=0)  # the future "is masked anyway"
+
+
 WRONG = {
     "rope": [
         (rope_interleaved, "interleaved convention"),
@@ -347,6 +374,8 @@ WRONG = {
         (rope_exponent_from_one, "start at i = 1"),
         (rope_float64_result, "expected dtype torch.float32"),
         (rope_in_place, "in place"),
+        (rope_positions_from_one, "positions are shifted by one"),
+        (rope_cos_sin_swapped, "swapped cos and sin"),
     ],
     "alibi_bias": [
         (alibi_slopes_from_zero, "off by one head"),
@@ -360,6 +389,8 @@ WRONG = {
         (alibi_bloom_style, "BLOOM"),
         (alibi_float64, "expected dtype torch.float32"),
         (alibi_heads_last, "expected shape [8, 5, 5]"),
+        (alibi_base_e, "base e"),
+        (alibi_lower_triangle_only, "0 above the diagonal"),
     ],
 }
 

@@ -372,6 +372,28 @@ def induction_float32_loop(attn):
     return out
 
 
+def swiglu_mish(x, w_gate, w_up, w_down):
+    gate = x @ w_gate
+    return (gate * torch.tanh(torch.nn.functional.softplus(gate)) * (x @ w_up)) @ w_down
+
+
+def swiglu_swish_beta_2(x, w_gate, w_up, w_down):
+    gate = x @ w_gate
+    return (gate * torch.sigmoid(2 * gate) * (x @ w_up)) @ w_down
+
+
+def loss_label_smoothing(logits, targets):
+    V = logits.shape[-1]
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, V), targets.reshape(-1), label_smoothing=0.1)
+
+
+def induction_two_after(attn):
+    T = attn.shape[-1]
+    m = T // 2
+    i = torch.arange(m, T)
+    return attn[..., i, i - m + 2].mean(-1)  # two after the previous occurrence
+
+
 WRONG = {
     "swiglu": [
         (swiglu_gelu, "you used GELU"),
@@ -384,6 +406,8 @@ WRONG = {
         (swiglu_added, "you added the branches"),
         (swiglu_no_down, "down projection is missing"),
         (swiglu_transposed_down, "w_down is [F, D]"),
+        (swiglu_mish, "you used Mish"),
+        (swiglu_swish_beta_2, "beta = 2"),
     ],
     "causal_lm_loss": [
         (loss_sum, "you summed the losses"),
@@ -397,6 +421,7 @@ WRONG = {
         (loss_classes_on_wrong_axis, "classes on axis 1"),
         (loss_item, "no .item()"),
         (loss_rebuilt_from_numbers, "detached from the logits"),
+        (loss_label_smoothing, "label_smoothing=0.1"),
     ],
     "induction_scores": [
         (induction_duplicate_token, "key i - m, the query's previous occurrence"),
@@ -407,6 +432,7 @@ WRONG = {
         (induction_transposed, "rows are queries"),
         (induction_one_number, "one score per head"),
         (induction_float32_loop, "expected dtype torch.float64"),
+        (induction_two_after, "key i - m + 2"),
     ],
 }
 

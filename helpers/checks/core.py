@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import numbers
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -36,9 +37,11 @@ from typing import Any
 import torch
 import torch.nn.functional  # noqa: F401  (watched by the integrity guard)
 
+from .diagnose import number_facts, shape_facts, tensor_facts
 from .feedback import (
     _FAILURES,
     CORE_ERROR_HINTS,
+    RECIPE_AFTER,
     CheckFailed,
     CheckResult,
     Exercise,
@@ -54,6 +57,7 @@ from .feedback import (
     _short,
     describe,
     describe_case,
+    number_text,
 )
 from .guard import (
     _DEVICE_HINT,
@@ -141,6 +145,14 @@ def flipped_causal(causal: bool, model: Callable[..., Callable[[], Any]]) -> dic
 
 
 
+def _to_float(x: Any) -> float:
+    """``float(x)``, with an int beyond float's range (``10**400``) as +-inf instead of an error."""
+    try:
+        return float(x)
+    except OverflowError:
+        return math.inf if x > 0 else -math.inf
+
+
 class Trial:
     """Runs one learner function against the cases of one check.
 
@@ -158,33 +170,44 @@ class Trial:
         self.error_hints: dict[str, str] = {}
         self.forbidden_references: set[str] = {ex.name}
         self.is_reference = is_course_reference(fn, ex.name)
-        self.repeat = _FAILURES.get(ex.name, 0) > 0
+        self.attempts = _FAILURES.get(ex.name, 0)  # failed attempts of this exercise before this one
+        self.repeat = self.attempts + 1 >= RECIPE_AFTER
+        self.passed_cases: list[str] = []  # cases whose output compared equal (named in a later failure)
 
     # -- failing
 
     def fail(self, message: str, hint: str = "", kind: type[CheckFailed] = CheckFailed, *, recipe: str = "",
-             generic: bool = False) -> None:
+             generic: bool = False, found: str = "") -> None:
         """Fail with ``message`` (what differs). ``hint`` names the mistake and is always shown;
         ``generic=True`` marks it as a general tip rather than a recognised cause (the message
         then also points at the teaching section). ``recipe`` is the full recipe: shown only when
-        this check has failed before in this kernel."""
+        this check has failed before in this kernel. ``found`` is a fact about the wrong output
+        (:mod:`helpers.checks.diagnose`), shown when no mistake was recognised."""
         __tracebackhide__ = True
         ex = self.ex
+        earlier = [c for c in self.passed_cases if c != self.case]
+        if not (hint and not generic) and earlier and not found and kind is CheckFailed:
+            found = (f"your function gave the right output on the earlier case{'s' if len(earlier) > 1 else ''} "
+                     f"{'; '.join(earlier[:3])}, and not on this one.")
         verdict = "not attempted" if kind is NotAttempted else "failed"
         where = f" on case: {self.case}" if self.case else ""
         lines = [f"{ex.id} {ex.name} {verdict}{where}", f"  {message}"]
+        recognised = bool(hint) and not generic
+        if found and not recognised:
+            lines.append(f"  found: {found}")
         if hint:
             lines.append(f"  hint: {hint}")
-        recognised = bool(hint) and not generic
         if not recognised and kind is not NotAttempted:
             lines.append(f"  see: {ex.pointer}")
         if recipe and recipe != hint:
             if self.repeat:
                 lines.append(f"  recipe: {recipe}")
             else:
-                lines.append("  (stuck? if this check fails again, it shows a step-by-step recipe)")
+                left = RECIPE_AFTER - 1 - self.attempts
+                lines.append(f"  (stuck? after {left} more failed attempt{'s' if left > 1 else ''}, this check shows a "
+                             "step-by-step recipe)")
         summary = message.split("\n")[0].strip()
-        instructor = hint if recognised else f"{summary}{where}"
+        instructor = hint if recognised else found or f"{summary}{where}"
         raise kind("\n".join(lines), hint, instructor_hint=instructor, recognised=recognised, recipe=recipe,
                    summary=summary, case=self.case, exercise=ex)
 
@@ -366,7 +389,7 @@ class Trial:
         if got.shape != expected.shape:
             self.fail(f"{what}: expected shape {list(expected.shape)}, got {list(got.shape)}.",
                       matched or "print the shape after each step and compare it with the contract.",
-                      recipe=recipe, generic=not matched)
+                      recipe=recipe, generic=not matched, found=shape_facts(got.shape, expected.shape))
         e64, g64 = expected.detach().to(_float64), got.detach().to(_float64)
         exp_finite = _isfinite(expected) if expected.is_floating_point() else _ones_like(expected, dtype=_bool)
         got_finite = _isfinite(got)
@@ -387,8 +410,10 @@ class Trial:
                 f"{what}: values differ at {n_bad} of {close.numel()} entries (max abs diff {_fmt(diff)}); "
                 f"first at index {idx}: expected {_fmt(float(e64[tuple(idx)]))}, got {_fmt(float(g64[tuple(idx)]))}.\n"
                 f"  expected starts {_preview(expected)}\n  got      starts {_preview(got)}",
-                matched, recipe=recipe,
+                matched, recipe=recipe, found="" if matched else tensor_facts(g64, e64, atol, rtol),
             )
+        if self.case and self.case not in self.passed_cases:
+            self.passed_cases.append(self.case)
         return got
 
     def number(self, got: Any, expected: float | int, what: str = "result", mistakes: Mapping[str, Any] | None = None,
@@ -410,27 +435,29 @@ class Trial:
                           "checks accept plain Python numbers only.",
                           "return a plain int or float: the number itself, not an object that behaves like one.", Refused)
             self.fail(f"{what}: expected a number, got {describe(got)}.", recipe=recipe)
-        value = float(got)
+        value = _to_float(got)  # +-inf for an int beyond float's range: compared exactly below, never crashes
         if integer and not (t is int or value.is_integer()):
             self.fail(f"{what}: expected a whole number, got {got!r}.", "counts of bytes and FLOPs are integers: use // and int().")
         if integer and t is not int:
             self.fail(f"{what}: expected an int, got {describe(got)} {got!r}.", "return int(...): counts of bytes and FLOPs are ints.")
-        if integer and _type(expected) is int and rel == 0 and abs_tol == 0:
-            ok = got == expected
-        else:
-            ok = _isclose_num(value, float(expected), rel_tol=rel, abs_tol=abs_tol)
+        exact = t is int and _type(expected) is int and rel == 0 and abs_tol == 0
+        ok = got == expected if exact else _isclose_num(value, _to_float(expected), rel_tol=rel, abs_tol=abs_tol)
         if not ok:
             matched = diagnosis
             for h, v in (mistakes or {}).items():
                 try:
-                    w = float(v() if callable(v) else v)
-                    if _isclose_num(value, w, rel_tol=max(rel, 1e-9), abs_tol=abs_tol):
+                    w = v() if callable(v) else v
+                    if (got == w if exact and _type(w) is int else
+                            _isclose_num(value, _to_float(w), rel_tol=max(rel, 1e-9), abs_tol=abs_tol)):
                         matched = h
                         break
                 except Exception:  # noqa: BLE001 - a mistake model that does not apply here
                     continue
-            self.fail(f"{what}: expected {expected:,}, got {got:,}." if integer else
-                      f"{what}: expected {_fmt(float(expected))}, got {_fmt(value)}.", matched, recipe=recipe)
+            self.fail(f"{what}: expected {number_text(expected)}, got {number_text(got)}." if integer else
+                      f"{what}: expected {_fmt(_to_float(expected))}, got {_fmt(value)}.", matched, recipe=recipe,
+                      found="" if matched or not math.isfinite(value) else number_facts(got, expected))
+        if self.case and self.case not in self.passed_cases:
+            self.passed_cases.append(self.case)
         return got
 
     def tuple(self, got: Any, n: int, names: Sequence[str]) -> tuple:

@@ -38,6 +38,7 @@ the notebook kernels nbval starts) and the grader sets it in its kernels. Outsid
 unattempted exercise always raises."""
 
 
+RECIPE_AFTER = 3  # the full recipe is shown from this failed attempt of an exercise on (graduated hints)
 WRAP_WIDTH = 92  # columns at which messages shown in a notebook are wrapped (at word boundaries)
 MODEL_ANSWERS_FILE = "model_answers.json"  # package data of `helpers`, written by `make exercises`
 
@@ -173,8 +174,10 @@ def describe(x: Any) -> str:
         return "None"
     if t is bool:
         return f"bool {x}"
-    if t in (int, float):
-        return f"{t.__name__} {x!r}"
+    if t is int:
+        return f"int {number_text(x)}"
+    if t is float:
+        return f"float {x!r}"
     if t in (tuple, list):
         if _len(x) <= 6 and all(_type(e) in (int, float, bool) for e in x):
             return repr(x)
@@ -190,7 +193,16 @@ def describe_case(**kwargs: Any) -> str:
 
 
 def _fmt(v: float) -> str:
-    return f"{v:.4g}" if math.isfinite(v) else str(v)
+    """4 significant digits; -0 shown as 0 (the sign of a zero means nothing to a learner)."""
+    return f"{v + 0.0:.4g}" if math.isfinite(v) else str(v)
+
+
+def number_text(x: Any) -> str:
+    """``1,234,567`` for an int (``an int of 401 digits`` past 40 digits, which Python may refuse to
+    print at all), ``0.5`` for anything else."""
+    if _type(x) is int and x.bit_length() > 132:
+        return f"{'a negative' if x < 0 else 'an'} int of about {int(x.bit_length() * 0.30103) + 1} digits"
+    return f"{x:,}" if _type(x) is int else _short(x)
 
 
 def _preview(t: torch.Tensor, n: int = 6) -> str:

@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import builtins
+import collections.abc
 import functools
 import math
 import operator
@@ -49,6 +50,7 @@ _Size = torch.Size
 _isclose, _allclose, _equal, _eq = torch.isclose, torch.allclose, torch.equal, torch.eq
 _isfinite, _isnan, _nan_to_num, _ones_like = torch.isfinite, torch.isnan, torch.nan_to_num, torch.ones_like
 _float64, _bool, _strided, _meta = torch.float64, torch.bool, torch.strided, torch.device("meta")
+_Mapping = collections.abc.Mapping
 _get_default_dtype, _set_default_dtype = torch.get_default_dtype, torch.set_default_dtype
 _DEVICE_CONTEXT = getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None)  # where torch.set_default_device keeps its mode
 _set_default_device = torch.set_default_device
@@ -83,7 +85,8 @@ def _torch_wrapper_of(new: Any, old: Any) -> bool:
     return code is not None and getattr(new, "__wrapped__", None) is old and code.co_filename.startswith(_TORCH_DIR)
 
 
-_CLASS_ADDITIONS_ALLOWED = {"__annotations__", "__annotate__", "__abstractmethods__"}
+# __slotnames__: copyreg caches it on a class the first time an instance is pickled (torch.save).
+_CLASS_ADDITIONS_ALLOWED = {"__annotations__", "__annotate__", "__abstractmethods__", "__slotnames__"}
 
 
 class _Guard:
@@ -473,6 +476,11 @@ def _plain(x: Any, where: str, device: torch.device | None, depth: int = 0) -> A
             raise _Refusal(f"{where} is a tensor on the meta device.", _META_HINT)
         if device is not None and dev != device:
             raise _Refusal(f"{where} is on {dev}, but the inputs are on {device}.", _DEVICE_HINT)
+        layout = _TensorBase.layout.__get__(x)
+        if layout != _strided or _TensorBase.is_nested.__get__(x):
+            kind = "nested" if _TensorBase.is_nested.__get__(x) else str(layout).removeprefix("torch.")
+            raise _Refusal(f"{where} is a {kind} tensor; checks compare dense tensors.",
+                           "return a dense tensor: convert it with .to_dense() (or build it dense).")
         return x
     if _issubclass(t, _Tensor):
         raise _Refusal(f"{where} is a {t.__name__}, a subclass of torch.Tensor; checks accept plain tensors only.",
@@ -493,8 +501,16 @@ def _plain(x: Any, where: str, device: torch.device | None, depth: int = 0) -> A
     if _issubclass(t, list):
         return [_plain(e, f"item {i} of {where}", device, depth + 1) for i, e in enumerate(list.__iter__(x))]
     if _issubclass(t, dict):
-        return {k: _plain(v, f"{where}[{k!r}]", device, depth + 1) for k, v in dict.items(x)}
+        return {k: _plain(v, f"{where}[{key_text(k)}]", device, depth + 1) for k, v in dict.items(x)}
+    if _Mapping in _type.__dict__["__mro__"].__get__(t):
+        raise _Refusal(f"{where} is a {_type.__dict__['__name__'].__get__(t)}, a Mapping that is not a dict; "
+                       "checks read plain dicts only.", "return a plain dict: {key: value, ...} or dict(...).")
     return x
+
+
+def key_text(k: Any) -> str:
+    """A dict key as a message shows it, without running a learner's ``__repr__``."""
+    return repr(k) if _type(k) in (str, int, float, bool) else _type.__dict__["__name__"].__get__(_type(k))
 
 
 def _input_device(args: tuple, kwargs: dict) -> torch.device | None:

@@ -34,7 +34,7 @@ def _weights(B: int, T: int, D: int, seed: int, dtype=torch.float32):
 
 
 def _mha_model(x, w_qkv, w_o, H: int, causal: bool, split: str = "ok", merge: str = "ok",
-               scale: str = "d_k", w_o_mode: str = "ok") -> torch.Tensor:
+               scale: str = "d_k", w_o_mode: str = "ok", mask: str = "ok", softmax_dim: int = -1) -> torch.Tensor:
     """A learner's multi-head attention in float64 with one mistake switched on."""
     B, T, D = x.shape
     d_k = D // H
@@ -42,10 +42,19 @@ def _mha_model(x, w_qkv, w_o, H: int, causal: bool, split: str = "ok", merge: st
     parts = (x64 @ w64).split(D, dim=-1)
     if split == "reshape":                       # [B, T, D] -> [B, H, T, d_k] by reshape alone
         q, k, v = (p.reshape(B, H, T, d_k) for p in parts)
+    elif split == "per_head_qkv":                # columns read as [q_h, k_h, v_h] for each head h
+        q, k, v = (x64 @ w64).view(B, T, H, 3, d_k).permute(3, 0, 2, 1, 4).unbind(0)
+    elif split == "dk_major":                    # each head as .view(B, T, d_k, H)
+        q, k, v = (p.view(B, T, d_k, H).permute(0, 3, 1, 2) for p in parts)
     else:
         q, k, v = (split_heads(p, H) for p in parts)
     s = q @ k.transpose(-2, -1) / {"d_k": math.sqrt(d_k), "D": math.sqrt(D), "none": 1.0}[scale]
-    p = masked_softmax(s, causal_mask(T) if causal else None)
+    ones = torch.ones(T, T, dtype=torch.bool)
+    allowed = {"ok": causal_mask(T), "off_by_one": ones.tril(1), "inverted": ones.triu()}[mask] if causal else None
+    if softmax_dim == -1:
+        p = masked_softmax(s, allowed)
+    else:
+        p = torch.softmax(s if allowed is None else s.masked_fill(~allowed, float("-inf")), dim=softmax_dim)
     o = p @ v                                    # [B, H, T, d_k]
     merged = o.reshape(B, T, D) if merge == "reshape" else merge_heads(o)
     y = {"ok": lambda m: m @ o64, "T": lambda m: m @ o64.T, "none": lambda m: m}[w_o_mode](merged)
@@ -67,7 +76,19 @@ def _mha_mistakes(x, w_qkv, w_o, H: int, causal: bool) -> dict[str, torch.Tensor
         "you applied w_o transposed: the contract is y = merged @ w_o (row r of w_o reads column r of "
         "the merged heads), not merged @ w_o.T.": m(w_o_mode="T"),
         "the output projection is missing: return merged @ w_o, not the merged heads.": m(w_o_mode="none"),
+        "you took the softmax over the queries (dim=-2): each query's weights over the keys must sum to 1, "
+        "softmax(scores, dim=-1).": m(softmax_dim=-2),
+        "you split w_qkv's columns as if they were grouped per head (q, k, v of head 0, then of head 1, ...): "
+        "the contract's columns are all of Q, then all of K, then all of V, (x @ w_qkv).split(D, dim=-1).":
+            m(split="per_head_qkv"),
+        "you split the heads as .view(B, T, d_k, H): the D columns are H blocks of d_k (head h is columns "
+        "h*d_k:(h+1)*d_k), so .view(B, T, H, d_k).transpose(1, 2).": m(split="dk_major"),
     }
+    if causal:
+        models["your causal mask lets each query read one key ahead (tril with diagonal=1): keep keys j <= i, "
+               "torch.ones(T, T).tril() with diagonal 0."] = m(mask="off_by_one")
+        models["your causal mask is inverted (triu): it lets query i read keys j >= i, the future, and hides "
+               "the past; causal attention keeps j <= i (tril)."] = m(mask="inverted")
     models.update(flipped_causal(causal, m))
     return eager_mistakes(models)
 
@@ -119,7 +140,13 @@ def _count_mistakes(D: int, H: int, bias: bool) -> dict[str, int]:
     if bias:
         m[per_head + " (And the biases are four D-wide vectors, 4 D, not 4 d_k.)"] = 4 * D * d_k + 4 * d_k
         m[per_head + " (Biases: 4 D.)"] = 4 * D * d_k
+    per_matrix = ("you counted a D x D matrix per head: a head's projection is D x d_k, and the H heads of one "
+                  "projection together make one D x D matrix, so 4 D^2 in all, whatever H.")
+    m[per_matrix] = 4 * H * D * D + (4 * D if bias else 0)
     if bias:
+        m[per_matrix + " (Biases: 4 D.)"] = 4 * H * D * D + 4 * H * D
+        m["the biases are miscounted: each bias is D wide (one number per output column of its D x D "
+          "matrix), not d_k wide: 4 D in all."] = 4 * D * D + 4 * d_k
         m.update({
             "bias=True, but the biases are missing: add one D-wide bias for each of W_Q, W_K, W_V and "
             "W_O, 4 D more.": 4 * D * D,

@@ -64,6 +64,14 @@ def repeat_kv(t: Trial) -> None:
             "you repeated along the sequence axis (dim 2): the copies go on the heads axis, dim 1.": lambda: x.repeat_interleave(n_rep, dim=2),
             "you returned the expanded 5-D view [B, H_kv, n_rep, T, d]: reshape it to "
             "[B, H_kv * n_rep, T, d].": lambda: x[:, :, None].expand(B, H_kv, n_rep, T, d),
+            "you made n_rep - 1 copies of each kv head: n_rep is how many times each appears in the result "
+            "(H_kv * n_rep heads in all).": lambda: x.repeat_interleave(n_rep - 1, dim=1),
+            "you repeated along the last axis (d) and then reshaped: that spreads one head's numbers over "
+            "several heads. Put the copies on a new axis after H_kv, x[:, :, None].expand(...), then reshape.":
+                lambda: x.repeat_interleave(n_rep, dim=-1).reshape(B, H_kv * n_rep, T, d),
+            "you tiled the last axis (d) n_rep times and then reshaped: that spreads one head's numbers over "
+            "several heads. Put the copies on a new axis after H_kv, x[:, :, None].expand(...), then reshape.":
+                lambda: x.repeat(1, 1, 1, n_rep).reshape(B, H_kv * n_rep, T, d),
         })
         planned.append((x, n_rep, ref.repeat_kv(x, n_rep).contiguous(), mistakes))
     for x, n_rep, expected, mistakes in planned:
@@ -76,18 +84,26 @@ def repeat_kv(t: Trial) -> None:
 # =========================================================================== 6.2
 
 
-def _gqa_model(q, k, v, causal: bool, heads: str = "interleave", scale: str = "d") -> torch.Tensor:
+def _gqa_model(q, k, v, causal: bool, heads: str = "interleave", scale: str = "d", mask: str = "ok") -> torch.Tensor:
     """A learner's grouped-query attention in float64 with one mistake switched on."""
     H, H_kv, T, d = q.shape[1], k.shape[1], k.shape[2], q.shape[-1]
     if heads == "tile":
         idx = torch.arange(H) % H_kv
     elif heads == "first":
         idx = torch.zeros(H, dtype=torch.long)
+    elif heads == "last":
+        idx = torch.full((H,), H_kv - 1, dtype=torch.long)
     else:
         idx = torch.arange(H) // (H // H_kv)
     q64, k64, v64 = q.double(), k.double()[:, idx], v.double()[:, idx]
     if scale == "none":
         q64 = q64 * math.sqrt(d)
+    elif scale == "H_kv d":
+        q64 = q64 / math.sqrt(H_kv)
+    if causal and mask == "no_diagonal":  # as a learner writes it: the first query's row is all -inf, NaN
+        s = (q64 @ k64.transpose(-2, -1) / math.sqrt(d)).masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(-1),
+                                                                      float("-inf"))
+        return (torch.softmax(s, dim=-1) @ v64).to(q.dtype)
     out = scaled_dot_product_attention(q64, k64, v64, causal_mask(T) if causal else None)
     return out.to(q.dtype)
 
@@ -101,7 +117,14 @@ def _gqa_mistakes(q, k, v, causal: bool) -> dict[str, torch.Tensor]:
         "every query head read kv head 0: each group of H / H_kv consecutive query heads has its own "
         "kv head, h // (H / H_kv).": m(heads="first"),
         "the scores are not scaled: divide q @ k^T by sqrt(d).": m(scale="none"),
+        "every query head read the last kv head: each group of H / H_kv consecutive query heads has its own "
+        "kv head, h // (H / H_kv).": m(heads="last"),
+        "you scaled the scores by 1/sqrt(H_kv * d): each head's scores are scaled by 1/sqrt(d), d the width of "
+        "one head's queries and keys.": m(scale="H_kv d"),
     }
+    if causal:
+        models["your causal mask also hides the diagonal (tril with diagonal=-1): a query may read its own key, "
+               "j <= i; the first query then has no key at all."] = m(mask="no_diagonal")
     models.update(flipped_causal(causal, m))
     return eager_mistakes(models)
 
@@ -159,6 +182,8 @@ def _values_mistakes(kind: str, H: int, H_kv: int, d_h: int, d_c: int, d_r: int)
         m["MLA's RoPE key is one d_r-wide key shared by all heads: d_c + d_r, not d_c + H * d_r."] = d_c + H * d_r
         m["you counted MLA's latent twice and left out the RoPE key: d_c + d_r."] = 2 * d_c
         m["that is the per-head cache MLA avoids (2 * H * d_h): MLA caches d_c + d_r numbers."] = 2 * H * d_h
+        m["you cached a latent per head: MLA's latent c_kv is one d_c-wide vector shared by all heads (the "
+          "heads' keys and values are rebuilt from it), so d_c + d_r."] = H * d_c + d_r
     return {h: v for h, v in m.items() if v != right}
 
 
@@ -243,6 +268,10 @@ def mla_absorbed_scores(t: Trial) -> None:
             "your scores are divided by d_h: this function returns unscaled scores.": lambda: _mla_model(q, c_kv, w_uk, 1 / d_h),
             "every head used head 0's projection w_uk[0]: head h's query is absorbed with its own "
             "w_uk[h] (keep the heads axis: q @ w_uk.transpose(-2, -1) broadcasts head by head).": lambda: _mla_model(q, c_kv, w_uk, first_head=True),
+            "head h used w_uk[H - 1 - h]: the heads of w_uk are in the order of q's heads (w_uk[h] belongs to "
+            "query head h), so no flip.": lambda: _mla_model(q, c_kv, w_uk.flip(0)),
+            "your scores are [B, H, T, T_q], the transpose: rows are queries and columns are the cached "
+            "tokens, [B, H, T_q, T] = q_latent @ c_kv^T.": lambda: _mla_model(q, c_kv, w_uk).transpose(-2, -1),
         })
         planned.append((q, c_kv, w_uk, ref.mla_absorbed_scores(q, c_kv, w_uk), mistakes))
     warm_up()  # the first dispatch mode of a process imports torch._dynamo (seconds): not the learner's time

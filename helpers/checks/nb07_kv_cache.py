@@ -38,6 +38,10 @@ def _cache_mistakes(B: int, T: int, L: int, H_kv: int, d: int, b: int) -> dict[s
         "you returned GB as a float: return the number of bytes, an int (divide by 1e9 only to print).": right / 1e9,
         "you returned GiB as a float: return the number of bytes, an int (divide by 2**30 only to print).": right / 2**30,
         "you left out the batch: each of the B sequences has its own cache.": right / B,
+        "you used head_dim where n_kv_heads belongs: the cache holds n_kv_heads heads of head_dim numbers "
+        "each, 2 * ... * n_kv_heads * head_dim * dtype_bytes.": right // H_kv * d,
+        "you ignored dtype_bytes (2 bytes, as for bf16, whatever the dtype): multiply by dtype_bytes.": right // b * 2,
+        "you ignored dtype_bytes: multiply by dtype_bytes, the size of one number.": right // b,
     }, right)
 
 
@@ -50,8 +54,9 @@ def kv_cache_bytes(t: Trial) -> None:
     llama = MODELS["Llama-3-8B"]
     # Llama-3-8B at 8,192 tokens in bf16 (exactly 1 GiB), then cases where no two sizes are equal
     # (fp32, fp8 and a 3-byte dtype, so that bits, GB and GiB all give other numbers).
-    cases = [(1, 8192, llama.n_layers, llama.n_kv_heads, llama.head_dim, 2), (3, 5, 7, 2, 11, 4),
-             (2, 1000, 3, 5, 16, 1), (4, 9, 6, 1, 10, 3)]
+    # A 1-byte and a 3-byte case tell "dtype ignored" (2 bytes hard-coded) from "keys only" (both halve at 4 bytes).
+    cases = [(1, 8192, llama.n_layers, llama.n_kv_heads, llama.head_dim, 2), (3, 1000, 4, 5, 16, 1),
+             (3, 5, 7, 2, 11, 4), (4, 9, 6, 1, 10, 3)]
     planned = [(c, ref.kv_cache_bytes(*c), _cache_mistakes(*c)) for c in cases]
     for (B, T, L, H_kv, d, b), expected, mistakes in planned:
         got = t.call(B, T, L, H_kv, d, b, case=describe_case(batch=B, seq_len=T, n_layers=L, n_kv_heads=H_kv,
@@ -158,16 +163,18 @@ def decode_step(t: Trial) -> None:
 
 
 def _flops_model(P: int, N: int, d: int, L: int, use_cache: bool, *, shift: int = 0, steps: int | None = None,
-                 prefill: bool = True, cached_proj_over_context: bool = False, quadratic_cached: bool = False) -> int:
-    """prefill_decode_flops with one mistake switched on."""
-    total = 8 * d * d * P + 4 * d * P * P if prefill else 0
+                 prefill: bool = True, cached_proj_over_context: bool = False, quadratic_cached: bool = False,
+                 proj_per_token: int = 8) -> int:
+    """prefill_decode_flops with one mistake switched on (``proj_per_token``: 8 d^2 for Q, K, V, O)."""
+    w = proj_per_token
+    total = w * d * d * P + 4 * d * P * P if prefill else 0
     for t in range(1, (N if steps is None else steps) + 1):
         ctx = P + t + shift
         if use_cache:
-            proj = 8 * d * d * (ctx if cached_proj_over_context else 1)
+            proj = w * d * d * (ctx if cached_proj_over_context else 1)
             total += proj + 4 * d * (ctx * ctx if quadratic_cached else ctx)
         else:
-            total += 8 * d * d * ctx + 4 * d * ctx * ctx
+            total += w * d * d * ctx + 4 * d * ctx * ctx
     return L * total
 
 
@@ -188,6 +195,8 @@ def _prefill_mistakes(P: int, N: int, d: int, L: int, use_cache: bool) -> dict[s
         "you forgot the prefill: processing the P prompt tokens first costs 8*d^2*P + 4*d*P^2 per layer.":
             _flops_model(P, N, d, L, use_cache, prefill=False),
         "you counted one layer only: multiply everything by n_layers.": right / L,
+        "you left out W_O: the projections cost 8*d^2 per token (Q, K, V and the output projection O), "
+        "not 6*d^2.": _flops_model(P, N, d, L, use_cache, proj_per_token=6),
         "you counted multiplies only: a multiply-add counts 2 FLOPs (8*d^2 and 4*d*L, not 4*d^2 and 2*d*L).": right / 2,
         ("you ignored use_cache: with a cache a step costs 8*d^2 + 4*d*L, without one 8*d^2*L + 4*d*L^2."
          if use_cache else

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from .. import nb08_flops_memory as ref
 from ..configs import MODELS
 from .core import Trial, describe, describe_case, exercise
+from .guard import key_text
 
 __all__ = ["attention_flops", "score_matrix_bytes", "max_seq_len_for_scores"]
 
@@ -114,7 +115,7 @@ def attention_flops(t: Trial) -> None:
                    "return {'q_proj': ..., 'k_proj': ..., ..., 'total': ...}: one int per part.")
         missing = [k for k in KEYS if k not in got]
         if missing:
-            t.fail(f"your dict lacks the key(s) {', '.join(repr(k) for k in missing)} (it has {sorted(map(str, got))}).",
+            t.fail(f"your dict lacks the key(s) {', '.join(repr(k) for k in missing)} (it has {', '.join(sorted(key_text(k) for k in got))}).",
                    f"use exactly these names: {', '.join(KEYS)}.")
         values = {k: got[k] for k in KEYS}
         for key in KEYS:
@@ -136,6 +137,9 @@ def _bytes_mistakes(B: int, H: int, T: int, b: int) -> dict[str, float]:
         "you returned GB as a float: return the number of bytes, an int (divide by 1e9 only to print).": right / 1e9,
         "you counted entries, not bytes: multiply by dtype_bytes.": B * H * T * T,
         "you counted bits: bytes are B*H*T*T*dtype_bytes (dtype_bytes is already in bytes).": right * 8,
+        "you counted T entries per head, not T*T: the score matrix of one head is T x T (every query against "
+        "every key).": B * H * T * b,
+        "you ignored dtype_bytes (2 bytes, as for fp16, whatever the dtype): multiply by dtype_bytes.": B * H * T * T * 2,
     }, right)
 
 
@@ -148,7 +152,8 @@ def score_matrix_bytes(t: Trial) -> None:
     # A small case with every size different (B > 1, 4-byte numbers: counting entries, halving and
     # dropping a size all give different numbers), the SDPA course page's example (B=4, H=32,
     # T=8192, fp16), the dimensions appendix's Maverick row (B=1, H=40, T=4096), and 1-byte numbers.
-    cases = [(3, 5, 7, 4), (4, 32, 8192, 2), (1, 40, 4096, 2), (2, 6, 11, 1)]
+    # A 3-byte case first: with 4-byte numbers a hard-coded 2 bytes and a halved square give the same count.
+    cases = [(4, 5, 7, 3), (3, 5, 7, 4), (4, 32, 8192, 2), (1, 40, 4096, 2), (2, 6, 11, 1)]
     planned = [(c, ref.score_matrix_bytes(*c), _bytes_mistakes(*c)) for c in cases]
     for (B, H, T, b), expected, mistakes in planned:
         got = t.call(B, H, T, b, case=describe_case(batch=B, n_heads=H, seq_len=T, dtype_bytes=b))
@@ -166,11 +171,17 @@ _FLOAT_SQRT = ("a float square root is off by one here: float64 has 53 bits, so 
                "n_heads * dtype_bytes)).")
 
 
+_EXACT_FIT = ("an exact fit is left out: when T*T*batch*n_heads*dtype_bytes equals the budget, T fits (<=, "
+              "not <).")
+
+
 def _seq_mistakes(budget: int, B: int, H: int, b: int, huge: bool) -> dict[str, float]:
     right = ref.max_seq_len_for_scores(budget, B, H, b)
     q = budget // (B * H * b)
     m = {_FLOAT_SQRT: int(math.sqrt(budget / (B * H * b)))} if huge else {}
     m |= {_ROUNDED: round(math.sqrt(q)), _ONE_PAST: right + 1}
+    if right > 0 and right * right == q:  # an exact fit
+        m[_EXACT_FIT] = right - 1
     m |= {
         "you ignored the batch: the budget holds B score matrices, one per sequence.": math.isqrt(budget // (H * b)),
         "you ignored the heads: each of the H heads has its own T x T scores.": math.isqrt(budget // (B * b)),

@@ -23,7 +23,7 @@ NB = "10_positions"
 
 
 def _rope_model(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor, layout: str = "half",
-                sign: float = 1.0) -> torch.Tensor:
+                sign: float = 1.0, swap: bool = False) -> torch.Tensor:
     """A learner's RoPE in float64 with given frequencies ``[d/2]``: ``layout`` "half" (the
     contract), "interleaved" (pairs 2i, 2i+1) or "repeat_interleave" (rotate-half pairs with
     cos/sin laid out for neighbours)."""
@@ -35,7 +35,8 @@ def _rope_model(x: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor, l
         out = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
     else:
         full = angles.repeat_interleave(2, dim=-1) if layout == "repeat_interleave" else angles.repeat(1, 2)
-        out = x64 * full.cos() + ref.rotate_half(x64) * full.sin()
+        cos, sin = (full.sin(), full.cos()) if swap else (full.cos(), full.sin())
+        out = x64 * cos + ref.rotate_half(x64) * sin
     return out.to(x.dtype)
 
 
@@ -61,6 +62,11 @@ def _rope_mistakes(x: torch.Tensor, positions: torch.Tensor, base: float) -> dic
         "cache the new token sits at position T_past, not 0.": m(positions=torch.arange(T)),
         "you rotated by -m instead of +m (the sine has the wrong sign, or rotate_half is cat(x2, -x1)): the "
         "pair (a, b) at angle φ becomes (a cos φ - b sin φ, a sin φ + b cos φ).": m(sign=-1.0),
+        "your positions are shifted by one (row t rotated by positions[t] + 1, as if counting from 1): rotate "
+        "row t by exactly positions[t].": m(positions=positions + 1),
+        "your positions are shifted by one (row t rotated by positions[t] - 1): rotate row t by exactly "
+        "positions[t].": m(positions=positions - 1),
+        "you swapped cos and sin: x * cos + rotate_half(x) * sin, with cos and sin of the same angles.": m(swap=True),
     })
 
 
@@ -104,7 +110,8 @@ def rope(t: Trial) -> None:
 
 def _alibi_model(slopes: torch.Tensor, T: int, distance: str = "abs") -> torch.Tensor:
     i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
-    dist = {"abs": -(i - j).abs(), "signed": -(i - j), "key": j + 0 * i, "neg_abs": (i - j).abs()}[distance]
+    dist = {"abs": -(i - j).abs(), "signed": -(i - j), "key": j + 0 * i, "neg_abs": (i - j).abs(),
+            "lower_only": -(i - j).clamp(min=0)}[distance]
     return (slopes.double()[:, None, None] * dist.double()).float()
 
 
@@ -120,6 +127,9 @@ def _alibi_mistakes(H: int, T: int) -> dict[str, torch.Tensor]:
         "your slopes are in reverse order: head 0 has the steepest slope, 2^(-8/H), and head H-1 the gentlest, "
         "2^-8.": m(right.flip(0)),
         "you used 2^-(h+1), the slopes for H = 8 only; the exponent scales with H: 2^(-8(h+1)/H).": m(2.0 ** -(h + 1)),
+        "your slopes use base e (exp(-8(h+1)/H)); ALiBi's are powers of two: 2^(-8(h+1)/H).": m(torch.exp(-8 * (h + 1) / H)),
+        "your bias is 0 above the diagonal (keys j > i): the contract's bias is -slope·|i - j| on both sides "
+        "(the causal mask, applied separately, hides the future; the bias does not).": m(right, "lower_only"),
         "the distance needs abs: your bias is -slope·(i - j), which agrees below the diagonal but is positive above "
         "it (it would reward future keys wherever the mask is not applied). Use -slope·|i - j|.": m(right, "signed"),
         "your bias has the wrong sign: it must penalise distance, -slope·|i - j| (<= 0), not +slope·|i - j|.":

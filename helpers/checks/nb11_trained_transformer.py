@@ -48,6 +48,10 @@ def _swiglu_mistakes(x, w_gate, w_up, w_down) -> dict[str, torch.Tensor]:
             lambda: (F.silu(gate) + up) @ w_down,
         "the down projection is missing: multiply the gated hidden [..., F] by w_down to come back to [..., D].":
             lambda: F.silu(gate) * up,
+        "you used Mish, z * tanh(softplus(z)); SwiGLU gates with SiLU, silu(z) = z * sigmoid(z): F.silu.":
+            lambda: (F.mish(gate) * up) @ w_down,
+        "you used Swish with beta = 2, z * sigmoid(2z); SwiGLU's SiLU is Swish with beta = 1, z * sigmoid(z).":
+            lambda: (gate * torch.sigmoid(2 * gate) * up) @ w_down,
     })
 
 
@@ -108,6 +112,8 @@ def _loss_mistakes(logits, targets) -> dict[str, torch.Tensor]:
         "you applied softmax before F.cross_entropy, which applies log_softmax itself: pass the raw logits.":
             lambda: F.cross_entropy(torch.softmax(flat, dim=-1), tgt),
         "you returned one loss per position (reduction='none'); return their mean, a single number.": lambda: per,
+        "you smoothed the labels (label_smoothing=0.1): the pretraining loss is the plain cross-entropy of the "
+        "target tokens, label_smoothing=0.": lambda: F.cross_entropy(flat, tgt, label_smoothing=0.1),
         "you returned one loss per sequence; return the mean over all B·T positions, a single number.":
             lambda: per.mean(dim=1),
     })
@@ -180,6 +186,8 @@ def _induction_mistakes(attn: torch.Tensor) -> dict[str, torch.Tensor]:
             lambda: _diag_mean(attn, m, m),
         "you read the weight on key i - 1 (a previous-token head); an induction head's query i attends to key "
         "i - m + 1, the token after the previous occurrence of its own token.": lambda: _diag_mean(attn, 1, m),
+        "you read the weight on key i - m + 2, two after the previous occurrence; an induction head attends to "
+        "key i - m + 1, the token right after it.": lambda: _diag_mean(attn, m - 2, m),
         "you averaged over every query that has a key i - m + 1 (from query m - 1 on); only the second half "
         "repeats, so average over the queries i = m .. 2m-1.": lambda: _diag_mean(attn, m - 1, m - 1),
         "you averaged over all T queries (with 0 where there is no key i - m + 1); average over the m queries "
