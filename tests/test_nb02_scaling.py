@@ -434,6 +434,10 @@ def std_returns_tensor(d_k, n_samples, generator):
     return (q * k).sum(-1).std()
 
 
+
+def entropy_as_perplexity(p):
+    return torch.exp(-(torch.special.xlogy(p, p)).sum(-1))  # exp(H): the "effective number of keys"
+
 WRONG = {
     "scaled_scores": [
         (scores_no_scale, "did not divide by sqrt(d_k)"),
@@ -447,6 +451,7 @@ WRONG = {
         (scores_in_place, "modified one of its input tensors in place"),
     ],
     "attention_entropy": [
+        (entropy_as_perplexity, "perplexity"),
         (entropy_nan, "0·log 0 gave NaN"),
         (entropy_bits, "log base 2"),
         (entropy_log2_nan_safe, "nats"),

@@ -450,6 +450,14 @@ def leaks_include_allowed(attention_fn, allowed, d_model):
     return sorted(pairs)
 
 
+
+def masked_softmax_times_mask(scores, allowed):
+    return torch.softmax(scores * allowed, dim=-1)  # "the mask is 0/1: multiply"
+
+
+def masked_softmax_sigmoid(scores, allowed):
+    return torch.sigmoid(scores).masked_fill(~allowed, 0.0)
+
 WRONG = {
     "causal_mask": [
         (causal_inverted, "the mask is inverted"),
@@ -484,6 +492,8 @@ WRONG = {
         (softmax_inverted, "the mask is inverted"),
         (softmax_boolean_index, "allowed only *broadcasts* to scores"),
         (softmax_float64, "expected dtype torch.float32"),
+        (masked_softmax_times_mask, "you multiplied the scores by the mask"),
+        (masked_softmax_sigmoid, "you used a sigmoid"),
     ],
     "prefix_lm_mask": [
         (prefix_sees_future, "the prefix sees the future"),

@@ -81,6 +81,8 @@ def _entropy_mistakes(p: torch.Tensor) -> dict:
         "number per row.": lambda: -plogp().sum(-1, keepdim=True),
         "you averaged over the keys; entropy is the sum of -p log p over the row.": lambda: -plogp().mean(-1),
         "you divided by log(T_k) (a normalised entropy); return the entropy itself, in nats.": lambda: -plogp().sum(-1) / math.log(T),
+        "you returned exp(entropy), the perplexity (the effective number of keys); return the entropy itself, "
+        "-sum p log p, in nats.": lambda: torch.exp(-plogp().sum(-1)),
     }
     mistakes.update({
         f"entropy is over each row's keys, the last axis: sum over dim=-1, not dim={dim}.": lambda dim=dim: -plogp().sum(dim)

@@ -143,6 +143,12 @@ def _softmax_mistakes(s: torch.Tensor, allowed: torch.Tensor) -> dict:
         OVERFLOW.replace("exp overflowed:", "exp overflowed (after the -inf fill):"): no_max_filled,
         POLARITY + " You blocked the allowed keys and kept the others.": lambda: att.masked_softmax(s, ~allowed),
         "the softmax runs over the keys, the last dim (dim=-1): each query's row sums to 1.": lambda: torch.softmax(filled, -2).nan_to_num(0.0),
+        "you multiplied the scores by the mask: a blocked score becomes 0, and exp(0) = 1 still gives it weight. "
+        "Hide blocked scores with -inf (scores.masked_fill(~allowed, float('-inf'))) before the softmax.":
+            lambda: torch.softmax(s * a, -1),
+        "you used a sigmoid: each weight is then squashed on its own, and a row does not sum to 1. The softmax "
+        "normalises over the allowed keys: exp(s - max) / sum of exp over the row.":
+            lambda: torch.sigmoid(s).masked_fill(~a, 0.0),
     }
     # A finite fill instead of -inf: right where it is far below every allowed score and rows with
     # nothing allowed are set to zero (a -1e9 fill that does both passes); wrong otherwise.
