@@ -1,1 +1,0 @@
-"""Wrong implementations that every check must reject (one module per topic, each with WRONG)."""
