@@ -51,6 +51,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers.nb09_flash_attention import flash_attention_tiled
+from tests.test_nb09_flash_attention import plain_attention  # one definition of the plain reference
 
 try:
     from helpers import nb09_triton_flash as tf  # turns on the interpreter when there is no CUDA GPU
@@ -109,19 +110,6 @@ def assert_close(got, ref, dtype, kind, what):
     assert got.shape == ref.shape, f"{what}: shape {tuple(got.shape)} != {tuple(ref.shape)}"
     assert not got.isnan().any(), f"{what}: NaN (an element never written?)"
     torch.testing.assert_close(got.float(), ref.float(), atol=atol, rtol=rtol, msg=lambda m: f"{what}: {m}")
-
-
-def plain_attention(q, k, v, causal=False, sm_scale=None):
-    """softmax(q k^T * scale, causal mask) v from explicit scores, any leading dims; k and v with
-    fewer heads (dim -3) are repeated for grouped-query attention."""
-    if q.ndim >= 3 and k.shape[-3] != q.shape[-3]:
-        group = q.shape[-3] // k.shape[-3]
-        k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
-    scale = 1 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
-    s = q @ k.transpose(-2, -1) * scale
-    if causal:
-        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1), float("-inf"))
-    return torch.softmax(s, dim=-1) @ v
 
 
 def make(shape_q, shape_kv, dtype, seed=0, device="cpu"):

@@ -27,14 +27,14 @@ def _g(x: float) -> str:
     return f"{x + 0.0:.4g}"
 
 
-def _ranges(idx: list[int]) -> str:
-    """[0, 1, 2, 5] -> '0-2, 5'."""
+def ranges_text(idx: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0..2, 5'."""
     out, start = [], None
     for i, v in enumerate(idx):
         if start is None:
             start = v
         if i + 1 == len(idx) or idx[i + 1] != v + 1:
-            out.append(f"{start}" if start == v else f"{start}-{v}")
+            out.append(f"{start}" if start == v else f"{start}..{v}")
             start = None
     return ", ".join(out)
 
@@ -137,7 +137,7 @@ def tensor_facts(got: torch.Tensor, expected: torch.Tensor, atol: float, rtol: f
         right = [i for i in range(n) if not bool(bad.select(axis, i).any())]
         if 0 < len(right) < n:
             wrong = [i for i in range(n) if i not in right]
-            return (f"along axis {axis} (size {n}), positions {_ranges(right)} are right and {_ranges(wrong)} "
+            return (f"along axis {axis} (size {n}), positions {ranges_text(right)} are right and {ranges_text(wrong)} "
                     "differ.")
     return ""
 

@@ -32,6 +32,7 @@ import torch
 
 from .. import nb01_qkv_shapes as att
 from .core import Trial, describe, describe_case, exercise, seeded
+from .diagnose import ranges_text
 from .instruments import (
     EMPTY_FILL,
     KERNEL,
@@ -186,17 +187,6 @@ def _close(got: Any, expected: torch.Tensor, atol: float, rtol: float) -> bool:
             and bool(_closeness(got, expected, atol, rtol).all()))
 
 
-def _ranges(idx: list[int]) -> str:
-    """[0, 1, 2, 5] -> '0..2, 5'."""
-    out, start = [], None
-    for i, x in enumerate(idx):
-        if start is None:
-            start = x
-        if i + 1 == len(idx) or idx[i + 1] != x + 1:
-            out.append(f"{start}" if start == x else f"{start}..{x}")
-            start = None
-    return ", ".join(out)
-
 
 def _unwritten(got: torch.Tensor, what: str) -> tuple[str, str]:
     """(diagnosis, where) when some entries still hold torch.empty's marker; ('', '') otherwise."""
@@ -312,7 +302,7 @@ def _weights_hint(P: torch.Tensor, P_ref: torch.Tensor, raw: torch.Tensor, causa
             return (f"keys {keys[0]}..{T - 1} got no weight from any query: the loop over key blocks stops before the "
                     f"last, partial block (T = {T}). Loop `for start_n in range(0, hi, BLOCK_N)` with hi = T "
                     "(or the causal limit), and mask the keys >= T of that block instead of skipping it.")
-        return (f"keys {_ranges(keys)} got no weight from any query: those key blocks were skipped. Every query "
+        return (f"keys {ranges_text(keys)} got no weight from any query: those key blocks were skipped. Every query "
                 "block must visit every key block (with causal=True: up to and including its diagonal block).")
     if causal:
         past = ~future & (P_ref > 1e-6)
