@@ -16,9 +16,10 @@ What the machinery guarantees, so that a check body does not have to:
   place (tensors, lists, dicts) all become a failed check with a clear message, recorded.
 - **Hints are graduated** (``feedback``). ``mistakes={hint: wrong output}`` (matched by output),
   ``error_hints`` (matched by exception text) and ``diagnosis=`` are *recognised* mistakes, named
-  at the first failure. Otherwise the first failure says what differs and points at the teaching
-  section (``exercise(section=...)``). ``hint=`` of ``t.tensor`` / ``t.number`` is the full
-  recipe, shown only when the same check fails again in the same kernel.
+  at the first failure. Otherwise the first failure says what differs, states a fact about the
+  output when one holds (``diagnose``: a ``found:`` line) and points at the teaching section
+  (``exercise(section=...)``). ``hint=`` of ``t.tensor`` / ``t.number`` is the full recipe, shown
+  from the ``RECIPE_AFTER``-th failed attempt of the exercise in the same kernel.
 
 :func:`run_check` runs a check without printing or raising and returns the result.
 """
@@ -105,7 +106,6 @@ EXERCISES: dict[str, Exercise] = {}  # function name -> Exercise
 def seeded(seed: int) -> torch.Generator:
     """A CPU generator with a fixed seed: every case a check builds is reproducible."""
     return torch.Generator().manual_seed(seed)
-
 
 
 # --------------------------------------------------------------------------- the trial

@@ -15,7 +15,8 @@
   watchdog thread where there is none); a real interrupt is told apart from one the learner raised.
 - **Plain data.** :func:`_plain` turns what the learner returned into exact tensors and plain
   numbers, or refuses it (:class:`_Refusal`): tensor and number subclasses, meta tensors, tensors
-  on another device than the inputs.
+  on another device than the inputs, sparse and nested tensors, Mappings that are not dicts. Every
+  diagnosis a check makes afterwards runs on that plain data only.
 """
 
 from __future__ import annotations
