@@ -993,3 +993,15 @@ def test_an_unrecognised_mistake_is_described_by_a_fact(name, wrong, fact):
     that do not sum to 1, where the wrong entries lie), never a guessed cause."""
     e = rejected(name, wrong)
     assert f"found: {fact}" in str(e).replace("\n", " ").replace("  ", " ") or fact in e.instructor_hint, str(e)
+
+
+@pytest.mark.parametrize("name", ["scaled_dot_product_attention", "kv_cache_bytes"])
+def test_a_function_that_never_returns_is_stopped_at_the_time_limit(name, monkeypatch):
+    monkeypatch.setattr(core, "DEFAULT_TIME_LIMIT_S", 1.0)
+
+    def never_returns(*args, **kwargs):
+        while True:
+            pass
+
+    e = rejected(name, never_returns)
+    assert "did not return within 1 s" in str(e) and e.status == "timed out", str(e)

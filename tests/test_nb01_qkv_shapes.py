@@ -226,9 +226,13 @@ def sdpa_in_place(q, k, v):
     return torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v
 
 
-def sdpa_never_returns(q, k, v):
-    while True:
-        pass
+def sdpa_sigmoid(q, k, v):
+    return torch.sigmoid(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])) @ v
+
+
+def sdpa_normalised_without_exp(q, k, v):
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    return (s / s.sum(-1, keepdim=True)) @ v
 
 
 def sdpa_not_attempted(q, k, v):
@@ -279,7 +283,8 @@ WRONG = {
         (sdpa_transpose_q, "Transpose the last two axes of k"),
         (sdpa_causal_when_not_asked, "no mask was asked for"),
         (sdpa_in_place, "modified one of its input tensors in place"),
-        (sdpa_never_returns, "did not return within"),
+        (sdpa_sigmoid, "you used a sigmoid"),
+        (sdpa_normalised_without_exp, "without exp"),
         (sdpa_not_attempted, "not attempted yet"),
         (sdpa_nan, "got NaN"),
         (sdpa_broadcast_shape, "expected shape"),

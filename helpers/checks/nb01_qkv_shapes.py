@@ -115,6 +115,10 @@ def _sdpa_mistakes(q, k, v):
         "no mask was asked for here: this is plain (bidirectional) attention.": lambda: ref.scaled_dot_product_attention(
             q, k, v, ref.causal_mask(s.shape[-1]) if s.shape[-1] == s.shape[-2] else None),
         "you multiplied by the scores, not by softmax(scores): the weights must be a softmax.": lambda: (s / math.sqrt(d_k)) @ v,
+        "you used a sigmoid: each weight is squashed on its own and a row does not sum to 1. The weights are "
+        "softmax(scores) over the keys, dim=-1.": lambda: torch.sigmoid(s / math.sqrt(d_k)) @ v,
+        "you divided the scores by their sum without exp: softmax exponentiates first, exp(s) / sum exp(s) "
+        "(negative scores then still give positive weights).": lambda: ((s / math.sqrt(d_k)) / (s / math.sqrt(d_k)).sum(-1, keepdim=True)) @ v,
     }
 
 
