@@ -194,13 +194,26 @@ class _Loader:
 
     def create_module(self, spec):
         if self.alias is not None:
-            return importlib.import_module(self.alias)
+            module = importlib.import_module(self.alias)
+            self.real_spec = module.__spec__  # the import system sets __spec__ to the alias's: put it back
+            return module
         return self.loader.create_module(spec)
 
     def exec_module(self, module):
-        if self.alias is None:
+        if self.alias is not None:
+            module.__spec__ = self.real_spec
+        else:
             self.loader.exec_module(module)
             self.after(module)
+
+
+class _AliasSpec(importlib.machinery.ModuleSpec):
+    """The spec of a renamed module under its old name; its package is the new module's, so that
+    ``python -m helpers.grading`` runs ``helpers.tools.grading`` with the right relative imports."""
+
+    @property
+    def parent(self):
+        return MOVED[self.name].rpartition(".")[0]
 
 
 class _CourseImportHook:
@@ -222,7 +235,7 @@ class _CourseImportHook:
                 return spec
         elif name in MOVED:
             new = importlib.util.find_spec(MOVED[name])
-            return importlib.machinery.ModuleSpec(name, _Loader(alias=MOVED[name]), origin=new.origin)
+            return _AliasSpec(name, _Loader(alias=MOVED[name]), origin=new.origin)
         return None  # Python's usual finders import it
 
 

@@ -294,3 +294,20 @@ def test_no_import_runs_back_up_a_layer_and_there_is_no_cycle():
     for module in sorted(graph):
         if module not in seen:
             visit(module, [module])
+
+
+
+def test_module_names_of_release_0_1_still_work():
+    """A learner's notebook or an instructor's script written for 0.1 keeps working (CHANGELOG.md):
+    the old module names import the new modules, and `python -m helpers.grading` still runs."""
+    import importlib
+
+    from helpers.runtime import MOVED
+
+    for old, new in MOVED.items():
+        assert importlib.import_module(old) is importlib.import_module(new), old
+        assert importlib.import_module(new).__spec__.name == new, new
+    from helpers.attention import causal_mask, masked_softmax, scaled_scores  # noqa: F401  (0.1's home of all three)
+
+    out = subprocess.run([sys.executable, "-m", "helpers.grading", "--help"], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0 and "usage:" in out.stdout, out.stderr[-2000:]
