@@ -5,6 +5,7 @@ parallel with a gradebook CSV."""
 from __future__ import annotations
 
 import csv
+import json
 import re
 import shutil
 import subprocess
@@ -308,13 +309,21 @@ def test_syntax_errors_timeouts_and_a_dying_notebook_are_reported_as_such(tmp_pa
         if cell.source.startswith("def scaled_dot_product_attention"):
             cell.source = "import math\n\ndef scaled_dot_product_attention(q, k, v)\n    return q"
     nbformat.write(nb, tmp_path / "01_qkv_shapes.ipynb")
-    rows = _by_name(grade_notebook(tmp_path / "01_qkv_shapes.ipynb", cell_timeout=3))
-    table = format_table(list(rows.values()))
-    assert rows["qkv_projection"].status == "passed", table
-    assert rows["merge_heads"].status == "timed out" and "was interrupted" in rows["merge_heads"].hint, table
-    sdpa = rows["scaled_dot_product_attention"]
-    assert sdpa.status == "error" and "SyntaxError" in sdpa.hint and "line 3" in sdpa.hint, table
-    assert "NameError" not in sdpa.hint
+    # Graded from a process that ignores SIGINT, as a job started in the background (CI, `make grade &`)
+    # does: Python then installs no KeyboardInterrupt handler, and each notebook's process must put it
+    # back, or the grader's interrupt of the loop is lost and the notebook is killed.
+    script = ("import json, signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+              "from helpers.tools.grading import grade_notebook\n"
+              f"rows = grade_notebook({str(tmp_path / '01_qkv_shapes.ipynb')!r}, cell_timeout=3)\n"
+              "print(json.dumps({r.name: [r.status, r.hint] for r in rows}))")
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    rows = json.loads(out.stdout.strip().splitlines()[-1])
+    table = json.dumps(rows, indent=1) + out.stderr[-2000:]
+    assert rows["qkv_projection"][0] == "passed", table
+    assert rows["merge_heads"][0] == "timed out" and "was interrupted" in rows["merge_heads"][1], table
+    status, hint = rows["scaled_dot_product_attention"]
+    assert status == "error" and "SyntaxError" in hint and "line 3" in hint, table
+    assert "NameError" not in hint
 
     (tmp_path / "died").mkdir()
     nbformat.write(_insert_after_setup(_notebook("01_qkv_shapes"), "import os\nos._exit(0)"),
@@ -354,22 +363,3 @@ def test_nbval_lax_fails_blank_exercises(tmp_path):
                              "--nbval-current-env", str(blank)], cwd=tmp_path, capture_output=True, text=True)
     assert result.returncode == 1 and "not attempted yet" in result.stdout, result.stdout[-2000:]
 
-
-@pytest.mark.slow
-def test_a_grader_started_with_sigint_ignored_still_stops_a_looping_cell(tmp_path):
-    """A job started in the background (CI, `make grade &`) inherits SIGINT ignored, and Python then
-    installs no KeyboardInterrupt handler: each notebook's process must put it back, or the grader's
-    interrupt is lost and the notebook is killed with nothing after the loop graded."""
-    nb = _notebook("01_qkv_shapes")
-    for cell in nb.cells:
-        if cell.source.startswith("def merge_heads"):
-            cell.source = "while True:\n    pass\n" + cell.source
-    nbformat.write(nb, tmp_path / "01_qkv_shapes.ipynb")
-    script = ("import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
-              "from helpers.tools.grading import grade_notebook\n"
-              f"rows = grade_notebook({str(tmp_path / '01_qkv_shapes.ipynb')!r}, cell_timeout=3)\n"
-              "print({r.name: r.status for r in rows})")
-    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    statuses = eval(out.stdout.strip().splitlines()[-1])  # noqa: S307 - our own printed dict
-    assert statuses == {"qkv_projection": "passed", "merge_heads": "timed out",
-                        "scaled_dot_product_attention": "passed"}, out.stdout + out.stderr[-2000:]
