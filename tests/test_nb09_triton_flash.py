@@ -51,7 +51,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers.nb09_flash_attention import flash_attention_tiled
-from tests.test_nb09_flash_attention import plain_attention  # one definition of the plain reference
+from tests.test_nb09_flash_attention import make, reference_grads, saved_lse
 
 try:
     from helpers import nb09_triton_flash as tf  # turns on the interpreter when there is no CUDA GPU
@@ -111,27 +111,6 @@ def assert_close(got, ref, dtype, kind, what):
     assert not got.isnan().any(), f"{what}: NaN (an element never written?)"
     torch.testing.assert_close(got.float(), ref.float(), atol=atol, rtol=rtol, msg=lambda m: f"{what}: {m}")
 
-
-def make(shape_q, shape_kv, dtype, seed=0, device="cpu"):
-    """q, k, v (leaf tensors that require grad) and a grad_out, from a fixed generator."""
-    g = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(s, generator=g) for s in (shape_q, shape_kv, shape_kv))
-    grad_out = torch.randn(shape_q, generator=g)
-    q, k, v = (t.to(device, dtype).requires_grad_() for t in (q, k, v))
-    return q, k, v, grad_out.to(device, dtype)
-
-
-def reference_grads(q, k, v, grad_out, causal, sm_scale=None, dtype=None):
-    """(out, dq, dk, dv) by autograd through :func:`plain_attention`, in ``dtype`` (default: q's)."""
-    leaves = [t.detach().to(dtype or q.dtype).requires_grad_() for t in (q, k, v)]
-    out = plain_attention(*leaves, causal, sm_scale)
-    out.backward(grad_out.to(out.dtype))
-    return out.detach(), *(t.grad for t in leaves)
-
-
-def saved_lse(out, q):
-    """The saved tensors of out's autograd node that have lse's shape ``q.shape[:-1]``."""
-    return [t for t in out.grad_fn.saved_tensors if t.shape == q.shape[:-1]]
 
 
 # =============================================================== the kernels
