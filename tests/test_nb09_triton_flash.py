@@ -36,7 +36,6 @@ The API as other people's code calls it:
 from __future__ import annotations
 
 import importlib
-import math
 import os
 import platform
 import re
@@ -51,7 +50,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers.nb09_flash_attention import flash_attention_tiled
-from tests.test_nb09_flash_attention import make, reference_grads, saved_lse
+from tests.test_nb09_flash_attention import make, reference_grads, saved_lse, sdpa_reference
 
 try:
     from helpers import nb09_triton_flash as tf  # turns on the interpreter when there is no CUDA GPU
@@ -84,17 +83,6 @@ def make_qkv(B, H, H_kv, T_q, d, dtype=torch.float32, T_k=None, seed=0, device=D
     v = torch.randn(B, H_kv, T_k, d, generator=g)
     return (t.to(device=device, dtype=dtype) for t in (q, k, v))
 
-
-def sdpa_reference(q, k, v, causal, sm_scale=None):
-    """Forward and ``lse`` [B, H, T_q] in float32 from explicit scores (small T only)."""
-    q, k, v = q.float(), k.float(), v.float()
-    group = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    scale = 1 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
-    s = q @ k.transpose(-2, -1) * scale
-    if causal:
-        s = s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu(1), float("-inf"))
-    return torch.softmax(s, dim=-1) @ v, torch.logsumexp(s, dim=-1)
 
 
 def sdpa_grads(q, k, v, grad_out, causal):
