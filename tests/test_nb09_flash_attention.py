@@ -47,14 +47,14 @@ _INF = float("-inf")
 # =============================================================== lesson: helpers.nb09_flash_attention
 
 
-def make_qkv(B, H, H_kv, T_q, d, dtype=torch.float32, T_k=None, seed=0):
+def make_qkv(B, H, H_kv, T_q, d, dtype=torch.float32, T_k=None, seed=0, device="cpu"):
     """Random q ``[B, H, T_q, d]``, k and v ``[B, H_kv, T_k, d]`` (T_k defaults to T_q)."""
     g = torch.Generator().manual_seed(seed)
     T_k = T_q if T_k is None else T_k
     q = torch.randn(B, H, T_q, d, generator=g)
     k = torch.randn(B, H_kv, T_k, d, generator=g)
     v = torch.randn(B, H_kv, T_k, d, generator=g)
-    return (t.to(dtype) for t in (q, k, v))
+    return (t.to(device=device, dtype=dtype) for t in (q, k, v))
 
 
 def sdpa_reference(q, k, v, causal, sm_scale=None):

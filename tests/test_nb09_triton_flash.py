@@ -35,6 +35,7 @@ The API as other people's code calls it:
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import platform
@@ -51,6 +52,7 @@ import torch.nn.functional as F
 
 from helpers.nb09_flash_attention import flash_attention_tiled
 from tests.test_nb09_flash_attention import make, reference_grads, saved_lse, sdpa_reference
+from tests.test_nb09_flash_attention import make_qkv as make_qkv_on
 
 try:
     from helpers import nb09_triton_flash as tf  # turns on the interpreter when there is no CUDA GPU
@@ -74,15 +76,7 @@ TOL = {  # (atol, rtol), see the module docstring
 }
 
 
-def make_qkv(B, H, H_kv, T_q, d, dtype=torch.float32, T_k=None, seed=0, device=DEVICE):
-    """Random q ``[B, H, T_q, d]``, k and v ``[B, H_kv, T_k, d]`` (T_k defaults to T_q)."""
-    g = torch.Generator().manual_seed(seed)
-    T_k = T_q if T_k is None else T_k
-    q = torch.randn(B, H, T_q, d, generator=g)
-    k = torch.randn(B, H_kv, T_k, d, generator=g)
-    v = torch.randn(B, H_kv, T_k, d, generator=g)
-    return (t.to(device=device, dtype=dtype) for t in (q, k, v))
-
+make_qkv = functools.partial(make_qkv_on, device=DEVICE)  # on the GPU when there is one
 
 
 def sdpa_grads(q, k, v, grad_out, causal):
