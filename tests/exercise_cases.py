@@ -53,9 +53,10 @@ def assert_rejected(name: str, wrong: Callable, hint: str) -> CheckFailed:
 
 
 def assert_accepted(name: str, right: Callable) -> None:
-    """The check of ``name`` passes ``right``."""
+    """The check of ``name`` passes ``right``, and nothing in it would mark a graded notebook for review."""
     result = getattr(checks, name).evaluate(right)
     assert result.passed, result.message
+    assert not result.review, result.review
 
 
 def all_cases() -> tuple[dict[str, list], dict[str, list]]:

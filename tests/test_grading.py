@@ -142,7 +142,8 @@ def test_table_has_notebook_and_student_columns_and_scores(tmp_path):
         book = list(csv.DictReader(f))
     assert list(book[0])[:5] == ["student", "notebook", "exercise", "function", "points"]
     assert book[1] == {"student": "alice", "notebook": "01_qkv_shapes", "exercise": "1.2", "function": "merge_heads",
-                       "points": "0", "max_points": "1", "bonus": "0", "status": "failed", "hint": "transpose first"}
+                       "points": "0", "max_points": "1", "bonus": "0", "status": "failed", "hint": "transpose first",
+                       "review": ""}
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")

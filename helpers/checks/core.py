@@ -27,6 +27,7 @@ What the machinery guarantees, so that a check body does not have to:
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
 import math
 import numbers
@@ -38,6 +39,7 @@ from typing import Any
 import torch
 import torch.nn.functional  # noqa: F401  (watched by the integrity guard)
 
+from .calling import Remote, _run_watcher, protected_call
 from .diagnose import number_facts, shape_facts, tensor_facts
 from .feedback import (
     _FAILURES,
@@ -55,7 +57,6 @@ from .feedback import (
     _present,
     _preview,
     _record,
-    _short,
     describe,
     describe_case,
     number_text,
@@ -66,11 +67,9 @@ from .guard import (
     _Alarm,
     _allclose,
     _bool,
-    _call_with_time_limit,
     _eq,
     _equal,
     _float64,
-    _input_device,
     _isclose,
     _isclose_num,
     _isfinite,
@@ -82,30 +81,40 @@ from .guard import (
     _len_tf,
     _ones_like,
     _Parameter,
-    _plain,
-    _reference_codes,
-    _Refusal,
-    _restore_torch_state,
-    _same,
-    _snapshot,
     _strided,
     _Tensor,
     _TensorBase,
-    _torch_state,
     _type,
-    _watched,
     is_course_reference,
     verify_integrity,
 )
 
 DEFAULT_TIME_LIMIT_S = 20.0
+_FAIL_KINDS = {"CheckFailed": CheckFailed, "Refused": Refused}  # the failures an outcome may name
 
 EXERCISES: dict[str, Exercise] = {}  # function name -> Exercise
 
 
+_SALT: list[int] = [0]  # 0 in a learner's session and in tests; drawn afresh by `make grade` (its judge)
+
+
 def seeded(seed: int) -> torch.Generator:
-    """A CPU generator with a fixed seed: every case a check builds is reproducible."""
-    return torch.Generator().manual_seed(seed)
+    """A CPU generator with a fixed seed: every case a check builds is reproducible. When
+    ``make grade`` grades, every seed is mixed with a secret drawn after the notebook's cells ran
+    (:func:`salt_cases`), so the graded inputs cannot be known in advance."""
+    return torch.Generator().manual_seed(salted(seed))
+
+
+def salted(seed: int) -> int:
+    """``seed`` itself, or mixed with the grader's secret (a 63-bit seed) while grading."""
+    if not _SALT[0]:
+        return seed
+    return int.from_bytes(hashlib.blake2b(f"{_SALT[0]}:{seed}".encode(), digest_size=8).digest(), "big") >> 1
+
+
+def salt_cases(salt: int) -> None:
+    """Mix ``salt`` into every seed the checks use from now on (0: the fixed seeds again)."""
+    _SALT[0] = int(salt)
 
 
 # --------------------------------------------------------------------------- the trial
@@ -169,10 +178,11 @@ class Trial:
         self.case = ""
         self.error_hints: dict[str, str] = {}
         self.forbidden_references: set[str] = {ex.name}
-        self.is_reference = is_course_reference(fn, ex.name)
+        self.is_reference = bool(fn.info.get("is_reference")) if _type(fn) is Remote else is_course_reference(fn, ex.name)
         self.attempts = _FAILURES.get(ex.name, 0)  # failed attempts of this exercise before this one
         self.repeat = self.attempts + 1 >= RECIPE_AFTER
         self.passed_cases: list[str] = []  # cases whose output compared equal (named in a later failure)
+        self.review: list[str] = []  # what the calls reported for a grader to look at (CheckResult.review)
 
     # -- failing
 
@@ -238,20 +248,6 @@ class Trial:
 
     # -- calling
 
-    def _argument_name(self, args: tuple, kwargs: dict, index: int) -> str:
-        """The learner's name for argument ``index`` of the flattened (args + kwargs)."""
-        names = [*(f"argument {i + 1}" for i in range(_len(args))), *kwargs]
-        try:
-            positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-            params = [p.name for p in inspect.signature(self.learner_fn).parameters.values() if p.kind in positional]
-            for i in range(min(_len(args), _len(params))):
-                names[i] = f"`{params[i]}`"
-            for j, key in enumerate(kwargs):
-                names[_len(args) + j] = f"`{key}`"
-        except (TypeError, ValueError):
-            pass
-        return names[index] if index < _len(names) else f"argument {index + 1}"
-
     def call(self, *args: Any, case: str | None = None, **kwargs: Any) -> Any:
         """Call the learner's function on one case; return its output as plain data.
 
@@ -262,77 +258,58 @@ class Trial:
         tensor on another device than the inputs.
         """
         __tracebackhide__ = True
+        return self._call(None, None, args, kwargs, case)[0]
+
+    def call_watched(self, watcher: Callable, args: tuple, options: Any = None, case: str | None = None) -> tuple[Any, Any]:
+        """Like :meth:`call`, with the learner's function run by ``watcher(fn, args, options)``,
+        a function defined at module level in ``helpers.checks`` that returns ``(output,
+        observations)``: what instruments saw, as plain data (lists, dicts, strings, numbers).
+        When ``make grade`` grades, the watcher runs in the notebook's process and the check in
+        the grader's, so everything the check learns about the call has to be in those two."""
+        __tracebackhide__ = True
+        return self._call(watcher, options, args, {}, case)
+
+    def _call(self, watcher: Callable | None, options: Any, args: tuple, kwargs: dict, case: str | None) -> tuple:
+        __tracebackhide__ = True
         if case is not None:
             self.case = case
-        before = _snapshot((args, kwargs))
-        codes = frozenset() if self.is_reference else _reference_codes(self.forbidden_references)
-        hits: list[str] = []
-        state: dict[str, bool] = {}
-        runner = _watched(self.fn, codes, hits, state) if codes else self.fn
-        torch_before = _torch_state()
-        raised: BaseException | None = None
-        out = None
-        try:
-            out = _call_with_time_limit(runner, args, kwargs, self.time_limit)
-        except BaseException as e:  # noqa: BLE001 - sorted out below, after the guard has run
-            raised = e
-        changed = _restore_torch_state(torch_before) + verify_integrity(restore=True)
-        if raised is not None and (getattr(raised, "_attn_course_real_interrupt", False) or (
-                _isinstance(raised, CheckFailed) and raised.exercise is self.ex)):
-            raise raised  # a real interrupt, or the check's own verdict from a wrapper around the function
-        if changed:
-            self.fail(f"your code changed what the check relies on: {'; '.join(changed[:4])}"
-                      f"{' (and more)' if _len(changed) > 4 else ''}. The check put the originals back.",
-                      "do not replace functions of torch or of the course's helpers (in your function or earlier "
-                      "in the notebook). If anything still behaves oddly, restart the kernel (Kernel > Restart).",
-                      Refused)
-        if raised is not None:
-            self._fail_on_exception(raised)
-        if state.get("trace_changed"):
-            self.fail("your function changed Python's trace function (sys.settrace, or a debugger such as "
-                      "breakpoint()), so the check could not watch it.",
-                      "run the check without a debugger or trace hook inside your function.", Refused)
-        if hits:
-            self.fail(f"your function called the course's own solution of this exercise, the reference {hits[0]}.",
-                      "write your own implementation: the check compares against that reference, so calling it "
-                      "proves nothing. Other helpers of the course stay allowed.", Refused)
-        flat_before = [*before[0], *before[1].values()]
-        flat_after = [*args, *kwargs.values()]
-        for i, (a, b) in enumerate(zip(flat_before, flat_after)):
-            if not _same(a, b):
-                name = self._argument_name(args, kwargs, i)
-                if _issubclass(_type(b), _Tensor):
-                    self.fail(f"your function modified one of its input tensors in place: {name}.",
-                              "in-place operations (`x += ...`, `masked_fill_`, `x[...] = ...`) change the caller's "
-                              "tensor; work on a new tensor (for example `masked_fill` without the underscore, or "
-                              "`x.clone()`).")
-                self.fail(f"your function modified its argument {name} ({_type(b).__name__}) in place: it was "
-                          f"{_short(a)}, now {_short(b)}.",
-                          "work on a copy: `list(x)`, `x[::-1]`, `sorted(x)` and `dict(x)` make new objects; "
-                          "`.reverse()`, `.sort()`, `.append()`, `.pop()` and item assignment change the caller's.")
-        try:
-            return _plain(out, "the output", _input_device(args, kwargs))
-        except _Refusal as r:
-            self.fail(f"{r.message[0].upper()}{r.message[1:]}", r.hint, Refused)
+        spec = dict(time_limit=self.time_limit, forbidden=sorted(self.forbidden_references),
+                    is_reference=self.is_reference)
+        if _type(self.fn) is Remote:
+            outcome = self.fn.call(args, kwargs, watcher, options, spec)
+        else:
+            fn = self.fn if watcher is None else _run_watcher(watcher, self.fn, options)
+            outcome = protected_call(fn, args, kwargs, learner=self.learner_fn, watched=watcher is not None, **spec)
+        return self._settle(outcome)
 
-    def _fail_on_exception(self, e: BaseException) -> None:
+    def _settle(self, outcome: dict) -> tuple[Any, Any]:
+        """Fail as ``outcome`` (from :func:`protected_call`) says, or return (output, observations)."""
         __tracebackhide__ = True
-        if _type(e) is NotImplementedError and not e.args:
+        status = outcome["status"]
+        self.review += [r for r in outcome.get("review", []) if r not in self.review]
+        if status == "fail":
+            self.fail(outcome["message"], outcome["hint"], _FAIL_KINDS.get(outcome["kind"], CheckFailed))
+        if status == "raised":
+            self._fail_on_exception(outcome["kind"], outcome["summary"], outcome.get("code", ""))
+        return outcome["out"], outcome.get("obs")
+
+    def _fail_on_exception(self, kind: str, summary: str, code: str = "") -> None:
+        __tracebackhide__ = True
+        if kind == "not attempted":
             self.case = ""
             self.fail("not attempted yet: your function still raises NotImplementedError.",
                       "replace `raise NotImplementedError()` with your implementation, then run this cell again.",
                       NotAttempted)
-        if _isinstance(e, _Alarm):
+        if kind == "timed out":
             self.fail(f"your function did not return within {self.time_limit:g} s.",
                       "look for a loop that never ends, or work that grows much faster than the inputs.", TimedOut)
-        if _isinstance(e, SystemExit):
-            self.fail(f"your function called sys.exit() (or exit(), quit()): SystemExit({_short(e.code)}).",
+        if kind == "exit":
+            self.fail(f"your function called sys.exit() (or exit(), quit()): SystemExit({code}).",
                       "a function hands back its result with `return`; sys.exit() stops the whole program.",
                       LearnerError)
-        if _isinstance(e, KeyboardInterrupt):
+        if kind == "interrupt":
             self.fail("your function raised KeyboardInterrupt itself.",
                       "return the result instead of raising; KeyboardInterrupt is for the stop button.", LearnerError)
-        summary = _exception_summary(e)
         hint = next((h for pat, h in {**self.error_hints, **CORE_ERROR_HINTS}.items() if re.search(pat, summary)), "")
         self.fail(f"your function raised {summary}", hint or "run it on the case above to see where it fails.",
                   LearnerError, generic=not hint)
@@ -507,6 +484,12 @@ def _guard_before(ex: Exercise) -> CheckFailed | None:
 
 def _run(ex: Exercise, body: Callable[[Trial], None], fn: Any, time_limit: float | None) -> CheckResult:
     """Run one check; never raises except for a real interrupt or a bug in the check itself."""
+    if _type(fn) is Remote and not fn.info.get("callable"):
+        message = (f"{ex.id} {ex.name}: pass your function itself, e.g. `checks.{ex.name}({ex.name})`; "
+                   f"got {str(fn.info.get('describe', 'something else'))[:80]}.")
+        error = CheckFailed(message, message, exercise=ex)
+        error.status = "error"
+        return CheckResult(ex, "error", message, message, False, False, error)
     if not callable(fn):
         message = f"{ex.id} {ex.name}: pass your function itself, e.g. `checks.{ex.name}({ex.name})`; got {describe(fn)}."
         error = CheckFailed(message, message, exercise=ex)
@@ -526,11 +509,12 @@ def _run(ex: Exercise, body: Callable[[Trial], None], fn: Any, time_limit: float
         except CheckFailed as e:
             error = e
     if error is None:
-        return CheckResult(ex, "passed", "", "", False, trial.is_reference)
+        return CheckResult(ex, "passed", "", "", False, trial.is_reference, review=trial.review)
     if not _isinstance(error, NotAttempted):
         _FAILURES[ex.name] = _FAILURES.get(ex.name, 0) + 1
     hint = error.instructor_hint if _isinstance(error, CheckFailed) else ""
-    return CheckResult(ex, error.status, str(error), hint, getattr(error, "recognised", False), trial.is_reference, error)
+    return CheckResult(ex, error.status, str(error), hint, getattr(error, "recognised", False), trial.is_reference, error,
+                       review=trial.review)
 
 
 

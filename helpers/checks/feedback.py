@@ -122,7 +122,8 @@ class CheckResult:
 
     ``status``: passed / failed / not attempted / error / timed out. ``message``: what the learner
     saw. ``hint``: the hint an instructor should see (the recognised mistake, else what
-    differed). ``is_reference``: the function checked was the course's own reference."""
+    differed). ``is_reference``: the function checked was the course's own reference. ``review``:
+    what the learner's function did that a grader should look at by hand (never decides the status)."""
 
     exercise: Exercise
     status: str
@@ -131,6 +132,7 @@ class CheckResult:
     recognised: bool = False
     is_reference: bool = False
     error: CheckFailed | None = field(default=None, repr=False)
+    review: list[str] = field(default_factory=list)  # what a grader should look at by hand (see calling.py)
 
     @property
     def passed(self) -> bool:

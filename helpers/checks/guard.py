@@ -382,17 +382,22 @@ def _trace_audit() -> tuple[Callable, Callable, Callable]:
 _own_settrace, _begin_watch, _end_watch = _trace_audit()
 
 
-def _watched(fn: Callable, codes: frozenset, hits: list, state: dict) -> Callable:
+def _watched(fn: Callable, codes: frozenset, hits: list, state: dict, near: frozenset = frozenset(),
+             near_hits: list | None = None) -> Callable:
     """``fn`` run under a trace hook that records calls of the code objects in ``codes`` (the
-    course's reference), in this thread and in threads it starts; a debugger's hook is chained."""
-
+    course's reference), in this thread and in threads it starts; a debugger's hook is chained.
+    Code whose :func:`fingerprint` is in ``near`` (the reference, renamed) goes to ``near_hits``."""
     def run(*args, **kwargs):
         previous, previous_thread = _gettrace(), _thread_gettrace()
 
         def tracer(frame, event, arg):
-            if event == "call" and frame.f_code in codes and not hits:
+            if event == "call":
                 code = frame.f_code
-                hits.append(f"{frame.f_globals.get('__name__', '?')}.{getattr(code, 'co_qualname', code.co_name)}")
+                if code in codes and not hits:
+                    hits.append(f"{frame.f_globals.get('__name__', '?')}.{getattr(code, 'co_qualname', code.co_name)}")
+                elif near and near_hits is not None and not near_hits:
+                    if _fingerprint_cached(code) in near:
+                        near_hits.append(str(getattr(code, "co_qualname", code.co_name)))
             return previous(frame, event, arg) if previous is not None else None
 
         _begin_watch()
@@ -407,6 +412,40 @@ def _watched(fn: Callable, codes: frozenset, hits: list, state: dict) -> Callabl
             state["trace_changed"] = _end_watch() or changed
 
     return run
+
+
+NEAR_MIN_BYTES = 120  # shorter code than this (a one-liner) is too often written the same way by chance
+
+
+def fingerprint(code: types.CodeType) -> tuple:
+    """What a code object does, without its names: the bytecode, the argument counts, and the
+    constants (nested code by its own fingerprint). Renaming the function, its variables, the
+    globals it reads or the file it came from leaves it unchanged."""
+    consts = tuple(fingerprint(c) if _type(c) is types.CodeType else (_type(c).__name__, repr(c))
+                   for c in code.co_consts)
+    return (code.co_code, code.co_argcount, code.co_kwonlyargcount, code.co_flags & 0x0F, consts)
+
+
+_FINGERPRINTS: dict = {}
+
+
+def _fingerprint_cached(code: types.CodeType) -> tuple:
+    found = _FINGERPRINTS.get(code)
+    if found is None:
+        found = _FINGERPRINTS[code] = fingerprint(code)
+    return found
+
+
+def _near_reference_codes(names: Iterable[str]) -> frozenset:
+    """Fingerprints of the course's reference for ``names`` and of the code nested in it, where the
+    code is long enough (``NEAR_MIN_BYTES``) that matching it is no coincidence."""
+    found, todo = set(), list(_reference_codes(names))
+    while todo:
+        code = todo.pop()
+        todo += [c for c in code.co_consts if _type(c) is types.CodeType]
+        if _len(code.co_code) >= NEAR_MIN_BYTES:
+            found.add(fingerprint(code))
+    return frozenset(found)
 
 
 def _snapshot(x: Any, depth: int = 0) -> Any:

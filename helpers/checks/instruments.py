@@ -309,44 +309,42 @@ def is_exp_like(op: str) -> bool:
 
 
 class Watched:
-    """What the instruments saw during one call: aten ops, provenance, conversions."""
+    """What the instruments saw during one call, as plain data: the aten ops (``OpLog``), how the
+    sources' data left PyTorch ("" if it did not), how many Python numbers were read from them."""
 
-    def __init__(self, ops: list, prov: Provenance, calls: Calls):
-        self.ops, self.prov, self.calls = ops, prov, calls
-
-    def exported(self, names: set[str]) -> str:
-        """How sourced data left PyTorch (".numpy()", "NumPy", ...), or ''."""
-        return next((how for how, x in self.calls.exported if x.numel() > 1 and self.prov.sources(x) & names), "")
+    def __init__(self, ops: list, exported: str, scalar_reads: int):
+        self.ops, self.exported, self.scalar_reads = ops, exported, scalar_reads
 
 
-def call_logged(t: Trial, *args: Any, sources: dict[str, torch.Tensor], case: str) -> tuple[Any, Watched]:
-    """``t.call(*args)`` with the learner's aten ops logged and its data followed."""
+def logging_watcher(fn: Callable, args: tuple, sources: dict[str, int]) -> tuple[Any, dict]:
+    """A watcher (``Trial.call_watched``): ``fn(*args)`` with its aten ops logged and the data of the
+    arguments named in ``sources`` (name -> position) followed."""
+    named = {name: args[i] for name, i in sources.items()}
+    log, prov, calls = OpLog(), Provenance(named), Calls()
+    with calls, prov, log:
+        out = fn(*args)
+    exported = next((how for how, x in calls.exported if x.numel() > 1 and prov.sources(x) & set(named)), "")
+    return out, {"ops": log.ops, "exported": exported, "scalar_reads": prov.scalar_reads}
+
+
+def call_logged(t: Trial, *args: Any, sources: dict[str, int], case: str) -> tuple[Any, Watched]:
+    """``t.call(*args)`` with the learner's aten ops logged and the data of ``sources`` (name ->
+    position among ``args``) followed."""
     __tracebackhide__ = True
     warm_up()
-    log, prov, calls, fn = OpLog(), Provenance(sources), Calls(), t.fn
-
-    def run(*a):
-        with calls, prov, log:
-            return fn(*a)
-
-    t.fn = run
-    try:
-        got = t.call(*args, case=case)
-    finally:
-        t.fn = fn
-    return got, Watched(log.ops, prov, calls)
+    got, seen = t.call_watched(logging_watcher, args, sources, case=case)
+    return got, Watched(seen["ops"], seen["exported"], seen["scalar_reads"])
 
 
-def check_stays_in_torch(t: Trial, seen: Watched, names: set[str], what: str, reads_limit: int | None) -> None:
-    """Fail if the inputs' data left PyTorch, where the op log cannot follow the work."""
+def check_stays_in_torch(t: Trial, seen: Watched, what: str, reads_limit: int | None) -> None:
+    """Fail if the sources' data left PyTorch, where the op log cannot follow the work."""
     __tracebackhide__ = True
-    how = seen.exported(names)
-    if how:
-        t.fail(f"your function took {what} out of PyTorch ({how}): the check follows your computation through "
-               "PyTorch's operations to see how it reads the data, and cannot follow work done in NumPy or on "
-               "Python lists.", "keep the data in torch tensors (torch.exp, .amax, @ ...) from start to end.")
-    if reads_limit is not None and seen.prov.scalar_reads >= reads_limit:
-        t.fail(f"your function read {what} into {seen.prov.scalar_reads} Python numbers one at a time (.item(), "
+    if seen.exported:
+        t.fail(f"your function took {what} out of PyTorch ({seen.exported}): the check follows your computation "
+               "through PyTorch's operations to see how it reads the data, and cannot follow work done in NumPy or "
+               "on Python lists.", "keep the data in torch tensors (torch.exp, .amax, @ ...) from start to end.")
+    if reads_limit is not None and seen.scalar_reads >= reads_limit:
+        t.fail(f"your function read {what} into {seen.scalar_reads} Python numbers one at a time (.item(), "
                "float(), a loop over elements): the check follows your computation through PyTorch's operations "
                "and cannot follow arithmetic on Python numbers.",
                "work on blocks as tensors: x[..., s:s + block_size] and torch operations on it.")

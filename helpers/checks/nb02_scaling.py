@@ -13,7 +13,7 @@ import torch
 
 from .. import nb01_qkv_shapes as attention
 from .. import nb02_scaling as scaling
-from .core import Trial, describe, describe_case, exercise, seeded
+from .core import Trial, describe, describe_case, exercise, salted, seeded
 
 __all__ = ["scaled_scores", "attention_entropy", "dot_product_std"]
 
@@ -183,23 +183,41 @@ def _pairs_for(c: float, d_k: int) -> float:
     return (b + math.sqrt(b * b - 4 * c * kappa)) / (2 * c)
 
 
-def _call_watched(t: Trial, d_k: int, n: int, seed: int, global_state: torch.Tensor | None = None):
-    """Call with a fresh generator seeded ``seed``. Returns (result, global RNG changed, generator
-    used, generator state after). The global RNG state is put back afterwards, so a learner's function
-    cannot shift the random numbers of the notebook around it."""
-    g = seeded(seed)
+def _rng_watcher(fn, args: tuple, global_state: torch.Tensor | None):
+    """A watcher (``Trial.call_watched``): ``fn(d_k, n, generator)`` with torch's global RNG set to
+    ``global_state`` (if given) and put back afterwards, so that a learner's function cannot shift
+    the random numbers of the notebook around it. Observes whether it changed the global RNG and
+    used the generator, and the generator's state after the call."""
+    g = args[2]
     g_before = g.get_state()
     saved = torch.get_rng_state()
     if global_state is not None:
         torch.set_rng_state(global_state)
     before = torch.get_rng_state()
     try:
-        got = t.call(d_k, n, g, case=f"d_k={d_k}, n_samples={n}, generator=torch.Generator().manual_seed({seed})")
+        got = fn(*args)
         changed = not torch.equal(before, torch.get_rng_state())
     finally:
         torch.set_rng_state(saved)
     after = g.get_state()
-    return got, changed, not torch.equal(g_before, after), after
+    return got, {"changed": changed, "used": not torch.equal(g_before, after), "after": after}
+
+
+def _call_watched(t: Trial, d_k: int, n: int, seed: int, global_state: torch.Tensor | None = None):
+    """Call with a fresh generator seeded ``seed``. Returns (result, global RNG changed, generator
+    used, generator state after)."""
+    got, seen = t.call_watched(_rng_watcher, (d_k, n, seeded(seed)), global_state,
+                               case=f"d_k={d_k}, n_samples={n}, generator=torch.Generator().manual_seed({seed})")
+    return got, seen["changed"], seen["used"], seen["after"]
+
+
+def _seeds_watcher(fn, args: tuple, seeds: list[int]):
+    """A watcher: ``fn(d_k, n_samples, generator)`` once per seed, torch's global RNG put back after."""
+    saved = torch.get_rng_state()
+    try:
+        return [fn(*args, torch.Generator().manual_seed(s)) for s in seeds], None
+    finally:
+        torch.set_rng_state(saved)
 
 
 def _value(t: Trial, got, what: str = "your function") -> float:
@@ -244,19 +262,11 @@ def _std_mistakes(d_k: int, n: int) -> dict:
 def _spread(t: Trial) -> None:
     """Fail unless the results over many seeds vary as much as n_samples pairs make them vary."""
     __tracebackhide__ = True
-    fn, seeds = t.fn, list(_SPREAD_SEEDS)
-
-    def over_seeds(d_k, n_samples):  # one call of the check's machinery for all seeds
-        return [fn(d_k, n_samples, seeded(s)) for s in seeds]
-
-    saved = torch.get_rng_state()
-    t.fn = over_seeds
-    try:
-        results = t.call(_SPREAD_D, _SPREAD_N, case=f"d_k={_SPREAD_D}, n_samples={_SPREAD_N}, generators seeded "
-                         f"{seeds[0]}..{seeds[-1]}")
-    finally:
-        t.fn = fn
-        torch.set_rng_state(saved)
+    seeds = list(_SPREAD_SEEDS)
+    results, _ = t.call_watched(_seeds_watcher, (_SPREAD_D, _SPREAD_N), [salted(s) for s in seeds],
+                                case=f"d_k={_SPREAD_D}, n_samples={_SPREAD_N}, generators seeded {seeds[0]}..{seeds[-1]}")
+    if type(results) is not list or len(results) != len(seeds):
+        t.fail(f"calling your function once per seed gave {describe(results)}.")
     values = [_value(t, r, f"with the generator seeded {s}, your function") for s, r in zip(seeds, results)]
     y = torch.tensor(values, dtype=torch.float64) ** 2
     c = (y.var() / y.mean() ** 2).item()

@@ -174,35 +174,33 @@ class _ExpLog(OpLog):
         return out
 
 
-def _watched(fn, seen: dict):
-    """Wrap fn so that, while it runs, the check sees: tensors saved for an autograd backward (the
-    check's inputs do not require grad, so a by-hand computation saves none; .backward(),
+def _backward_watcher(fn, args: tuple, options: None) -> tuple:
+    """A watcher (``Trial.call_watched``): runs fn and observes tensors saved for an autograd backward
+    (the check's inputs do not require grad, so a by-hand computation saves none; .backward(),
     torch.autograd.grad and torch.func.vjp always do), calls of automatic differentiation in either
     mode (torch.autograd, torch.autograd.forward_ad, torch.func), and how many numbers went through
     exp or softmax (finite differences run the forward pass many times: the function is stopped
-    once it has done the work of _FORWARD_PASSES + 1 forward passes)."""
+    once it has done the work of _FORWARD_PASSES + 1 forward passes, and None stands for its output)."""
+    q, k = args[0], args[1]
+    seen: dict = {"p_numel": q[..., 0].numel() * k.shape[-2]}
+    saved: list = []
+    log = _ExpLog((_FORWARD_PASSES + 1) * seen["p_numel"])
 
-    def watched(q, k, *args, **kwargs):
-        seen.clear()
-        saved: list = []
-        seen["p_numel"] = p_numel = q[..., 0].numel() * k.shape[-2]
-        log = _ExpLog((_FORWARD_PASSES + 1) * p_numel)
+    def pack(x):
+        saved.append(True)
+        return x
 
-        def pack(x):
-            saved.append(True)
-            return x
-
-        calls = Calls()
-        try:
-            with calls, log, torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
-                return fn(q, k, *args, **kwargs)
-        except _TooMuchWork:
-            return None
-        finally:
-            seen["autograd"] = calls.autograd[:1] or (["a tensor saved for the backward pass"] if saved else [])
-            seen["exp_work"] = log.work
-
-    return watched
+    calls = Calls()
+    out = None
+    try:
+        with calls, log, torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+            out = fn(*args)
+    except _TooMuchWork:
+        out = None
+    finally:
+        seen["autograd"] = calls.autograd[:1] or (["a tensor saved for the backward pass"] if saved else [])
+        seen["exp_work"] = log.work
+    return out, seen
 
 
 def _close(a, b) -> bool:
@@ -224,9 +222,7 @@ def attention_backward(t: Trial) -> None:
         "dP = grad_out @ v^T ([T, d_v] @ [d_v, T]), grad_v = P^T @ grad_out, grad_q = dS @ k, grad_k = dS^T @ q. "
         "Transpose the last two axes with .transpose(-2, -1) (or .mT); .T reverses every axis.",
     }
-    seen: dict = {}
     warm_up()
-    t.fn = _watched(t.fn, seen)
     # (leading dims, T, d_k, d_v, causal): T, d_k, d_v all different, so a missing transpose shows.
     cases = []
     for seed, (lead, T, d_k, d_v, causal) in enumerate([((2, 3), 5, 4, 6, False), ((2,), 7, 3, 5, True),
@@ -240,7 +236,7 @@ def attention_backward(t: Trial) -> None:
     names = ("grad_q", "grad_k", "grad_v")
     for q, k, v, grad_out, causal, expected in cases:
         case = describe_case(q=q, k=k, v=v, grad_out=grad_out, causal=causal)
-        got = t.call(q, k, v, grad_out, causal, case=case)
+        got, seen = t.call_watched(_backward_watcher, (q, k, v, grad_out, causal), case=case)
         if seen.get("autograd"):
             t.fail(f"your function used automatic differentiation ({seen['autograd'][0]}) to get the gradients.", _BY_HAND)
         if seen.get("exp_work", 0) > _FORWARD_PASSES * seen["p_numel"]:

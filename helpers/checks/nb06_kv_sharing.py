@@ -240,6 +240,14 @@ def _mla_model(q, c_kv, w_uk, scale: float = 1.0, first_head: bool = False) -> t
 _MLA_CASES = [(2, 3, 5, 11, 8, 7), (1, 5, 1, 13, 4, 9), (3, 5, 11, 7, 8, 9), (1, 3, 7, 17, 16, 5)]
 
 
+def _ops_watcher(fn, args: tuple, options: None) -> tuple:
+    """A watcher (``Trial.call_watched``): ``fn(*args)`` with every aten op it runs logged."""
+    log = OpLog()
+    with log:
+        out = fn(*args)
+    return out, log.ops
+
+
 @exercise("6.4", "MLA scores against the latent (absorbed W_UK)", points=3, stars=3, notebook=NB,
           section="6.3 Absorption")
 def mla_absorbed_scores(t: Trial) -> None:
@@ -275,25 +283,14 @@ def mla_absorbed_scores(t: Trial) -> None:
         })
         planned.append((q, c_kv, w_uk, ref.mla_absorbed_scores(q, c_kv, w_uk), mistakes))
     warm_up()  # the first dispatch mode of a process imports torch._dynamo (seconds): not the learner's time
-    fn = t.fn
     for q, c_kv, w_uk, expected, mistakes in planned:
         B, H, T_q, d_h = q.shape
         T = c_kv.shape[1]
-        log = OpLog()
-
-        def logged(*args, log=log):
-            with log:
-                return fn(*args)
-
-        t.fn = logged
-        try:
-            got = t.call(q, c_kv, w_uk, case=describe_case(q=q, c_kv=c_kv, w_uk=w_uk))
-        finally:
-            t.fn = fn
+        got, ops = t.call_watched(_ops_watcher, (q, c_kv, w_uk), case=describe_case(q=q, c_kv=c_kv, w_uk=w_uk))
         t.tensor(got, expected, what="scores", mistakes=mistakes,
                  hint="q_latent = q @ w_uk.transpose(-2, -1)  # [B, H, T_q, d_c]; then "
                       "q_latent @ c_kv.unsqueeze(1).transpose(-2, -1)  # [B, H, T_q, T]")
-        formed = _per_head_key_op(log.ops, H, T, d_h)
+        formed = _per_head_key_op(ops, H, T, d_h)
         if formed:
             t.fail(f"your scores are right, but your function formed the per-head keys: the {formed} tensor "
                    f"holds keys c_kv @ w_uk[h] (d_h = {d_h} numbers per head per cached token; T = {T}). The "

@@ -81,10 +81,63 @@ _TRITON_ERRORS = {
 }
 
 
-def _call_kernel(t: Trial, *args: Any, sources: dict[str, torch.Tensor], case: str) -> tuple[Any, Provenance]:
-    """``t.call(*args)`` with guarded allocations, kernel launches recorded and the data of q, k, v
-    followed. Fails on a store past the end, on no Triton launch at all, on a launch of the course's
-    own kernel, and when the attention was computed outside the learner's kernels."""
+def _flat_tensors(x: Any, depth: int = 0) -> list:
+    """The tensors in an output, in order (tuples, lists and dict values looked into)."""
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if depth > 5:
+        return []
+    items = x.values() if type(x) is dict else x if type(x) in (tuple, list) else ()
+    return [t for item in items for t in _flat_tensors(item, depth + 1)]
+
+
+def _kernel_watcher(fn: Any, args: tuple, options: dict) -> tuple[Any, dict]:
+    """A watcher (``Trial.call_watched``): ``fn(*args)`` with guarded allocations, kernel launches
+    recorded and the data of the arguments named in ``options["sources"]`` (name -> position)
+    followed. Observes, in order, what is wrong with how the output was computed (``failures``:
+    (message, hint) pairs) and which sources each output tensor's data comes from (``written``)."""
+    sources = {name: args[i] for name, i in options["sources"].items()}
+    watched = {"q", "k", "v"}
+    prov, calls, guard = Provenance(sources, watched), Calls(), GuardAllocations()
+    launches = KernelLaunches(prov, calls, interpreter=kernel_device().type == "cpu")
+    with calls, prov, launches, guard, warnings.catch_warnings():
+        # NumPy's "invalid value" warnings from a kernel making NaN in the interpreter: the check names it.
+        warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.")
+        out = fn(*args)
+    failures = []
+    if guard.overrun():
+        failures.append(("your kernel wrote past the end of a tensor it stores into (the memory just after out, lse or a "
+                         "gradient changed).",
+                         "mask every tl.store with the rows (or keys) that exist, e.g. mask=offs_m[:, None] < T for a "
+                         "[BLOCK_M, HEAD_DIM] tile and mask=offs_m < T for lse."))
+    if not launches.launches:
+        failures.append(("no Triton kernel ran during your function.", "launch your kernel, `_kernel[grid](...)`, and "
+                         "return what it wrote."))
+    if any(f in _KERNEL_FILES for _, f, _ in launches.launches) and not options["is_reference"]:
+        failures.append(("your function launched the course's kernel (helpers/nb09_triton_flash.py) instead of your own.",
+                         "write the kernel in the notebook: the point of the exercise is to build it."))
+    where = "your kernels" if len({name for name, _, _ in launches.launches}) > 1 else "your kernel"
+    if prov.mixed:
+        failures.append((f"your function computed with q, k and v in PyTorch ({prov.mixed[0]}): in this exercise the "
+                         f"attention is computed in {where}, not in PyTorch around it.",
+                         "pass q, k, v and the output tensors to the kernel and do the arithmetic on them inside it; in "
+                         "PyTorch only allocate outputs, compute launch parameters (and, in the backward, D = rowsum(dO * O))."))
+    how = next((how for how, x in calls.exported
+                if x.numel() > 1 and prov.sources(x) & watched and KERNEL not in prov.sources(x)), "")
+    if how:
+        failures.append((f"your function took q, k or v out of PyTorch ({how}): in this exercise the attention is "
+                         f"computed in {where}.", "pass q, k, v themselves to the kernel and do the arithmetic inside it."))
+    if prov.scalar_reads >= sources["q"].numel() // 2:
+        failures.append((f"your function read q, k or v into {prov.scalar_reads} Python numbers one at a time: in this "
+                         f"exercise the attention is computed in {where}.",
+                         "pass q, k, v themselves to the kernel and do the arithmetic inside it."))
+    return out, {"failures": failures, "written": [sorted(prov.sources(x)) for x in _flat_tensors(out)]}
+
+
+def _call_kernel(t: Trial, *args: Any, sources: dict[str, int], case: str) -> tuple[Any, dict]:
+    """``t.call(*args)`` through :func:`_kernel_watcher`. Fails on a store past the end, on no Triton
+    launch at all, on a launch of the course's own kernel, and when the attention was computed
+    outside the learner's kernels. Returns (output, what each output tensor was written from)."""
     __tracebackhide__ = True
     try:
         import triton  # noqa: F401
@@ -92,55 +145,16 @@ def _call_kernel(t: Trial, *args: Any, sources: dict[str, torch.Tensor], case: s
         t.fail("Triton is not installed here (it is Linux-only), so this exercise cannot run on this machine.",
                "run this notebook on Linux or in Colab (Runtime > Change runtime type > GPU).")
     warm_up()
-    watched = {"q", "k", "v"}
-    prov, calls, guard, fn = Provenance(sources, watched), Calls(), GuardAllocations(), t.fn
-    launches = KernelLaunches(prov, calls, interpreter=kernel_device().type == "cpu")
-
-    def run(*a):
-        with calls, prov, launches, guard, warnings.catch_warnings():
-            # NumPy's "invalid value" warnings from a kernel making NaN in the interpreter: the check names it.
-            warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.")
-            return fn(*a)
-
-    t.fn = run
-    try:
-        got = t.call(*args, case=case)
-    finally:
-        t.fn = fn
-    if guard.overrun():
-        t.fail("your kernel wrote past the end of a tensor it stores into (the memory just after out, lse or a "
-               "gradient changed).",
-               "mask every tl.store with the rows (or keys) that exist, e.g. mask=offs_m[:, None] < T for a "
-               "[BLOCK_M, HEAD_DIM] tile and mask=offs_m < T for lse.")
-    if not launches.launches:
-        t.fail("no Triton kernel ran during your function.", "launch your kernel, `_kernel[grid](...)`, and return "
-               "what it wrote.")
-    if any(f in _KERNEL_FILES for _, f, _ in launches.launches) and not t.is_reference:
-        t.fail("your function launched the course's kernel (helpers/nb09_triton_flash.py) instead of your own.",
-               "write the kernel in the notebook: the point of the exercise is to build it.")
-    where = "your kernels" if len({name for name, _, _ in launches.launches}) > 1 else "your kernel"
-    if prov.mixed:
-        t.fail(f"your function computed with q, k and v in PyTorch ({prov.mixed[0]}): in this exercise the "
-               f"attention is computed in {where}, not in PyTorch around it.",
-               "pass q, k, v and the output tensors to the kernel and do the arithmetic on them inside it; in "
-               "PyTorch only allocate outputs, compute launch parameters (and, in the backward, D = rowsum(dO * O)).")
-    how = next((how for how, x in calls.exported
-                if x.numel() > 1 and prov.sources(x) & watched and KERNEL not in prov.sources(x)), "")
-    if how:
-        t.fail(f"your function took q, k or v out of PyTorch ({how}): in this exercise the attention is computed "
-               f"in {where}.", "pass q, k, v themselves to the kernel and do the arithmetic inside it.")
-    q = sources["q"]
-    if prov.scalar_reads >= q.numel() // 2:
-        t.fail(f"your function read q, k or v into {prov.scalar_reads} Python numbers one at a time: in this "
-               f"exercise the attention is computed in {where}.",
-               "pass q, k, v themselves to the kernel and do the arithmetic inside it.")
-    return got, prov
+    got, seen = t.call_watched(_kernel_watcher, args, {"sources": sources, "is_reference": t.is_reference}, case=case)
+    if seen["failures"]:
+        t.fail(*seen["failures"][0])
+    return got, {id(x): set(w) for x, w in zip(_flat_tensors(got), seen["written"])}
 
 
-def _written_by_kernel(t: Trial, prov: Provenance, got: torch.Tensor, what: str, needs: set[str]) -> None:
+def _written_by_kernel(t: Trial, written: dict, got: torch.Tensor, what: str, needs: set[str]) -> None:
     """Fail unless the data of ``got`` comes from a kernel launch that read the inputs in ``needs``."""
     __tracebackhide__ = True
-    have = prov.sources(got)
+    have = written.get(id(got), set())
     if not needs | {KERNEL} <= have:
         read = ", ".join(sorted(have - {KERNEL})) or "none of the inputs"
         t.fail(f"{what} was not written by a Triton kernel that read {' and '.join(sorted(needs))} (its data comes "
@@ -389,7 +403,7 @@ def _forward_case(t: Trial, c: dict, passed: list[str]) -> None:
     qg, kg, vg = c["args"]
     causal, dtype, kind, expected = c["causal"], c["dtype"], c["kind"], c["out"]
     B, H, T, d = qg.shape
-    got, prov = _call_kernel(t, qg, kg, vg, causal, sources={"q": qg, "k": kg, "v": vg},
+    got, prov = _call_kernel(t, qg, kg, vg, causal, sources={"q": 0, "k": 1, "v": 2},
                              case=describe_case(q=qg, k=kg, v=vg, causal=causal) + f" on {dev.type}")
     out, lse = _split_forward(t, got)
     if isinstance(out, torch.Tensor) and out.shape == expected.shape:
@@ -566,7 +580,7 @@ def flash_attention_triton_backward(t: Trial) -> None:
         case = describe_case(q=args[0], k=args[1], v=args[2], out=args[3], lse=args[4], grad_out=args[5],
                              causal=causal) + f" on {dev.type}"
         names = ("q", "k", "v", "out", "lse", "grad_out")
-        got, prov = _call_kernel(t, *args, causal, sources=dict(zip(names, args)), case=case)
+        got, prov = _call_kernel(t, *args, causal, sources={name: i for i, name in enumerate(names)}, case=case)
         got = t.tuple(got, 3, ("grad_q", "grad_k", "grad_v"))
         tol = _tol(dtype, dev, "bwd")
         for which, name in ((2, "dv"), (1, "dk"), (0, "dq")):

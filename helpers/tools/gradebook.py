@@ -20,6 +20,7 @@ class Row:
     hint: str = ""
     bonus: bool = False
     student: str = ""
+    review: str = ""  # why the notebook needs a look by hand ("" for a trusted notebook)
 
     @property
     def earned(self) -> int:
@@ -58,11 +59,17 @@ def format_table(rows: list[Row]) -> str:
     stems = sorted({r.notebook for r in rows})
     lines.append("")
     if with_student:  # one line per student, one column per notebook
-        scores = [(s, *(_score([r for r in rows if r.student == s and r.notebook == n]) for n in stems),
-                   _score([r for r in rows if r.student == s])) for s in students]
+        scores = [(s, *(_score([r for r in rows if r.student == s and r.notebook == n]) + _mark(rows, s, n)
+                        for n in stems), _score([r for r in rows if r.student == s])) for s in students]
         lines += _columns(("student", *stems, "total"), scores)
     else:
-        lines += _columns(("notebook", "score"), [(n, _score([r for r in rows if r.notebook == n])) for n in stems])
+        lines += _columns(("notebook", "score"), [(n, _score([r for r in rows if r.notebook == n]) + _mark(rows, "", n))
+                                                  for n in stems])
+    reviews = flagged(rows)
+    if reviews:
+        lines.append("")
+        lines.append("review by hand (the score is what the evidence earned; the instructor decides):")
+        lines += [f"  {(s + ' ') if with_student else ''}{n}: {why}" for (s, n), why in reviews.items()]
     core = [r for r in rows if not r.bonus]
     n_passed = sum(r.status == "passed" for r in core)
     lines.append("")
@@ -71,19 +78,34 @@ def format_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-GRADEBOOK_FIELDS = ("student", "notebook", "exercise", "function", "points", "max_points", "bonus", "status", "hint")
+GRADEBOOK_FIELDS = ("student", "notebook", "exercise", "function", "points", "max_points", "bonus", "status", "hint",
+                   "review")
 
 
 def write_gradebook(rows: list[Row], path: Path) -> None:
     """One CSV row per student and exercise: student, notebook, exercise, function, points earned,
-    max_points, bonus, status, hint (the format an LMS or a spreadsheet imports)."""
+    max_points, bonus, status, hint, review (the format an LMS or a spreadsheet imports). ``review``
+    is empty for a trusted notebook and names what a grader should look at otherwise."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow(GRADEBOOK_FIELDS)
         for r in rows:
             w.writerow([r.student, r.notebook, r.id, r.name, r.earned, r.points, int(r.bonus), r.status,
-                        " ".join(r.hint.split())])
+                        " ".join(r.hint.split()), " ".join(r.review.split())])
+
+
+def _mark(rows: list[Row], student: str, notebook: str) -> str:
+    return " (review)" if any(r.review for r in rows if r.notebook == notebook and (r.student == student or not student)) else ""
+
+
+def flagged(rows: list[Row]) -> dict[tuple[str, str], str]:
+    """(student, notebook) -> why it is marked for review, for every notebook that is."""
+    out: dict[tuple[str, str], str] = {}
+    for r in rows:
+        if r.review:
+            out.setdefault((r.student, r.notebook), r.review)
+    return out
 
 
 def passed(rows: list[Row]) -> bool:

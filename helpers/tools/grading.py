@@ -24,15 +24,15 @@ import secrets
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
 import nbformat
 
-from . import DEFAULT_CELL_TIMEOUT_S
-from .gradebook import Row, format_table, passed, write_gradebook
+from . import DEFAULT_CELL_TIMEOUT_S, judging
+from .gradebook import Row, flagged, format_table, passed, write_gradebook
 from .nbgrader import write_nbgrader_course
 
 STATUSES = ("passed", "failed", "not attempted", "error", "timed out", "missing", "not run")
@@ -226,35 +226,21 @@ def _summary(e: BaseException) -> str:
     return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}".strip().rstrip(":")
 
 
-def _run_check(evaluate: Callable, name: str, fn: object) -> tuple[str, str]:
-    """Run one exercise's check on the learner's function: (status, hint)."""
-    try:
-        result = evaluate(fn)
-        status, hint, is_reference = str(result.status), str(result.hint or ""), bool(result.is_reference)
-    except KeyboardInterrupt:  # the grader's interrupt after the time limit
-        return "timed out", "the check was interrupted after the per-cell time limit."
-    except BaseException as e:  # noqa: BLE001 - whatever escapes a check is not a pass
-        return "error", f"the check stopped with {_summary(e)}"
-    if is_reference:
-        return "failed", f"`{name}` is the course's own reference implementation, not yours."
-    return (status, hint) if status in STATUSES else ("error", f"the check returned an unknown status {status!r}")
+def _child(conn: Connection, judge_conn: Connection, path: str, cells: list[tuple[int, str]], threads: int) -> None:
+    """Run one notebook's code cells, then answer the judge's calls of its functions (``judging.serve``).
 
-
-def _child(conn: Connection, path: str, cells: list[tuple[int, str]], names: list[str], threads: int) -> None:
-    """Run one notebook's code cells, then its checks; report to the grader through ``conn``.
-
-    Runs in a fresh process forked from the fork server. Everything the reporting needs (the
-    checks, the channel, the exception classes) is bound here, before the notebook's code runs.
+    Runs in a fresh process forked from the fork server, in a session of its own (so that the
+    grader can end every process the notebook starts). The audit hooks are installed before the
+    notebook's code runs; what the serving needs is bound here, before it runs too.
     """
-    from .. import checks as _checks
-    from ..checks import feedback, guard
+    from ..checks import feedback
+    from . import judging
 
     send = conn.send_bytes
-    evaluate = {name: getattr(_checks, name).evaluate for name in names}
-    verify_integrity, reset_attempts = guard.verify_integrity, feedback.reset_attempts
-    interrupted = KeyboardInterrupt
-    dumps = json.dumps
+    serve, interrupted, dumps = judging.serve, KeyboardInterrupt, json.dumps
     try:
+        os.setsid()
+        audit = judging.Audit()
         devnull = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(devnull, fd)
@@ -293,23 +279,15 @@ def _child(conn: Connection, path: str, cells: list[tuple[int, str]], names: lis
         send(dumps({"type": "crash", "error": _summary(e)}).encode())
         os._exit(1)
     send(dumps({"type": "cells_done"}).encode())
-    if not conn.poll(60):
-        os._exit(1)
-    secret = json.loads(conn.recv_bytes(1024).decode()).get("secret", "")
-    try:  # what the notebook's code replaced among the course's and torch's functions is put back
-        changed = [str(c) for c in verify_integrity(restore=True)]
-        reset_attempts()  # every check's hint is a first failure's hint
-    except BaseException as e:  # noqa: BLE001
-        changed = [f"the integrity check failed ({_summary(e)})"]
-    send(dumps({"type": "integrity", "secret": secret, "changed": changed[:10]}).encode())
-    for name in names:
-        send(dumps({"type": "check", "name": name}).encode())
-        fn = namespace.get(name, None) if type(namespace) is dict else None
-        status, hint = ("missing", "") if fn is None else _run_check(evaluate[name], name, fn)
-        send(dumps({"type": "result", "secret": secret, "name": name, "status": status, "hint": hint}).encode())
+    try:
+        serve(judge_conn, namespace, audit)
+    except BaseException:  # noqa: BLE001 - the judge reports a process that stopped answering
+        pass
     usage = resource.getrusage(resource.RUSAGE_SELF)  # this process's own CPU time, since its fork
-    send(dumps({"type": "usage", "secret": secret, "cpu_s": usage.ru_utime + usage.ru_stime}).encode())
-    os._exit(0)
+    try:
+        send(dumps({"type": "usage", "cpu_s": usage.ru_utime + usage.ru_stime}).encode())
+    finally:
+        os._exit(0)
 
 
 @dataclass
@@ -317,21 +295,24 @@ class _Running:
     sub: Submission
     process: multiprocessing.process.BaseProcess
     conn: Connection
+    judge_end: Connection | None  # the judge's end of the pipe to the notebook's process, until the judge starts
     code_cells: dict[int, str]
     names: list[str]
     cell_timeout: float
     current: tuple[str, object] = ("start", None)  # ("cell", index) or ("check", name)
     started: float = field(default_factory=time.monotonic)
     interrupted_at: float | None = None
-    secret: str | None = None
+    cells_done: bool = False
+    judge: multiprocessing.process.BaseProcess | None = None
+    judge_conn: Connection | None = None
     cell_errors: dict[int, tuple[str, str]] = field(default_factory=dict)
     timed_out_cells: set[int] = field(default_factory=set)
     results: dict[str, tuple[str, str]] = field(default_factory=dict)
-    tampered: str = ""
-    changed: list[str] = field(default_factory=list)
+    review: list[str] = field(default_factory=list)
     cpu_s: float = 0.0
     crash: str = ""
     done: bool = False
+    judged: bool = False
 
 
 def _context():
@@ -360,15 +341,30 @@ def _start(ctx, sub: Submission, cell_timeout: float, threads: int) -> _Running 
     known = {ex.name for exs in course_notebooks().values() for ex in exs}
     run = [(i, s) for i, s in code.items() if not ((m := CHECK_CELL.match(s)) and m.group(1) in known)]
     parent, child = ctx.Pipe(duplex=True)
-    process = ctx.Process(target=_child, args=(child, str(sub.path), run, names, threads), daemon=True)
+    judge_end, notebook_end = ctx.Pipe(duplex=True)
+    process = ctx.Process(target=_child, args=(child, notebook_end, str(sub.path), run, threads), daemon=True)
     with _anonymous_main():
         process.start()
     child.close()
-    return _Running(sub, process, parent, code, names, cell_timeout)
+    notebook_end.close()
+    return _Running(sub, process, parent, judge_end, code, names, cell_timeout)
 
 
-def _row(sub: Submission, ex, status: str, hint: str) -> Row:
-    return Row(sub.stem, ex.id, ex.name, ex.points, status, hint, ex.bonus, sub.student)
+def _start_judge(ctx, r: _Running) -> None:
+    """The notebook's cells have run: start its judge, with a salt drawn now."""
+    mine, theirs = ctx.Pipe(duplex=False)
+    r.judge = ctx.Process(target=judging.judge, daemon=True,
+                          args=(r.judge_end, theirs, r.names, secrets.randbits(62) + 1, GRACE_S))
+    with _anonymous_main():
+        r.judge.start()
+    theirs.close()
+    r.judge_end.close()
+    r.judge_end, r.judge_conn = None, mine
+    r.current, r.started, r.interrupted_at = ("check", None), time.monotonic(), None
+
+
+def _row(sub: Submission, ex, status: str, hint: str, review: str = "") -> Row:
+    return Row(sub.stem, ex.id, ex.name, ex.points, status, hint, ex.bonus, sub.student, review)
 
 
 def _first_line(source: str) -> str:
@@ -376,74 +372,104 @@ def _first_line(source: str) -> str:
     return line if len(line) <= 50 else line[:47] + "..."
 
 
-def _receive(r: _Running) -> None:
-    """Handle every message waiting on ``r.conn``; EOF means the process ended."""
-    while not r.done and r.conn.poll():
+def _flag(r: _Running, reason: str) -> None:
+    if reason not in r.review and len(r.review) < 10:
+        r.review.append(reason)
+
+
+def _receive(ctx, r: _Running) -> None:
+    """Handle every message waiting from the notebook's process; EOF means it ended."""
+    while r.conn.poll():
         try:
             raw = r.conn.recv_bytes(MAX_MESSAGE_BYTES)
             msg = json.loads(raw.decode())
             kind = msg["type"]
         except EOFError:
-            r.done = True
+            r.conn.close()
             return
         except Exception:  # noqa: BLE001 - an oversized or malformed message is not the grader's
-            r.tampered = r.tampered or "an unreadable message on the grader's channel"
+            _flag(r, "an unreadable message on the grader's channel")
             continue
-        if kind in ("cell", "check"):
-            if (kind == "cell") != (r.secret is None):
-                r.tampered = r.tampered or f"an out-of-order '{kind}' message"
-            r.current = (kind, msg.get("index") if kind == "cell" else msg.get("name"))
+        if kind == "cell" and not r.cells_done:
+            r.current = ("cell", msg.get("index"))
             r.started, r.interrupted_at = time.monotonic(), None
-        elif kind == "cell_error" and r.secret is None:
+        elif kind == "cell_error" and not r.cells_done:
             index = msg.get("index")
             if msg.get("kind") == "timed out" or index in r.timed_out_cells:
                 r.timed_out_cells.add(index)
             else:
                 r.cell_errors[index] = (str(msg.get("error", "")), "")
-        elif kind == "cells_done" and r.secret is None:
-            r.secret = secrets.token_hex(16)
-            r.current, r.started = ("check", None), time.monotonic()
-            try:
-                r.conn.send_bytes(json.dumps({"secret": r.secret}).encode())
-            except OSError:
-                r.done = True
-        elif kind == "result" and r.secret is not None and msg.get("secret") == r.secret \
-                and msg.get("name") in r.names and msg.get("name") not in r.results and msg.get("status") in STATUSES:
-            r.results[msg["name"]] = (msg["status"], str(msg.get("hint", ""))[:2000])
-        elif kind == "integrity" and r.secret is not None and msg.get("secret") == r.secret:
-            r.changed = [str(c) for c in msg.get("changed", [])][:10]
-        elif kind == "usage" and r.secret is not None and msg.get("secret") == r.secret:
-            r.cpu_s = float(msg.get("cpu_s", 0.0))
-            r.done = True
-        elif kind == "crash" and r.secret is None:
+        elif kind == "cells_done" and not r.cells_done:
+            r.cells_done = True
+            _start_judge(ctx, r)
+        elif kind == "crash" and not r.cells_done:
             r.crash = str(msg.get("error", ""))
+        elif kind == "usage" and r.cells_done:
+            try:
+                r.cpu_s = float(msg.get("cpu_s", 0.0))
+            except (TypeError, ValueError):
+                pass
         else:
-            r.tampered = r.tampered or f"a forged or repeated '{kind}' message"
+            _flag(r, f"a forged or out-of-order '{str(kind)[:20]}' message on the grader's channel")
+
+
+def _receive_judge(r: _Running) -> None:
+    """Handle every message from the judge (trusted: it never ran the notebook's code)."""
+    while r.judge_conn is not None and not r.judged and r.judge_conn.poll():
+        try:
+            msg = json.loads(r.judge_conn.recv_bytes().decode())
+        except EOFError:
+            r.judged = True
+            return
+        kind = msg["type"]
+        if kind == "check":
+            r.current, r.started, r.interrupted_at = ("check", msg["name"]), time.monotonic(), None
+        elif kind == "result":
+            r.results[msg["name"]] = (msg["status"], str(msg.get("hint", ""))[:2000])
+        elif kind == "review":
+            for reason in msg["reasons"]:
+                _flag(r, reason)
+        elif kind == "done":
+            r.judged = True
 
 
 def _watch(r: _Running) -> None:
-    """Interrupt a cell or check that runs past the limit; kill a notebook that does not stop."""
+    """Interrupt a cell that runs past the limit; kill a notebook (and its judge) that does not stop."""
     now = time.monotonic()
     limit = max(r.cell_timeout, START_TIMEOUT_S) if r.current[0] == "start" else r.cell_timeout
     if r.interrupted_at is None and now - r.started > limit:
         r.interrupted_at = now
         if r.current[0] == "cell":
             r.timed_out_cells.add(r.current[1])
-        try:
-            os.kill(r.process.pid, signal.SIGINT)
-        except (ProcessLookupError, TypeError):
-            pass
-    elif r.interrupted_at is not None and now - r.interrupted_at > GRACE_S:
-        r.process.kill()
+            try:
+                os.kill(r.process.pid, signal.SIGINT)
+            except (ProcessLookupError, TypeError):
+                pass
+    elif r.interrupted_at is not None and now - r.interrupted_at > (GRACE_S if r.current[0] == "cell" else 0):
         r.done = True
 
 
+def _end(r: _Running) -> None:
+    """End the notebook's process and every process it started (its session), and the judge."""
+    for p in (r.process, r.judge):
+        if p is None:
+            continue
+        if p is r.process and p.pid:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.pid, signal.SIGKILL)  # the notebook's session: it called setsid()
+        p.join(timeout=2)
+        if p.is_alive():
+            p.kill()
+            p.join()
+    for c in (r.conn, r.judge_conn, r.judge_end):
+        if c is not None:
+            c.close()
+
+
 def _rows(r: _Running) -> list[Row]:
-    """The rows of a finished notebook: what its checks reported, else why there is no result."""
+    """The rows of a finished notebook: what the judge decided, else why there is no result."""
     exercises = course_notebooks()[r.sub.stem]
-    if r.tampered:
-        return [_row(r.sub, ex, "error", f"the notebook interfered with the grader ({r.tampered}); review it by hand.")
-                for ex in exercises]
+    review = "; ".join(r.review)
     rows = []
     for ex in exercises:
         if ex.name in r.results:
@@ -451,22 +477,19 @@ def _rows(r: _Running) -> list[Row]:
             if status == "missing":
                 status, hint = _why_missing(r, ex.name)
         elif r.current == ("check", ex.name) and r.interrupted_at is not None:
-            status, hint = "timed out", f"the check did not stop within {r.cell_timeout:g} s and was killed."
+            status, hint = "timed out", f"the check did not finish within {r.cell_timeout:g} s and was stopped."
         elif r.current == ("check", ex.name):
-            status, hint = "error", "the grading process died while checking this function (a crash or os._exit)."
+            status, hint = "error", "the grading stopped while checking this function (a crash of the grader's process)."
         elif r.crash:
             status, hint = "error", f"the grader could not run the notebook: {r.crash}"
-        elif r.secret is None and r.current[0] == "cell":
+        elif not r.cells_done and r.current[0] == "cell":
             index = r.current[1]
             why = "ran past the time limit and did not stop" if r.interrupted_at is not None else "ended the process"
             status, hint = ("timed out" if r.interrupted_at is not None else "error"), (
                 f"cell {index + 1} (`{_first_line(r.code_cells.get(index, ''))}`) {why}; nothing after it ran.")
         else:
-            status, hint = "not run", "the grading process ended before this check ran."
-        if r.changed:
-            hint = (hint + " " if hint else "") + (
-                f"(note: the notebook replaced {'; '.join(r.changed[:6])}; put back before grading: review it.)")
-        rows.append(_row(r.sub, ex, status, hint))
+            status, hint = "not run", "the grading ended before this check ran."
+        rows.append(_row(r.sub, ex, status, hint, review))
     return rows
 
 
@@ -489,8 +512,8 @@ def _why_missing(r: _Running, name: str) -> tuple[str, str]:
 
 def grade(subs: list[Submission], jobs: int | None = None, cell_timeout: float = DEFAULT_CELL_TIMEOUT_S,
           progress: bool | None = None, stats: dict | None = None) -> list[Row]:
-    """Grade submissions in parallel (``jobs`` processes; default: the number of cores). ``stats``,
-    if given, receives ``cpu_s``: the CPU seconds the notebooks' processes used, all together."""
+    """Grade submissions in parallel (``jobs`` notebooks at once; default: the number of cores).
+    ``stats``, if given, receives ``cpu_s``: the CPU seconds the notebooks' processes used."""
     from tqdm import tqdm
 
     jobs = max(1, jobs or os.cpu_count() or 1)
@@ -516,20 +539,23 @@ def grade(subs: list[Submission], jobs: int | None = None, cell_timeout: float =
                     running.append(started)
             if not running:
                 continue
-            wait([r.conn for r in running] + [r.process.sentinel for r in running], timeout=0.5)
+            waits = [r.process.sentinel for r in running] + [r.conn for r in running if not r.conn.closed]
+            waits += [c for r in running for c in (r.judge_conn,) if c is not None and not r.judged]
+            wait(waits, timeout=0.5)
             for r in list(running):
-                _receive(r)
-                if not r.done and not r.process.is_alive():
-                    _receive(r)
+                if not r.conn.closed:
+                    _receive(ctx, r)
+                _receive_judge(r)
+                if r.judged or (not r.process.is_alive() and (r.judge is None or not r.judge.is_alive())):
+                    r.process.join(timeout=2)  # its last message (CPU time) comes as it ends
+                    if not r.conn.closed:
+                        _receive(ctx, r)
+                    _receive_judge(r)
                     r.done = True
                 if not r.done:
                     _watch(r)
                 if r.done:
-                    r.process.join(timeout=2)
-                    if r.process.is_alive():
-                        r.process.kill()
-                        r.process.join()
-                    r.conn.close()
+                    _end(r)
                     by_sub[id(r.sub)] = _rows(r)
                     if stats is not None:
                         stats["cpu_s"] = stats.get("cpu_s", 0.0) + r.cpu_s
@@ -537,9 +563,46 @@ def grade(subs: list[Submission], jobs: int | None = None, cell_timeout: float =
                     bar.update()
     finally:
         for r in running:
-            r.process.kill()
+            _end(r)
         bar.close()
     return [row for sub in subs for row in by_sub[id(sub)]]
+
+
+def become_subreaper() -> None:
+    """Linux: processes that the notebooks' processes leave behind become this process's children
+    when their parents end, so that :func:`end_leftovers` can find them (even after a ``setsid``)."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                found += [int(p) for p in f.read().split()]
+    return found
+
+
+def end_leftovers() -> None:
+    """Kill every process still running below this one except the fork server (the notebooks'
+    left-overs), so that nothing a notebook started can outlive the grading and touch its results."""
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    for _ in range(3):
+        pids = [p for p in _children(os.getpid()) if p != server]
+        pids += [g for p in [*pids, server] if p for g in _children(p)]
+        if not pids:
+            return
+        for p in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(p, signal.SIGKILL)
+        for p in pids:
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(p, 0)
 
 
 def grade_notebook(path: Path, cell_timeout: float = DEFAULT_CELL_TIMEOUT_S) -> list[Row]:
@@ -571,6 +634,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="write solutions/ as an nbgrader course in DIR (then run nbgrader there) and exit")
     args = parser.parse_args(argv)
     start = time.perf_counter()
+    become_subreaper()
     if args.nbgrader_course:
         for path in write_nbgrader_course(args.nbgrader_course, cell_timeout=args.cell_timeout):
             print(f"wrote {path}")
@@ -594,9 +658,15 @@ def main(argv: list[str] | None = None) -> int:
           f"the notebooks' processes used "
           f"{stats.get('cpu_s', 0.0):.1f} CPU-s")
     gradebook = args.gradebook or (Path("gradebook.csv") if n_students > 1 else None)
+    end_leftovers()  # every process a notebook started is ended before anything is written
     if gradebook:
         write_gradebook(rows, gradebook)
         print(f"gradebook: {gradebook} ({len(rows)} rows)")
+    reviews = flagged(rows)
+    if reviews:
+        print(f"make grade: {len(reviews)} notebook{'s' if len(reviews) > 1 else ''} marked for review (see above); "
+              "exit 2")
+        return 2
     return 0 if passed(rows) else 1
 
 
