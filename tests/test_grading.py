@@ -169,6 +169,7 @@ def test_blank_exercises_grade_zero_and_solutions_full_marks():
         solved = [r for r in rows if r.student == "solutions" and r.notebook == stem]
         assert blank and {r.status for r in blank} == {"not attempted"}, format_table(blank)
         assert solved and {r.status for r in solved} == {"passed"}, format_table(solved)
+        assert not any(r.review for r in blank + solved), format_table(blank + solved)
         assert len(blank) == len(course_notebooks()[stem])
 
 
@@ -275,8 +276,8 @@ def test_checks_run_on_the_course_reference_do_not_count(cheat_rows):
 def test_patched_checks_and_torch_do_not_count_and_are_reported(cheat_rows):
     rows = cheat_rows["patched_checks"]
     assert {r.status for r in rows.values()} == {"not attempted"}, format_table(list(rows.values()))
-    hint = rows["merge_heads"].hint
-    assert "the notebook replaced" in hint and "helpers.checks.merge_heads" in hint and "torch." in hint, hint
+    review = rows["merge_heads"].review
+    assert "the notebook replaced" in review and "helpers.checks.merge_heads" in review and "torch." in review, review
 
 
 def test_forged_log_lines_and_printed_passes_do_not_count(cheat_rows):
@@ -285,9 +286,11 @@ def test_forged_log_lines_and_printed_passes_do_not_count(cheat_rows):
 
 
 def test_forged_messages_on_the_graders_channel_are_caught(cheat_rows):
+    """The grader's channel only carries progress; verdicts come from the judge. Forged results
+    change nothing and mark the notebook for review (more kinds of forgery: tests/test_forgery.py)."""
     rows = cheat_rows["forged_channel"]
-    assert {r.status for r in rows.values()} == {"error"}, format_table(list(rows.values()))
-    assert "interfered with the grader" in rows["merge_heads"].hint
+    assert {r.status for r in rows.values()} == {"not attempted"}, format_table(list(rows.values()))
+    assert "forged" in rows["merge_heads"].review and "answered no question" in rows["merge_heads"].review
 
 
 def test_one_wrong_exercise_is_reported_alone_with_its_hint(tmp_path, capsys):

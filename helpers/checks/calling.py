@@ -262,6 +262,9 @@ class RemoteBroken(BaseException):
         self.status, self.reason, self.channel = status, reason, channel
 
 
+STRAYS: list[str] = []  # in the judge: messages from the notebook's process that answered no question
+
+
 class Remote:
     """The learner's function ``name``, living in another process (the notebook's), reached through
     ``conn``. ``info`` is what that process said about it when grading began (see
@@ -294,25 +297,30 @@ class Remote:
         raise RemoteBroken("error", f"the notebook's process sent an answer of unknown form ({str(status)[:40]!r})", True)
 
     def ask(self, request: dict, wait_s: float) -> dict:
-        """Send ``request``; return the notebook's reply to it (its nonce echoed)."""
+        """Send ``request``; return the notebook's reply to it (its nonce echoed). Messages that
+        answer nothing (unreadable, or with another nonce) are skipped and counted in ``STRAYS``."""
         import pickle
+        import time
 
+        deadline = time.monotonic() + wait_s
         try:
             self.conn.send_bytes(pickle.dumps(request))
-            if not self.conn.poll(wait_s):
-                raise RemoteBroken("timed out", f"the notebook's process did not answer within {wait_s:g} s")
-            data = self.conn.recv_bytes(MAX_REPLY_BYTES)
+            while True:
+                if not self.conn.poll(max(0.0, deadline - time.monotonic())):
+                    raise RemoteBroken("timed out", f"the notebook's process did not answer within {wait_s:g} s")
+                data = self.conn.recv_bytes(MAX_REPLY_BYTES)
+                try:
+                    reply = loads(data)
+                except Exception:  # noqa: BLE001 - not something the serving code sends
+                    reply = None
+                if _type(reply) is dict and reply.get("nonce") == request["nonce"]:
+                    return reply
+                STRAYS.append("unreadable" if reply is None else "out of turn")
+                if _len(STRAYS) > 1000:
+                    raise RemoteBroken("error", "the notebook's process sent more than 1000 messages that answer "
+                                       "nothing", True)
         except (EOFError, OSError):
             raise RemoteBroken("error", "the notebook's process ended") from None
-        try:
-            reply = loads(data)
-        except Exception as e:  # noqa: BLE001
-            raise RemoteBroken("error", f"the notebook's process sent an unreadable answer ({type(e).__name__})",
-                               True) from None
-        if _type(reply) is not dict or reply.get("nonce") != request["nonce"]:
-            raise RemoteBroken("error", "the notebook's process sent an answer to a question the grader did not ask",
-                               True)
-        return reply
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError(f"`{self.name}` runs in the notebook's process: checks call it through Trial.call")

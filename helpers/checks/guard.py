@@ -202,6 +202,48 @@ def protect() -> None:
     _GUARD.extend()
 
 
+def guard_copy() -> tuple:
+    """A private copy of the guard's snapshots, to put back with :func:`restore_guard` (the grader
+    takes one before a notebook runs: a notebook that clears the snapshots is then found out)."""
+    return ({k: (m, dict(d)) for k, (m, d) in _GUARD.modules.items()},
+            {k: (c, dict(d)) for k, (c, d) in _GUARD.classes.items()}, dict(_GUARD.functions))
+
+
+def restore_guard(copy: tuple) -> bool:
+    """Put the snapshots of :func:`guard_copy` back (keeping what was added since); True if any of
+    them had been removed or changed."""
+    changed = False
+    for current, saved in zip((_GUARD.modules, _GUARD.classes, _GUARD.functions), copy):
+        for key, value in saved.items():
+            now = current.get(key, _MISSING)
+            if now is _MISSING or (now is not value and now != value):
+                changed = True
+                current[key] = value
+    return changed
+
+
+def torch_canaries() -> list[str]:
+    """Operators a check relies on, asked questions with known answers: the names of those that
+    answer wrongly (an operator overridden below Python, e.g. with ``torch.library``)."""
+    a, b = torch.tensor([0.0, 1.0, 2.0]), torch.tensor([0.0, 1.5, 2.0])
+    wrong = []
+    for name, ok in [
+        ("isclose", lambda: [bool(v) for v in _isclose(a, b)] == [True, False, True]),
+        ("allclose", lambda: not bool(_allclose(a, b))),
+        ("eq", lambda: [bool(v) for v in _eq(a, b)] == [True, False, True]),
+        ("equal", lambda: not bool(_equal(a, b))),
+        ("isfinite", lambda: bool(_isfinite(a).all()) and not bool(_isfinite(torch.tensor([float("inf")])).all())),
+        ("sub/abs/max", lambda: float((a - b).abs().max()) == 0.5),
+        ("matmul", lambda: float(a @ b) == 5.5),
+    ]:
+        try:
+            if not ok():
+                wrong.append(name)
+        except Exception:  # noqa: BLE001
+            wrong.append(name)
+    return wrong
+
+
 def verify_integrity(restore: bool = True) -> list[str]:
     """What the learner's code replaced among the course's and torch's functions (empty: nothing);
     with ``restore`` the originals are put back."""
@@ -414,7 +456,7 @@ def _watched(fn: Callable, codes: frozenset, hits: list, state: dict, near: froz
     return run
 
 
-NEAR_MIN_BYTES = 120  # shorter code than this (a one-liner) is too often written the same way by chance
+NEAR_MIN_BYTES = 240  # shorter code than this (a few lines) is too often written the same way by chance
 
 
 def fingerprint(code: types.CodeType) -> tuple:

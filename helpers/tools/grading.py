@@ -233,7 +233,7 @@ def _child(conn: Connection, judge_conn: Connection, path: str, cells: list[tupl
     grader can end every process the notebook starts). The audit hooks are installed before the
     notebook's code runs; what the serving needs is bound here, before it runs too.
     """
-    from ..checks import feedback
+    from ..checks import feedback, guard
     from . import judging
 
     send = conn.send_bytes
@@ -241,6 +241,7 @@ def _child(conn: Connection, judge_conn: Connection, path: str, cells: list[tupl
     try:
         os.setsid()
         audit = judging.Audit()
+        snapshots = guard.guard_copy()
         devnull = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(devnull, fd)
@@ -280,7 +281,7 @@ def _child(conn: Connection, judge_conn: Connection, path: str, cells: list[tupl
         os._exit(1)
     send(dumps({"type": "cells_done"}).encode())
     try:
-        serve(judge_conn, namespace, audit)
+        serve(judge_conn, namespace, audit, snapshots)
     except BaseException:  # noqa: BLE001 - the judge reports a process that stopped answering
         pass
     usage = resource.getrusage(resource.RUSAGE_SELF)  # this process's own CPU time, since its fork

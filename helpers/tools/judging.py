@@ -87,15 +87,15 @@ class Audit:
                 return
             self._busy = True
             try:
-                frame = getframe(1)
+                frame = caller = getframe(1)
                 when = "during a graded call" if self._armed else "in a cell"
+                while frame is not None and frame.f_code.co_filename.startswith(self._std):
+                    frame = frame.f_back
                 if event in AUDIT_PROCESSES:
-                    if not self._from(frame, self._triton) and len(self.events) < 50 and (
+                    if not self._from(caller, self._triton) and len(self.events) < 50 and (
                             self._armed or self._learner(frame)):
                         append(f"{event} {when}")
                     return
-                while frame is not None and frame.f_code.co_filename.startswith(self._std):
-                    frame = frame.f_back
                 if self._learner(frame) and len(self.events) < 50:
                     what = f"{event}({args[1]!r})" if event == "object.__getattr__" and len(args) > 1 else event
                     where = os.path.basename(frame.f_code.co_filename)[:40]
@@ -160,18 +160,24 @@ def _resolve(module: str, qualname: str) -> Any:
     return obj
 
 
-def serve(conn: Any, namespace: dict, audit: Audit | None) -> None:
+def serve(conn: Any, namespace: dict, audit: Audit | None, snapshots: tuple | None = None) -> None:
     """The notebook's side: answer the judge's questions about the learner's functions until it says
     ``end`` (or goes away). Runs in the notebook's process after its cells."""
     from ..checks import feedback
     from ..checks.calling import dumps, encode, exception_outcome, protected_call
     from ..checks.feedback import describe
-    from ..checks.guard import is_course_reference, verify_integrity
+    from ..checks.guard import is_course_reference, restore_guard, torch_canaries, verify_integrity
 
     send, recv, poll = conn.send_bytes, conn.recv_bytes, conn.poll
     review: list[str] = []
     try:
+        if snapshots is not None and restore_guard(snapshots):
+            review.append("the notebook changed the integrity guard's snapshots")
         changed = [str(c) for c in verify_integrity(restore=True)]
+        wrong = torch_canaries()
+        if wrong:
+            review.append(f"torch's {', '.join(wrong)} give wrong answers in the notebook's process (an operator "
+                          "overridden, e.g. with torch.library)")
         feedback.reset_attempts()
     except BaseException as e:  # noqa: BLE001
         changed = [f"the integrity check failed ({type(e).__name__})"]
@@ -254,7 +260,7 @@ def judge(nb_conn: Any, out_conn: Any, names: list[str], salt: int, wait_s: floa
     grader through ``out_conn`` (JSON messages: check, result, review, done). Runs in a process of
     its own, forked from the fork server: nothing of the notebook ever ran in it."""
     from ..checks import core, feedback
-    from ..checks.calling import Remote, RemoteBroken
+    from ..checks.calling import STRAYS, Remote, RemoteBroken
 
     def send(msg: dict) -> None:
         out_conn.send_bytes(json.dumps(msg).encode())
@@ -298,6 +304,9 @@ def judge(nb_conn: Any, out_conn: Any, names: list[str], salt: int, wait_s: floa
         except RemoteBroken as e:
             if e.channel:
                 review.append(e.reason)
+    if STRAYS:
+        review.append(f"the notebook's process sent {len(STRAYS)} message{'s' if len(STRAYS) > 1 else ''} that "
+                      "answered no question of the grader's")
     send({"type": "review", "reasons": list(dict.fromkeys(review))[:10]})
     send({"type": "done"})
 
