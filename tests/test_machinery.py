@@ -1005,3 +1005,19 @@ def test_a_function_that_never_returns_is_stopped_at_the_time_limit(name, monkey
 
     e = rejected(name, never_returns)
     assert "did not return within 1 s" in str(e) and e.status == "timed out", str(e)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(RIGHT))
+def test_right_variants_pass_on_the_salted_cases_of_make_grade(name):
+    """`make grade` draws every check's cases from a secret salt: a correct answer passes whatever
+    the salt (two salts here, besides the fixed seeds every other test uses)."""
+    try:
+        for salt in (7, 2**61 + 12345):
+            core.salt_cases(salt)
+            for right in RIGHT[name]:
+                feedback.reset_attempts()
+                result = getattr(checks, name).evaluate(right)
+                assert result.passed, f"salt {salt}, {getattr(right, '__name__', right)}: {result.message}"
+    finally:
+        core.salt_cases(0)

@@ -175,7 +175,10 @@ def encode(x: Any, depth: int = 0) -> Any:
     type's module and name (and its value, for a NumPy number)."""
     t = _type(x)
     if t is _Tensor:
-        return [_TENSOR, x.detach(), bool(x.requires_grad)]
+        data = x.detach()
+        if data.untyped_storage().nbytes() > data.numel() * data.element_size():  # a view: send its values only
+            data = data.clone()
+        return [_TENSOR, data, bool(x.requires_grad)]
     if t in (int, float, bool, complex, str, bytes) or x is None:
         return x
     if depth > 20:

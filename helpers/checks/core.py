@@ -173,7 +173,6 @@ class Trial:
     def __init__(self, ex: Exercise, fn: Callable, time_limit: float = DEFAULT_TIME_LIMIT_S):
         self.ex = ex
         self.fn = fn
-        self.learner_fn = fn
         self.time_limit = time_limit
         self.case = ""
         self.error_hints: dict[str, str] = {}
@@ -279,7 +278,7 @@ class Trial:
             outcome = self.fn.call(args, kwargs, watcher, options, spec)
         else:
             fn = self.fn if watcher is None else _run_watcher(watcher, self.fn, options)
-            outcome = protected_call(fn, args, kwargs, learner=self.learner_fn, watched=watcher is not None, **spec)
+            outcome = protected_call(fn, args, kwargs, learner=self.fn, watched=watcher is not None, **spec)
         return self._settle(outcome)
 
     def _settle(self, outcome: dict) -> tuple[Any, Any]:

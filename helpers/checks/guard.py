@@ -471,22 +471,23 @@ def fingerprint(code: types.CodeType) -> tuple:
 _FINGERPRINTS: dict = {}
 
 
-def _fingerprint_cached(code: types.CodeType) -> tuple:
+def _fingerprint_cached(code: types.CodeType) -> int:
+    """The hash of :func:`fingerprint` (computed once per code object: the trace hook asks often)."""
     found = _FINGERPRINTS.get(code)
     if found is None:
-        found = _FINGERPRINTS[code] = fingerprint(code)
+        found = _FINGERPRINTS[code] = hash(fingerprint(code))
     return found
 
 
 def _near_reference_codes(names: Iterable[str]) -> frozenset:
-    """Fingerprints of the course's reference for ``names`` and of the code nested in it, where the
+    """Fingerprint hashes of the course's reference for ``names`` and of the code nested in it, where the
     code is long enough (``NEAR_MIN_BYTES``) that matching it is no coincidence."""
     found, todo = set(), list(_reference_codes(names))
     while todo:
         code = todo.pop()
         todo += [c for c in code.co_consts if _type(c) is types.CodeType]
         if _len(code.co_code) >= NEAR_MIN_BYTES:
-            found.add(fingerprint(code))
+            found.add(_fingerprint_cached(code))
     return frozenset(found)
 
 

@@ -2,13 +2,15 @@
 
 PATH is a notebook, a folder of one student's notebooks, or a folder of student folders (a class).
 What a notebook must contain comes from the course, not from the notebook: its ``NN_topic`` name
-selects the exercises (``EXERCISES[name].notebook``). Each notebook runs in its own process, forked
-from a server that has imported torch and the course's helpers once; its code cells run in order
-with a per-cell time limit (its own check cells are skipped), then the grader runs each exercise's
-check on the function of that name, and reports passed / failed / not attempted / error /
-timed out / missing with the check's hint. Results travel to the grading process with a secret
-made after the notebook's code has run. A table (per notebook and per student), a gradebook CSV
-for a class, exit code 0 only when every exercise that is not a bonus passed.
+selects the exercises (``EXERCISES[name].notebook``). Each notebook runs in its own process (and
+session), forked from a server that has imported torch and the course's helpers once; its code
+cells run in order with a per-cell time limit (its own check cells are skipped). Then a judge
+process, forked from the same server and untouched by the notebook, runs each exercise's check and
+calls the learner's functions in the notebook's process (``judging``): passed / failed / not
+attempted / error / timed out / missing, with the check's hint, and a ``review`` note for what a
+grader should look at by hand. A table (per notebook and per student), a gradebook CSV for a
+class, exit code 0 only when every exercise that is not a bonus passed (2 when a notebook is
+flagged for review).
 """
 
 from __future__ import annotations
