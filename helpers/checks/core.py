@@ -105,6 +105,11 @@ def seeded(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(salted(seed))
 
 
+def draw(g: torch.Generator, lo: int, hi: int) -> int:
+    """A Python int in [lo, hi) from ``g``: a size or count of a case drawn from a (salted) seed."""
+    return int(torch.randint(lo, hi, (1,), generator=g).item())
+
+
 def salted(seed: int) -> int:
     """``seed`` itself, or mixed with the grader's secret (a 63-bit seed) while grading."""
     if not _SALT[0]:

@@ -9,7 +9,7 @@ import torch
 
 from .. import nb01_qkv_shapes as att
 from .. import nb03_masks as ref
-from .core import Trial, describe, describe_case, exercise, seeded
+from .core import Trial, describe, describe_case, draw, exercise, seeded
 
 __all__ = ["causal_mask", "padding_mask", "masked_softmax", "prefix_lm_mask", "packed_causal_mask", "find_mask_leaks"]
 
@@ -22,6 +22,7 @@ POLARITY = ("the mask is inverted: True means *may attend* (the convention of "
 
 def _tril(T: int, diagonal: int = 0, cols: int | None = None) -> torch.Tensor:
     return torch.ones(T, T if cols is None else cols, dtype=torch.bool).tril(diagonal)
+
 
 
 def _mask(t: Trial, got, expected: torch.Tensor, mistakes: dict, hint: str) -> None:
@@ -43,7 +44,8 @@ def _mask(t: Trial, got, expected: torch.Tensor, mistakes: dict, hint: str) -> N
 
 @exercise("3.1", "causal mask", points=1, stars=1, notebook=NB, section="1. A mask is a yes/no table")
 def causal_mask(t: Trial) -> None:
-    cases = [(T, ref.causal_mask(T)) for T in (5, 1, 8)]
+    g = seeded(350)
+    cases = [(T, ref.causal_mask(T)) for T in (5, 1, 8, draw(g, 2, 65))]  # the last T (2-64) drawn from a seed
     for T, expected in cases:
         got = t.call(T, case=describe_case(T=T))
         mistakes = {
@@ -64,6 +66,9 @@ def causal_mask(t: Trial) -> None:
 def padding_mask(t: Trial) -> None:
     # B != T everywhere; a zero length (all keys padding) and a full length are included.
     cases = [(torch.tensor([3, 6, 1, 0]), 6), (torch.tensor([2, 5], dtype=torch.int32), 7), (torch.tensor([4, 4, 1]), 4)]
+    g = seeded(351)  # then one drawn from a seed: B < 6 <= T, each length in 0..T
+    T, B = draw(g, 6, 33), draw(g, 2, 6)
+    cases.append((torch.randint(0, T + 1, (B,), generator=g), T))
     cases = [(lengths, T, ref.padding_mask(lengths, T)) for lengths, T in cases]
     for lengths, T, expected in cases:
         got = t.call(lengths, T, case=describe_case(lengths=lengths.tolist(), T=T))
@@ -198,7 +203,10 @@ def masked_softmax(t: Trial) -> None:
 
 @exercise("3.4", "prefix-LM mask", points=2, stars=2, notebook=NB, section="2.2 Prefix-LM: a bidirectional prefix, then causal")
 def prefix_lm_mask(t: Trial) -> None:
-    cases = [(T, p, ref.prefix_lm_mask(T, p)) for T, p in [(7, 3), (6, 0), (5, 5), (9, 4)]]
+    g = seeded(352)  # the last case drawn from a seed: T 2-32, 0 <= prefix_len <= T
+    T_drawn = draw(g, 2, 33)
+    drawn = (T_drawn, draw(g, 0, T_drawn + 1))
+    cases = [(T, p, ref.prefix_lm_mask(T, p)) for T, p in [(7, 3), (6, 0), (5, 5), (9, 4), drawn]]
     for T, p, expected in cases:
         got = t.call(T, p, case=describe_case(T=T, prefix_len=p))
         i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
@@ -224,7 +232,10 @@ def prefix_lm_mask(t: Trial) -> None:
           section="2.3 Packed sequences: block-diagonal causal (varlen)")
 def packed_causal_mask(t: Trial) -> None:
     # The learner gets a list of its own; the machinery of t.call notices if it is changed in place.
-    cases = [(seq_lens, ref.packed_causal_mask(seq_lens)) for seq_lens in ((3, 2, 4), (5,), (1, 4, 2, 3), (2, 1, 1))]
+    g = seeded(353)  # the last case drawn from a seed: 1 to 4 sequences of 1 to 5 tokens
+    drawn = tuple(draw(g, 1, 6) for _ in range(draw(g, 1, 5)))
+    cases = [(seq_lens, ref.packed_causal_mask(seq_lens))
+             for seq_lens in ((3, 2, 4), (5,), (1, 4, 2, 3), (2, 1, 1), drawn)]
     for seq_lens, expected in cases:
         got = t.call(list(seq_lens), case=describe_case(seq_lens=list(seq_lens)))
         N = sum(seq_lens)

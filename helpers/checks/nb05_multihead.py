@@ -15,7 +15,7 @@ import torch
 from .. import nb05_multihead as ref
 from ..nb01_qkv_shapes import merge_heads, split_heads
 from ..nb03_masks import causal_mask, masked_softmax
-from .core import Trial, describe_case, eager_mistakes, exercise, flipped_causal, seeded
+from .core import Trial, describe_case, draw, eager_mistakes, exercise, flipped_causal, seeded
 
 __all__ = ["multi_head_attention", "mha_param_count", "ablate_head"]
 
@@ -23,6 +23,7 @@ NB = "05_multihead"
 
 # (B, T, D, H): d_k = D / H; no two of B, T, H, d_k equal.
 _MHA_CASES = [(2, 5, 12, 3), (1, 7, 24, 4), (3, 6, 20, 5)]
+
 
 
 def _weights(B: int, T: int, D: int, seed: int, dtype=torch.float32):
@@ -170,6 +171,9 @@ def mha_param_count(t: Trial) -> None:
     t.error_hints = {r"takes \d+ positional argument": "the signature is mha_param_count(d_model, n_heads, bias)."}
     # The original Transformer (base), GPT-2 small, and small widths where every formula differs.
     cases = [(512, 8, False), (768, 12, True), (60, 4, True), (96, 3, False), (768, 12, False), (40, 5, True)]
+    g = seeded(550)  # then one drawn from a seed: 2 to 8 heads of 2 to 16 dimensions, with or without bias
+    H = draw(g, 2, 9)
+    cases.append((H * draw(g, 2, 17), H, bool(draw(g, 0, 2))))
     planned = [(c, ref.mha_param_count(*c), _count_mistakes(*c)) for c in cases]
     for (D, H, bias), expected, mistakes in planned:
         got = t.call(D, H, bias, case=describe_case(d_model=D, n_heads=H, bias=bias))

@@ -23,7 +23,7 @@ from .. import nb06_kv_sharing as ref
 from ..configs import MODELS
 from ..nb01_qkv_shapes import scaled_dot_product_attention
 from ..nb03_masks import causal_mask
-from .core import Trial, describe_case, eager_mistakes, exercise, flipped_causal, seeded
+from .core import Trial, describe_case, draw, eager_mistakes, exercise, flipped_causal, seeded
 from .instruments import OpLog, op_name, warm_up
 
 __all__ = ["repeat_kv", "grouped_query_attention", "kv_values_per_token", "mla_absorbed_scores"]
@@ -161,6 +161,7 @@ def grouped_query_attention(t: Trial) -> None:
 # =========================================================================== 6.3
 
 
+
 def _values_mistakes(kind: str, H: int, H_kv: int, d_h: int, d_c: int, d_r: int) -> dict[str, int]:
     right = ref.kv_values_per_token(kind, H, H_kv, d_h, d_c, d_r)
     m = {}
@@ -202,6 +203,13 @@ def kv_values_per_token(t: Trial) -> None:
         ("mha", ds.n_heads, ds.n_heads, ds.head_dim, ds.kv_lora_rank, ds.rope_dim),  # DeepSeek-V3 as if MHA
         ("gqa", 12, 3, 20, 0, 0), ("mqa", 10, 1, 24, 0, 0), ("mla", 6, 6, 16, 40, 8), ("mha", 5, 5, 14, 0, 0),
     ]
+    # Then one drawn from a seed: a kind, 2 to 4 kv heads (GQA) of 3 or 4 query heads each, head_dim
+    # 4 to 32; for MLA a latent of 8 to 64 and a RoPE key of 2 to 16 (0 for the other kinds).
+    g = seeded(650)
+    kind = ("mha", "gqa", "mqa", "mla")[draw(g, 0, 4)]
+    H_kv = draw(g, 2, 5)
+    H, d_h, d_c, d_r = H_kv * draw(g, 3, 5), draw(g, 4, 33), draw(g, 8, 65), draw(g, 2, 17)
+    cases.append((kind, H, {"gqa": H_kv, "mqa": 1}.get(kind, H), d_h, *((d_c, d_r) if kind == "mla" else (0, 0))))
     planned = [(c, ref.kv_values_per_token(*c), _values_mistakes(*c)) for c in cases]
     for (kind, H, H_kv, d_h, d_c, d_r), expected, mistakes in planned:
         got = t.call(kind, H, H_kv, d_h, d_c, d_r, case=describe_case(

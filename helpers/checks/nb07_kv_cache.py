@@ -18,7 +18,7 @@ from .. import nb07_kv_cache as ref
 from ..configs import MODELS
 from ..nb01_qkv_shapes import merge_heads, qkv_projection, scaled_dot_product_attention
 from ..nb05_multihead import multi_head_attention
-from .core import Trial, describe_case, exercise, seeded
+from .core import Trial, describe_case, draw, exercise, seeded
 from .nb08_flops_memory import _known, check_count
 
 __all__ = ["kv_cache_bytes", "decode_step", "prefill_decode_flops"]
@@ -57,6 +57,9 @@ def kv_cache_bytes(t: Trial) -> None:
     # A 1-byte and a 3-byte case tell "dtype ignored" (2 bytes hard-coded) from "keys only" (both halve at 4 bytes).
     cases = [(1, 8192, llama.n_layers, llama.n_kv_heads, llama.head_dim, 2), (3, 1000, 4, 5, 16, 1),
              (3, 5, 7, 2, 11, 4), (4, 9, 6, 1, 10, 3)]
+    # Then one drawn from a seed: B 1-4, T 1-2048, 1-8 layers, 1-8 kv heads of 2-32 numbers, 1 to 4 bytes.
+    g = seeded(750)
+    cases.append((draw(g, 1, 5), draw(g, 1, 2049), draw(g, 1, 9), draw(g, 1, 9), draw(g, 2, 33), draw(g, 1, 5)))
     planned = [(c, ref.kv_cache_bytes(*c), _cache_mistakes(*c)) for c in cases]
     for (B, T, L, H_kv, d, b), expected, mistakes in planned:
         got = t.call(B, T, L, H_kv, d, b, case=describe_case(batch=B, seq_len=T, n_layers=L, n_kv_heads=H_kv,
@@ -222,6 +225,8 @@ def prefill_decode_flops(t: Trial) -> None:
     # (P, N, d, L): small cases with every size different, a prompt with no new tokens, and a
     # Llama-3-8B-sized model (its d and layers counted as MHA, the contract's formula).
     cases = [(5, 3, 16, 7), (128, 64, 24, 3), (7, 0, 8, 4), (1000, 200, llama.d_model, llama.n_layers)]
+    g = seeded(751)  # then one drawn from a seed: P 1-256, N 0-64, d 4-64, 1-8 layers
+    cases.append((draw(g, 1, 257), draw(g, 0, 65), draw(g, 4, 65), draw(g, 1, 9)))
     planned = [((P, N, d, L, c), ref.prefill_decode_flops(P, N, d, L, c), _prefill_mistakes(P, N, d, L, c))
                for P, N, d, L in cases for c in (True, False)]
     for (P, N, d, L, use_cache), expected, mistakes in planned:

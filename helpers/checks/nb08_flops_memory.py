@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from .. import nb08_flops_memory as ref
 from ..configs import MODELS
-from .core import Trial, describe, describe_case, exercise
+from .core import Trial, describe, describe_case, draw, exercise, seeded
 from .guard import key_text
 
 __all__ = ["attention_flops", "score_matrix_bytes", "max_seq_len_for_scores"]
@@ -23,6 +23,7 @@ NB = "08_flops_memory"
 def _known(mistakes: Mapping[str, float], expected: int) -> dict[str, float]:
     """Mistake models that differ from the right answer on this case."""
     return {h: v for h, v in mistakes.items() if not math.isclose(v, expected, rel_tol=1e-12)}
+
 
 
 def check_count(t: Trial, got, expected: int, what: str, mistakes: Mapping[str, float], hint: str) -> None:
@@ -107,6 +108,12 @@ def attention_flops(t: Trial) -> None:
     # original Transformer (MHA); multi-query attention.
     cases = [(7, 20, 6, 2, 4), (4096, mav.d_model, mav.n_heads, mav.n_kv_heads, mav.head_dim),
              (512, base.d_model, base.n_heads, base.n_kv_heads, base.head_dim), (11, 36, 9, 1, 4)]
+    # Then one drawn from a seed: n 2 to 64, d 8 to 64, 1 to 4 kv heads of 1 to 4 query heads each,
+    # head_dim 2 to 16 (H*d_h need not equal d).
+    g = seeded(800)
+    n, d, H_kv = draw(g, 2, 65), draw(g, 8, 65), draw(g, 1, 5)
+    H = H_kv * draw(g, 1, 5)
+    cases.append((n, d, H, H_kv, draw(g, 2, 17)))
     planned = [(c, ref.attention_flops(*c), _flops_mistakes(*c)) for c in cases]
     for (n, d, H, H_kv, d_h), expected, mistakes in planned:
         got = t.call(n, d, H, H_kv, d_h, case=describe_case(n=n, d_model=d, n_heads=H, n_kv_heads=H_kv, head_dim=d_h))
@@ -154,6 +161,8 @@ def score_matrix_bytes(t: Trial) -> None:
     # T=8192, fp16), the dimensions appendix's Maverick row (B=1, H=40, T=4096), and 1-byte numbers.
     # A 3-byte case first: with 4-byte numbers a hard-coded 2 bytes and a halved square give the same count.
     cases = [(4, 5, 7, 3), (3, 5, 7, 4), (4, 32, 8192, 2), (1, 40, 4096, 2), (2, 6, 11, 1)]
+    g = seeded(801)  # then one drawn from a seed: B 1-4, H 1-16, T 1-64, 1 to 4 bytes
+    cases.append((draw(g, 1, 5), draw(g, 1, 17), draw(g, 1, 65), draw(g, 1, 5)))
     planned = [(c, ref.score_matrix_bytes(*c), _bytes_mistakes(*c)) for c in cases]
     for (B, H, T, b), expected, mistakes in planned:
         got = t.call(B, H, T, b, case=describe_case(batch=B, n_heads=H, seq_len=T, dtype_bytes=b))
@@ -201,13 +210,23 @@ _SEQ_CASES = [(80 * 2**30, 1, 40, 2, False), (80 * 2**30 - 1, 1, 40, 2, False),
               (2 * 3 * 2 - 1, 2, 3, 2, False), (12 * (_K**2 - 1) + 11, 2, 3, 2, True)]
 
 
+def _drawn_seq_case() -> tuple[int, int, int, int, bool]:
+    """A case of ``_SEQ_CASES``' form drawn from a seed: B 1-4, H 1-16, 1 to 4 bytes, and a budget
+    from the scores of T (1 to 100,000) up to one byte short of those of T + 1, so the answer is T (an
+    exact fit when nothing is added)."""
+    g = seeded(802)
+    B, H, b, T = draw(g, 1, 5), draw(g, 1, 17), draw(g, 1, 5), draw(g, 1, 100_001)
+    per = B * H * b
+    return per * T * T + draw(g, 0, per * (2 * T + 1)), B, H, b, False
+
+
 @exercise("8.3", "longest context whose scores fit", points=2, stars=2, notebook=NB,
           section="7. The longest context that fits")
 def max_seq_len_for_scores(t: Trial) -> None:
     t.error_hints = {
         r"takes \d+ positional argument": "the signature is max_seq_len_for_scores(budget_bytes, batch, n_heads, dtype_bytes).",
     }
-    planned = [(c, ref.max_seq_len_for_scores(*c[:4]), _seq_mistakes(*c)) for c in _SEQ_CASES]
+    planned = [(c, ref.max_seq_len_for_scores(*c[:4]), _seq_mistakes(*c)) for c in [*_SEQ_CASES, _drawn_seq_case()]]
     for (budget, B, H, b, _), expected, mistakes in planned:
         got = t.call(budget, B, H, b, case=describe_case(budget_bytes=budget, batch=B, n_heads=H, dtype_bytes=b))
         check_count(t, got, expected, "T", mistakes,

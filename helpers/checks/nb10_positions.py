@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from .. import nb10_positions as ref
-from .core import Trial, describe_case, eager_mistakes, exercise, seeded
+from .core import Trial, describe_case, draw, eager_mistakes, exercise, seeded
 
 __all__ = ["rope", "alibi_bias"]
 
@@ -108,6 +108,7 @@ def rope(t: Trial) -> None:
 # =========================================================================== 10.2 alibi_bias
 
 
+
 def _alibi_model(slopes: torch.Tensor, T: int, distance: str = "abs") -> torch.Tensor:
     i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
     dist = {"abs": -(i - j).abs(), "signed": -(i - j), "key": j + 0 * i, "neg_abs": (i - j).abs(),
@@ -151,6 +152,9 @@ def alibi_bias(t: Trial) -> None:
         "slopes and distances as tensors (torch.arange) before combining them.",
     }
     cases = [(8, 5), (4, 9), (2, 3), (16, 6), (1, 4)]  # H a power of two; H != T
+    g = seeded(1050)  # then one drawn from a seed: H 1 to 16, T 2 to 32 (one more if it equals H)
+    H, T = 2 ** draw(g, 0, 5), draw(g, 2, 33)
+    cases.append((H, T + (T == H)))
     planned = [((H, T), ref.alibi_bias(H, T), _alibi_mistakes(H, T)) for H, T in cases]
     for (H, T), expected, mistakes in planned:
         got = t.call(H, T, case=describe_case(n_heads=H, T=T))
