@@ -1007,17 +1007,45 @@ def test_a_function_that_never_returns_is_stopped_at_the_time_limit(name, monkey
     assert "did not return within 1 s" in str(e) and e.status == "timed out", str(e)
 
 
+def _renamed_copy(fn):
+    """The reference's code under another name and first line: it computes the same thing but is
+    not recognised as the reference (what a renamed copy in a notebook looks like to a check)."""
+    code = fn.__code__.replace(co_name=f"copy_of_{fn.__name__}", co_firstlineno=fn.__code__.co_firstlineno + 1000)
+    copy = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    copy.__kwdefaults__ = fn.__kwdefaults__
+    return copy
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(RIGHT))
-def test_right_variants_pass_on_the_salted_cases_of_make_grade(name):
-    """`make grade` draws every check's cases from a secret salt: a correct answer passes whatever
-    the salt (two salts here, besides the fixed seeds every other test uses)."""
+@pytest.mark.parametrize("name", sorted(EXERCISES))
+def test_the_salted_cases_of_make_grade_are_new_and_right_answers_pass_them(name):
+    """`make grade` draws every check's cases from a secret salt. A lookup table built by probing a
+    check in an earlier cell must miss the graded inputs (with the salt, the inputs are not all
+    the same as without), and every correct variant must pass whatever the salt."""
+    import hashlib
+    import io
+
+    def inputs(salt: int) -> set[str]:
+        core.salt_cases(salt)
+        seen, ref = set(), _renamed_copy(getattr(reference, name))
+
+        def recording(*args, **kwargs):
+            buffer = io.BytesIO()
+            torch.save((args, {k: v for k, v in kwargs.items()}), buffer)
+            seen.add(hashlib.sha256(buffer.getvalue()).hexdigest())
+            return ref(*args, **kwargs)
+
+        recording.__name__ = name
+        getattr(checks, name).evaluate(recording)
+        feedback.reset_attempts()
+        return seen
+
     try:
-        for salt in (7, 2**61 + 12345):
-            core.salt_cases(salt)
-            for right in RIGHT[name]:
-                feedback.reset_attempts()
-                result = getattr(checks, name).evaluate(right)
-                assert result.passed, f"salt {salt}, {getattr(right, '__name__', right)}: {result.message}"
+        plain, salted = inputs(0), inputs(2**40 + 3)
+        for right in RIGHT[name]:
+            result = getattr(checks, name).evaluate(right)
+            feedback.reset_attempts()
+            assert result.passed, f"{getattr(right, '__name__', right)}, with the salt: {result.message}"
     finally:
         core.salt_cases(0)
+    assert plain and salted - plain, f"{name}: the same inputs with and without the salt"
