@@ -302,6 +302,7 @@ class _Running:
     code_cells: dict[int, str]
     names: list[str]
     cell_timeout: float
+    threads: int
     current: tuple[str, object] = ("start", None)  # ("cell", index) or ("check", name)
     started: float = field(default_factory=time.monotonic)
     interrupted_at: float | None = None
@@ -350,14 +351,14 @@ def _start(ctx, sub: Submission, cell_timeout: float, threads: int) -> _Running 
         process.start()
     child.close()
     notebook_end.close()
-    return _Running(sub, process, parent, judge_end, code, names, cell_timeout)
+    return _Running(sub, process, parent, judge_end, code, names, cell_timeout, threads)
 
 
 def _start_judge(ctx, r: _Running) -> None:
     """The notebook's cells have run: start its judge, with a salt drawn now."""
     mine, theirs = ctx.Pipe(duplex=False)
     r.judge = ctx.Process(target=judging.judge, daemon=True,
-                          args=(r.judge_end, theirs, r.names, secrets.randbits(62) + 1, GRACE_S))
+                          args=(r.judge_end, theirs, r.names, secrets.randbits(62) + 1, GRACE_S, r.threads))
     with _anonymous_main():
         r.judge.start()
     theirs.close()

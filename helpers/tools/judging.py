@@ -255,10 +255,13 @@ def serve(conn: Any, namespace: dict, audit: Audit | None, snapshots: tuple | No
                         "summary": f"the output could not be sent to the grader ({type(e).__name__})"}))
 
 
-def judge(nb_conn: Any, out_conn: Any, names: list[str], salt: int, wait_s: float) -> None:
+def judge(nb_conn: Any, out_conn: Any, names: list[str], salt: int, wait_s: float, threads: int = 1) -> None:
     """The grader's side: run each exercise's check against the notebook's process; report to the
     grader through ``out_conn`` (JSON messages: check, result, review, done). Runs in a process of
-    its own, forked from the fork server: nothing of the notebook ever ran in it."""
+    its own, forked from the fork server: nothing of the notebook ever ran in it. ``threads``:
+    torch's CPU threads (the notebook's process has as many)."""
+    import torch
+
     from ..checks import core, feedback
     from ..checks.calling import STRAYS, Remote, RemoteBroken
 
@@ -268,6 +271,7 @@ def judge(nb_conn: Any, out_conn: Any, names: list[str], salt: int, wait_s: floa
     def ask(request: dict) -> dict:
         return Remote(nb_conn, "", {}, FIRST_ASK_S).ask({**request, "nonce": os.urandom(8).hex()}, FIRST_ASK_S)
 
+    torch.set_num_threads(threads)
     core.salt_cases(salt)
     feedback.reset_attempts()
     review: list[str] = []
