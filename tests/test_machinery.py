@@ -965,13 +965,12 @@ def _sliding_window(T):
     return (i[:, None] >= i[None, :]) & (i[:, None] - i[None, :] < 3)
 
 
-def _scores_over_d_k_squared(q, k):
-    return q @ k.transpose(-2, -1) * q.shape[-1] ** -2
+def _scores_odd_power(q, k):  # a scale no mistake model covers (d_k**-2 and others are named)
+    return q @ k.transpose(-2, -1) * q.shape[-1] ** -0.75
 
 
-def _heads_along_time(o):
-    B, H, T, d_k = o.shape
-    return o.reshape(B, H * T, d_k)
+def _heads_flattened(o):  # every head and time step in one row: a shape no mistake model covers
+    return o.transpose(1, 2).reshape(o.shape[0], -1)
 
 
 def _weights_times_two(q, k, v):
@@ -981,8 +980,8 @@ def _weights_times_two(q, k, v):
 FACTS = [
     ("masked_softmax", lambda s, a: torch.sigmoid(s) * a / 2, "your rows sum to"),
     ("causal_mask", _sliding_window, "below the diagonal"),
-    ("scaled_scores", _scores_over_d_k_squared, "times the expected one"),
-    ("merge_heads", _heads_along_time, "the right number of entries, arranged in another shape"),
+    ("scaled_scores", _scores_odd_power, "times the expected one"),
+    ("merge_heads", _heads_flattened, "the right number of entries, arranged in another shape"),
     ("scaled_dot_product_attention", _weights_times_two, "every entry is 2 times the expected one"),
 ]
 

@@ -191,6 +191,28 @@ def merge_float64(o):
     return o.transpose(1, 2).reshape(B, T, H * d_k).double()
 
 
+def merge_heads_along_T(o):
+    B, H, T, d_k = o.shape
+    return o.reshape(B, H * T, d_k)  # the heads one after the other along the token axis
+
+
+def merge_cat_heads_on_T(o):
+    return torch.cat([o[:, h] for h in range(o.shape[1])], dim=1)  # [B, H*T, d_k]
+
+
+def merge_transpose_then_tokens(o):
+    B, H, T, d_k = o.shape
+    return o.transpose(1, 2).reshape(B, T * H, d_k)
+
+
+def merge_sum_heads(o):
+    return o.sum(dim=1)
+
+
+def merge_swaps_T_and_dk(o):
+    B, H, T, d_k = o.shape
+    return o.transpose(2, 3).reshape(B, T, H * d_k)
+
 # ----------------------------------------------------------------- 1.3 scaled_dot_product_attention
 
 
@@ -259,6 +281,31 @@ def sdpa_broadcast_shape(q, k, v):
     return out.unsqueeze(0)
 
 
+def sdpa_multiply_by_sqrt(q, k, v):
+    return torch.softmax(q @ k.transpose(-2, -1) * math.sqrt(q.shape[-1]), dim=-1) @ v
+
+
+def sdpa_power_precedence(q, k, v):
+    return torch.softmax(q @ k.transpose(-2, -1) * q.shape[-1] ** -1 / 2, dim=-1) @ v  # (d_k ** -1) / 2
+
+
+def sdpa_scale_after_softmax(q, k, v):
+    return torch.softmax(q @ k.transpose(-2, -1), dim=-1) / math.sqrt(q.shape[-1]) @ v
+
+
+def sdpa_scale_from_first_axis(q, k, v):
+    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.size(0)), dim=-1) @ v
+
+
+def sdpa_softmax_dim1(q, k, v):
+    return F.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=1) @ v  # dim=1 as for [T, T] scores
+
+
+def sdpa_weights_transposed(q, k, v):
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
+    return weights.transpose(-2, -1) @ v
+
+
 WRONG = {
     "qkv_projection": [
         (qkv_reshape_without_transpose, "reshaped straight to [B, H, T, d_k]"),
@@ -274,6 +321,11 @@ WRONG = {
         (merge_dk_major, "d_k-major"),
         (merge_forgot_return, "forget the `return`"),
         (merge_float64, "expected dtype torch.float32"),
+        (merge_heads_along_T, "you stacked the heads along the token axis"),
+        (merge_cat_heads_on_T, "you stacked the heads along the token axis"),
+        (merge_transpose_then_tokens, "you stacked the heads along the token axis"),
+        (merge_sum_heads, "you added the heads up"),
+        (merge_swaps_T_and_dk, "you swapped axes 2 and 3"),
     ],
     "scaled_dot_product_attention": [
         (sdpa_no_scale, "forgot to divide the scores by sqrt(d_k)"),
@@ -290,6 +342,12 @@ WRONG = {
         (sdpa_broadcast_shape, "expected shape"),
         (sdpa_returns_weights, "you returned the attention weights"),
         (sdpa_mixes_keys, "you averaged the keys (weights @ k)"),
+        (sdpa_multiply_by_sqrt, "you multiplied the scores by sqrt(d_k)"),
+        (sdpa_power_precedence, "** binds tighter than /"),
+        (sdpa_scale_after_softmax, "after the softmax"),
+        (sdpa_scale_from_first_axis, "you divided by the square root of q.shape[0]"),
+        (sdpa_softmax_dim1, "softmax runs over axis 1 (size 3)"),
+        (sdpa_weights_transposed, "you multiplied the transposed weights by v"),
     ],
 }
 
@@ -353,6 +411,10 @@ def merge_einsum_loop(o):
     return out
 
 
+def merge_movedim_float64(o):
+    """movedim and flatten, through float64 and back."""
+    return o.double().movedim(1, 2).flatten(start_dim=-2).to(o.dtype)
+
 # ----------------------------------------------------------------- 1.3 scaled_dot_product_attention
 
 
@@ -384,10 +446,16 @@ def sdpa_numpy(q, k, v):
     return torch.from_numpy((e / e.sum(-1, keepdims=True)) @ vn)
 
 
+def sdpa_log_softmax_rsqrt(q, k, v):
+    scores = torch.matmul(q, k.transpose(-1, -2)) * torch.tensor(q.shape[-1], dtype=q.dtype).rsqrt()
+    return torch.log_softmax(scores, dim=-1).exp() @ v
+
+
 RIGHT = {
     "qkv_projection": [qkv_einsum, qkv_per_head_loop, qkv_float64_unflatten, qkv_linear_contiguous],
-    "merge_heads": [merge_cat, merge_permute_flatten, merge_contiguous_view, merge_einsum_loop],
-    "scaled_dot_product_attention": [sdpa_torch, sdpa_einsum, sdpa_float64_by_hand, sdpa_query_loop, sdpa_numpy],
+    "merge_heads": [merge_cat, merge_permute_flatten, merge_contiguous_view, merge_einsum_loop, merge_movedim_float64],
+    "scaled_dot_product_attention": [sdpa_torch, sdpa_einsum, sdpa_float64_by_hand, sdpa_query_loop, sdpa_numpy,
+                                     sdpa_log_softmax_rsqrt],
 }
 
 

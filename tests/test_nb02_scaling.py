@@ -229,6 +229,21 @@ def scores_in_place(q, k):
     return q @ k.transpose(-2, -1)
 
 
+def scores_dk_pow_minus2(q, k):
+    return q @ k.transpose(-2, -1) * q.shape[-1] ** -2
+
+
+def scores_multiply_by_dk(q, k):
+    return q @ k.transpose(-2, -1) * q.shape[-1]
+
+
+def scores_power_precedence(q, k):
+    return q @ k.transpose(-2, -1) * q.shape[-1] ** -1/2  # (d_k ** -1) / 2
+
+
+def scores_power_precedence_in_parentheses(q, k):
+    return q @ k.transpose(-2, -1) / (q.shape[-1] ** 1/2)  # d_k / 2
+
 # ----------------------------------------------------------------- 2.2 attention_entropy
 
 
@@ -434,9 +449,30 @@ def std_returns_tensor(d_k, n_samples, generator):
     return (q * k).sum(-1).std()
 
 
-
 def entropy_as_perplexity(p):
     return torch.exp(-(torch.special.xlogy(p, p)).sum(-1))  # exp(H): the "effective number of keys"
+
+
+def entropy_perplexity_where(p):
+    h = -torch.where(p > 0, p * torch.log(p), torch.zeros_like(p)).sum(dim=-1)
+    return h.exp()
+
+
+def entropy_log2_entr(p):
+    return torch.special.entr(p).sum(-1) / math.log(2)  # bits
+
+
+def entropy_sum_dim_minus2(p):
+    return torch.special.entr(p).sum(dim=-2)
+
+
+def entropy_sum_everything(p):
+    return torch.special.entr(p).sum()
+
+
+def entropy_of_logits(p):
+    return torch.distributions.Categorical(logits=p).entropy()  # p taken for logits
+
 
 WRONG = {
     "scaled_scores": [
@@ -449,6 +485,10 @@ WRONG = {
         (scores_dot_T, "transpose only the last two axes"),
         (scores_loop_float32, "expected dtype torch.float64"),
         (scores_in_place, "modified one of its input tensors in place"),
+        (scores_dk_pow_minus2, "you scaled by d_k ** -2"),
+        (scores_multiply_by_dk, "you multiplied by d_k"),
+        (scores_power_precedence, "** binds tighter than /, so you divided by 2 d_k"),
+        (scores_power_precedence_in_parentheses, "so you divided by d_k / 2"),
     ],
     "attention_entropy": [
         (entropy_as_perplexity, "perplexity"),
@@ -465,6 +505,11 @@ WRONG = {
         (entropy_clamp_in_place, "modified one of its input tensors in place"),
         (entropy_clamp, "you clamped p at 0.001 before the log"),
         (entropy_eps_in_log, "you added 1e-06 inside the log"),
+        (entropy_perplexity_where, "perplexity"),
+        (entropy_log2_entr, "log base 2"),
+        (entropy_sum_dim_minus2, "sum over dim=-1, not dim=2"),
+        (entropy_sum_everything, "you summed over every entry"),
+        (entropy_of_logits, "you treated p as logits"),
     ],
     "dot_product_std": [
         (std_returns_variance, "returned the variance"),
@@ -516,6 +561,11 @@ def scores_prescaled_q(q, k):
     return (q / math.sqrt(q.size(-1))) @ k.transpose(-1, -2)
 
 
+def scores_flatten_bmm(q, k):
+    """Leading dims flattened into one batch axis for torch.bmm, then restored."""
+    qb, kb = q.reshape(-1, *q.shape[-2:]), k.reshape(-1, *k.shape[-2:])
+    return torch.bmm(qb, kb.transpose(1, 2)).div(q.shape[-1] ** 0.5).reshape(*q.shape[:-1], k.shape[-2])
+
 # ----------------------------------------------------------------- 2.2 attention_entropy
 
 
@@ -556,6 +606,15 @@ def entropy_eps_1e12(p):
     return -(p * torch.log(p + 1e-12)).sum(-1)
 
 
+def entropy_row_loop(p):
+    """One row at a time, the zero weights left out of the log."""
+    rows = p.reshape(-1, p.shape[-1])
+    out = torch.empty(rows.shape[0], dtype=p.dtype)
+    for i, row in enumerate(rows):
+        nz = row[row > 0]
+        out[i] = -(nz * nz.log()).sum()
+    return out.reshape(p.shape[:-1])
+
 # ----------------------------------------------------------------- 2.3 dot_product_std
 
 
@@ -587,9 +646,9 @@ def std_python_loop(d_k, n_samples, generator):
 
 
 RIGHT = {
-    "scaled_scores": [scores_float64, scores_einsum, scores_matmul_rsqrt, scores_prescaled_q],
+    "scaled_scores": [scores_float64, scores_einsum, scores_matmul_rsqrt, scores_prescaled_q, scores_flatten_bmm],
     "attention_entropy": [entropy_nan_to_num, entropy_log2_nansum, entropy_float64, entropy_numpy, entropy_finfo_tiny,
-                          entropy_categorical, entropy_clamp_min_1e30, entropy_where, entropy_eps_1e12],
+                          entropy_categorical, entropy_clamp_min_1e30, entropy_where, entropy_eps_1e12, entropy_row_loop],
     "dot_product_std": [std_layout_d_by_n, std_one_draw_float64, std_k_first_normal, std_python_loop],
 }
 

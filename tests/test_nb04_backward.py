@@ -187,6 +187,30 @@ def jac_returns_list(s):
     return (torch.diag(s) - torch.outer(s, s)).tolist()
 
 
+def jac_identity_minus_outer(s):
+    return torch.eye(s.shape[0], dtype=s.dtype) - torch.outer(s, s)
+
+
+def jac_missing_diagonal_term(s):
+    return -torch.outer(s, s)
+
+
+def jac_s_times_s_T(s):
+    return torch.diag(s) - s * s.T  # .T does nothing to a 1-D tensor: s_j^2 in every row
+
+
+def jac_diagonal_as_vector(s):
+    return s * (1 - s)
+
+
+def jac_one_minus_everywhere(s):
+    return torch.outer(s, 1 - s)  # s_i (1 - s_j) for every entry
+
+
+def jac_minus_s(s):
+    return torch.diag(s) - s
+
+
 # ----------------------------------------------------------------- 4.2 softmax_backward
 
 
@@ -221,6 +245,18 @@ def sb_in_place(p, grad_p):
 
 def sb_not_attempted(p, grad_p):
     raise NotImplementedError()
+
+
+def sb_rowsum_not_times_p(p, grad_p):
+    return p * grad_p - (p * grad_p).sum(dim=-1, keepdim=True)
+
+
+def sb_plain_mean(p, grad_p):
+    return p * (grad_p - grad_p.mean(dim=-1, keepdim=True))
+
+
+def sb_jacobian_diagonal_only(p, grad_p):
+    return p * (1 - p) * grad_p
 
 
 # ----------------------------------------------------------------- 4.3 attention_backward
@@ -383,6 +419,61 @@ def ab_returns_two(q, k, v, grad_out, causal):
     return ds @ k, ds.transpose(-2, -1) @ q
 
 
+def _ds(p, grad_out, v):
+    dp = grad_out @ v.transpose(-2, -1)
+    return p * (dp - (p * dp).sum(-1, keepdim=True))
+
+
+def ab_no_scale_on_dq(q, k, v, grad_out, causal):
+    p = _forward(q, k, causal)
+    ds = _ds(p, grad_out, v)
+    return ds @ k, ds.transpose(-2, -1) @ q / math.sqrt(q.shape[-1]), p.transpose(-2, -1) @ grad_out
+
+
+def ab_no_scale_on_dk(q, k, v, grad_out, causal):
+    p = _forward(q, k, causal)
+    ds = _ds(p, grad_out, v)
+    return ds @ k / math.sqrt(q.shape[-1]), ds.transpose(-2, -1) @ q, p.transpose(-2, -1) @ grad_out
+
+
+def ab_scale_by_sqrt_dv(q, k, v, grad_out, causal):
+    p = _forward(q, k, causal)
+    ds = _ds(p, grad_out, v) / math.sqrt(v.shape[-1])
+    return ds @ k, ds.transpose(-2, -1) @ q, p.transpose(-2, -1) @ grad_out
+
+
+def ab_mask_after_softmax(q, k, v, grad_out, causal):
+    p = _forward(q, k, causal=False)
+    if causal:
+        T = q.shape[-2]
+        p = p * torch.ones(T, T, dtype=p.dtype).tril()  # zeroed, but not renormalised
+    ds = _ds(p, grad_out, v) / math.sqrt(q.shape[-1])
+    return ds @ k, ds.transpose(-2, -1) @ q, p.transpose(-2, -1) @ grad_out
+
+
+def ab_mask_fills_zero(q, k, v, grad_out, causal):
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if causal:
+        T = q.shape[-2]
+        s = s.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), 0.0)
+    p = torch.softmax(s, dim=-1)
+    ds = _ds(p, grad_out, v) / math.sqrt(q.shape[-1])
+    return ds @ k, ds.transpose(-2, -1) @ q, p.transpose(-2, -1) @ grad_out
+
+
+def ab_unweighted_rowsum(q, k, v, grad_out, causal):
+    p = _forward(q, k, causal)
+    dp = grad_out @ v.transpose(-2, -1)
+    ds = p * (dp - dp.sum(-1, keepdim=True)) / math.sqrt(q.shape[-1])
+    return ds @ k, ds.transpose(-2, -1) @ q, p.transpose(-2, -1) @ grad_out
+
+
+def ab_dv_from_unmasked_p(q, k, v, grad_out, causal):
+    p = _forward(q, k, causal)
+    ds = _ds(p, grad_out, v) / math.sqrt(q.shape[-1])
+    return ds @ k, ds.transpose(-2, -1) @ q, _forward(q, k, False).transpose(-2, -1) @ grad_out
+
+
 WRONG = {
     "softmax_jacobian": [
         (jac_diagonal_only, "kept only the diagonal"),
@@ -392,6 +483,12 @@ WRONG = {
         (jac_softmax_again, "do not apply softmax to it again"),
         (jac_loops_float64, "expected dtype torch.float32"),
         (jac_returns_list, "expected a torch.Tensor"),
+        (jac_identity_minus_outer, "not the identity"),
+        (jac_missing_diagonal_term, "you dropped diag(s)"),
+        (jac_s_times_s_T, "s * s.T on a 1-D tensor"),
+        (jac_diagonal_as_vector, "as a vector [n]"),
+        (jac_one_minus_everywhere, "the 1 is delta_ij"),
+        (jac_minus_s, "not s_j: diag(s) - s broadcasts"),
     ],
     "softmax_backward": [
         (sb_no_subtraction, "dropped the subtraction"),
@@ -402,6 +499,9 @@ WRONG = {
         (sb_forgot_outer_p, "multiply by p"),
         (sb_in_place, "modified one of its input tensors in place"),
         (sb_not_attempted, "not attempted yet"),
+        (sb_rowsum_not_times_p, "the subtracted row sum must be multiplied by p too"),
+        (sb_plain_mean, "not on its plain mean"),
+        (sb_jacobian_diagonal_only, "only the diagonal of the Jacobian"),
     ],
     "attention_backward": [
         (ab_no_scale, "sqrt(d_k) times too large"),
@@ -422,6 +522,13 @@ WRONG = {
         (ab_jacfwd, "used automatic differentiation (torch.func.jacfwd)"),
         (ab_jvp_per_entry, "used automatic differentiation (torch.func.jvp)"),
         (ab_returns_two, "expected a tuple of 3"),
+        (ab_no_scale_on_dq, "sqrt(d_k) times too large"),
+        (ab_no_scale_on_dk, "sqrt(d_k) times too large"),
+        (ab_scale_by_sqrt_dv, "not 1/sqrt(d_v)"),
+        (ab_mask_after_softmax, "you zeroed the future weights after the softmax"),
+        (ab_mask_fills_zero, "the future scores were set to 0"),
+        (ab_unweighted_rowsum, "the row sum in the softmax backward is weighted by P"),
+        (ab_dv_from_unmasked_p, "recompute P with the causal mask"),
     ],
 }
 
@@ -450,6 +557,11 @@ def jacobian_autograd(s):
     return torch.autograd.functional.jacobian(lambda z: torch.softmax(z, -1), s.log())
 
 
+def jacobian_symmetric_transposed(s):
+    """s_j (delta_ij - s_i): the transpose of the formula, the same matrix (J is symmetric)."""
+    return (torch.diag(s) - torch.outer(s, s)).T
+
+
 # ----------------------------------------------------------------- 4.2 softmax_backward
 
 
@@ -460,6 +572,13 @@ def softmax_backward_einsum(p, grad_p):
 def softmax_backward_float64(p, grad_p):
     p64, g64 = p.double(), grad_p.double()
     return (p64 * g64 - p64 * (p64 * g64).sum(-1, keepdim=True)).to(p.dtype)
+
+
+def softmax_backward_row_loop(p, grad_p):
+    """One row at a time: centre the row's gradient on its p-weighted mean (a dot product), weight by p."""
+    rows, grads = p.reshape(-1, p.shape[-1]), grad_p.reshape(-1, p.shape[-1])
+    out = torch.stack([r * (g - torch.dot(r, g)) for r, g in zip(rows, grads)])
+    return out.reshape(p.shape)
 
 
 # ----------------------------------------------------------------- 4.3 attention_backward
@@ -503,10 +622,28 @@ def attention_backward_delta_form(q, k, v, grad_out, causal):
     return ds @ k / math.sqrt(q.shape[-1]), ds.mT @ q / math.sqrt(q.shape[-1]), p.mT @ grad_out
 
 
+def attention_backward_per_head(q, k, v, grad_out, causal):
+    """Flattened leading dims, one head at a time, with P recomputed from a log-sum-exp."""
+    T, d_k = q.shape[-2:]
+    flat = [x.reshape(-1, *x.shape[-2:]) for x in (q, k, v, grad_out)]
+    grads = [torch.empty_like(x) for x in flat[:3]]
+    for h in range(flat[0].shape[0]):
+        qh, kh, vh, gh = (x[h] for x in flat)
+        s = qh @ kh.T / math.sqrt(d_k)
+        if causal:
+            s = s + torch.full((T, T), float("-inf"), dtype=s.dtype).triu(1)
+        p = torch.exp(s - torch.logsumexp(s, dim=-1, keepdim=True))
+        dp = gh @ vh.T
+        ds = p * (dp - (p * dp).sum(-1, keepdim=True))
+        grads[0][h], grads[1][h], grads[2][h] = ds @ kh / math.sqrt(d_k), ds.T @ qh / math.sqrt(d_k), p.T @ gh
+    return tuple(g.reshape(x.shape) for g, x in zip(grads, (q, k, v)))
+
+
 RIGHT = {
-    "softmax_jacobian": [jacobian_diag_embed, jacobian_loops_float64, jacobian_autograd],
-    "softmax_backward": [softmax_backward_einsum, softmax_backward_float64],
-    "attention_backward": [attention_backward_einsum, attention_backward_recomputes_p, attention_backward_delta_form],
+    "softmax_jacobian": [jacobian_diag_embed, jacobian_loops_float64, jacobian_autograd, jacobian_symmetric_transposed],
+    "softmax_backward": [softmax_backward_einsum, softmax_backward_float64, softmax_backward_row_loop],
+    "attention_backward": [attention_backward_einsum, attention_backward_recomputes_p, attention_backward_delta_form,
+                           attention_backward_per_head],
 }
 
 

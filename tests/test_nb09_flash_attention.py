@@ -901,6 +901,239 @@ def tiled_lse_keepdim(q, k, v, causal, block_size):
     return out, lse
 
 
+# More learner-style mistakes of 9.1, each a whole online softmax with one mistake.
+def _online_with(x, block_size, *, step, start=_INF, finish=None):
+    """The learner's loop: m and l per row, ``step(m, l, block) -> (m, l)`` per block, and
+    ``finish(x, m, l)`` (default: exp(x - m) / l, 0 where l is 0) at the end."""
+    m = torch.full(x.shape[:-1], start, dtype=x.dtype)
+    l = torch.zeros(x.shape[:-1], dtype=x.dtype)
+    for s in range(0, x.shape[-1], block_size):
+        m, l = step(m, l, x[..., s : s + block_size])
+    if finish is not None:
+        return finish(x, m, l)
+    safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    out = torch.exp(x - safe[..., None]) / l[..., None]
+    return torch.where(l[..., None] > 0, out, torch.zeros_like(out))
+
+
+def _safe(m):
+    return torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+
+
+def online_inverse_rescale(x, block_size):
+    """Rescales with exp(m_new - m): on the first block exp(+inf) = inf, and 0 * inf = NaN."""
+    def step(m, l, block):
+        m_new = torch.maximum(m, block.amax(dim=-1))
+        return m_new, l * torch.exp(m_new - m) + torch.exp(block - m_new[..., None]).sum(dim=-1)
+
+    return _online_with(x, block_size, step=step, finish=lambda x, m, l: torch.exp(x - m[..., None]) / l[..., None])
+
+
+def online_inverse_rescale_guarded(x, block_size):
+    """The inverted rescale with the l > 0 guard: the NaN sums come out as zeros."""
+    def step(m, l, block):
+        m_new = torch.maximum(m, block.amax(dim=-1))
+        return m_new, l * torch.exp(_safe(m_new) - m) + torch.exp(block - _safe(m_new)[..., None]).sum(dim=-1)
+
+    return _online_with(x, block_size, step=step)
+
+
+def online_inverse_rescale_first_block(x, block_size):
+    """Starts m and l from the first block (no -inf), then rescales with exp(m_new - m)."""
+    xf = x.float()
+    m = xf[..., :block_size].amax(-1)
+    l = torch.exp(xf[..., :block_size] - m[..., None]).sum(-1)
+    for s in range(block_size, x.shape[-1], block_size):
+        block = xf[..., s : s + block_size]
+        m_new = torch.maximum(m, block.amax(dim=-1))
+        l = l * torch.exp(m_new - m) + torch.exp(block - m_new[..., None]).sum(dim=-1)
+        m = m_new
+    return (torch.exp(xf - m[..., None]) / l[..., None]).to(x.dtype)
+
+
+def _right_step(m, l, block):
+    m_new = torch.maximum(m, block.amax(dim=-1))
+    return m_new, l * torch.exp(m - _safe(m_new)) + torch.exp(block - _safe(m_new)[..., None]).sum(dim=-1)
+
+
+def online_max_starts_at_zero(x, block_size):
+    """m = 0 at the start: right until a whole row lies far below 0 (exp(x - 0) underflows)."""
+    return _online_with(x, block_size, step=_right_step, start=0.0)
+
+
+def online_max_starts_at_zero_unguarded(x, block_size):
+    return _online_with(x, block_size, step=_right_step, start=0.0,
+                        finish=lambda x, m, l: torch.exp(x - m[..., None]) / l[..., None])
+
+
+def online_max_of_whole_row_first(x, block_size):
+    """The max of the whole row first, then one pass over the blocks for the sum."""
+    m = x.amax(dim=-1)
+    l = torch.zeros(x.shape[:-1], dtype=x.dtype)
+    for s in range(0, x.shape[-1], block_size):
+        l = l + torch.exp(x[..., s : s + block_size] - _safe(m)[..., None]).sum(-1)
+    out = torch.exp(x - _safe(m)[..., None]) / l[..., None]
+    return torch.where(l[..., None] > 0, out, torch.zeros_like(out))
+
+
+def online_range_stops_a_block_early(x, block_size):
+    """range(0, n - block_size, block_size): the last block is never read."""
+    m = torch.full(x.shape[:-1], _INF, dtype=x.dtype)
+    l = torch.zeros(x.shape[:-1], dtype=x.dtype)
+    for s in range(0, x.shape[-1] - block_size, block_size):
+        m, l = _right_step(m, l, x[..., s : s + block_size])
+    out = torch.exp(x - _safe(m)[..., None]) / l[..., None]
+    return torch.where(l[..., None] > 0, out, torch.zeros_like(out))
+
+
+def online_slices_one_short(x, block_size):
+    """x[..., s:s + block_size - 1]: every block misses its last entry (but the end of x)."""
+    m = torch.full(x.shape[:-1], _INF, dtype=x.dtype)
+    l = torch.zeros(x.shape[:-1], dtype=x.dtype)
+    for s in range(0, x.shape[-1], block_size):
+        block = x[..., s : s + block_size - 1]
+        if block.shape[-1]:
+            m, l = _right_step(m, l, block)
+    out = torch.exp(x - _safe(m)[..., None]) / l[..., None]
+    return torch.where(l[..., None] > 0, out, torch.zeros_like(out))
+
+
+def online_sum_of_last_block(x, block_size):
+    """l = ... instead of l = l * alpha + ...: the final l is the last block's sum."""
+    def step(m, l, block):
+        m_new = torch.maximum(m, block.amax(dim=-1))
+        return m_new, torch.exp(block - _safe(m_new)[..., None]).sum(dim=-1)
+
+    return _online_with(x, block_size, step=step)
+
+
+def online_divides_per_block(x, block_size):
+    """Writes each block's output as it goes, divided by the partial sum so far."""
+    out = torch.zeros_like(x)
+    m = torch.full(x.shape[:-1], _INF, dtype=x.dtype)
+    l = torch.zeros(x.shape[:-1], dtype=x.dtype)
+    for s in range(0, x.shape[-1], block_size):
+        m, l = _right_step(m, l, x[..., s : s + block_size])
+        e = torch.exp(x[..., s : s + block_size] - _safe(m)[..., None]) / l[..., None]
+        out[..., s : s + block_size] = torch.where(l[..., None] > 0, e, torch.zeros_like(e))
+    return out
+
+
+def online_no_division(x, block_size):
+    return _online_with(x, block_size, step=_right_step, finish=lambda x, m, l: torch.exp(x - _safe(m)[..., None]))
+
+
+def online_over_dim0(x, block_size):
+    """Blocks, max and sum along dim 0."""
+    m = torch.full(x.shape[1:], _INF, dtype=x.dtype)
+    l = torch.zeros(x.shape[1:], dtype=x.dtype)
+    for s in range(0, x.shape[0], block_size):
+        block = x[s : s + block_size]
+        m_new = torch.maximum(m, block.amax(dim=0))
+        l = l * torch.exp(m - _safe(m_new)) + torch.exp(block - _safe(m_new)).sum(dim=0)
+        m = m_new
+    out = torch.exp(x - _safe(m)) / l
+    return torch.where(l > 0, out, torch.zeros_like(out))
+
+
+def online_no_max_in_float32(x, block_size):
+    """exp(x) without subtracting a max, in float32: inf / inf = NaN once x > 88."""
+    xf = x.float()
+    l = torch.zeros(x.shape[:-1])
+    for s in range(0, x.shape[-1], block_size):
+        l = l + torch.exp(xf[..., s : s + block_size]).sum(dim=-1)
+    out = torch.exp(xf) / l[..., None]
+    return torch.where(l[..., None] > 0, out, torch.zeros_like(out)).to(x.dtype)
+
+
+# More learner-style mistakes of 9.2: the learner's loops of tiled_learner with one change.
+def _tiled_with(q, k, v, causal, block_size, *, scale=None, hidden=None, lse_of=None, fresh_state=True):
+    """tiled_learner's loops; ``hidden(qs, qe, ks, ke)`` the causal mask of a tile, ``lse_of(m, l)``
+    the lse, ``fresh_state=False`` creates m, l, acc once, before the loop over query blocks."""
+    B, H, T, d = q.shape
+    scale = 1 / math.sqrt(d) if scale is None else scale
+    hidden = hidden or (lambda qs, qe, ks, ke: torch.arange(ks, ke)[None, :] > torch.arange(qs, qe)[:, None])
+    out, lse = torch.zeros_like(q), torch.zeros(B, H, T)
+    m = torch.full((B, H, block_size), _INF)
+    l = torch.zeros(B, H, block_size)
+    acc = torch.zeros(B, H, block_size, d)
+    for qs in range(0, T, block_size):
+        qe = min(qs + block_size, T)
+        if fresh_state:
+            m = torch.full((B, H, qe - qs), _INF)
+            l = torch.zeros(B, H, qe - qs)
+            acc = torch.zeros(B, H, qe - qs, d)
+        for ks in range(0, qe if causal else T, block_size):
+            ke = min(ks + block_size, T)
+            s = q[:, :, qs:qe] @ k[:, :, ks:ke].transpose(-2, -1) * scale
+            if causal:
+                s = s.masked_fill(hidden(qs, qe, ks, ke), _INF)
+            m_new = torch.maximum(m, s.amax(dim=-1))
+            alpha = torch.exp(m - m_new)
+            p = torch.exp(s - m_new[..., None])
+            l = l * alpha + p.sum(dim=-1)
+            acc = acc * alpha[..., None] + p @ v[:, :, ks:ke]
+            m = m_new
+        out[:, :, qs:qe] = acc / l[..., None]
+        lse[:, :, qs:qe] = lse_of(m, l) if lse_of else m + torch.log(l)
+    return out, lse
+
+
+def tiled_scale_forgotten(q, k, v, causal, block_size):
+    return _tiled_with(q, k, v, causal, block_size, scale=1.0)
+
+
+def tiled_mask_keys_from_zero(q, k, v, causal, block_size):
+    """Key positions counted from the tile's start, query positions global."""
+    return _tiled_with(q, k, v, causal, block_size,
+                       hidden=lambda qs, qe, ks, ke: torch.arange(ke - ks)[None, :] > torch.arange(qs, qe)[:, None])
+
+
+def tiled_mask_queries_from_zero(q, k, v, causal, block_size):
+    return _tiled_with(q, k, v, causal, block_size,
+                       hidden=lambda qs, qe, ks, ke: torch.arange(ks, ke)[None, :] > torch.arange(qe - qs)[:, None])
+
+
+def tiled_mask_triu_in_every_tile(q, k, v, causal, block_size):
+    """The diagonal tile's triu(1) mask applied to every tile it visits."""
+    return _tiled_with(q, k, v, causal, block_size,
+                       hidden=lambda qs, qe, ks, ke: torch.ones(qe - qs, ke - ks, dtype=torch.bool).triu(1))
+
+
+def tiled_mask_keys_offset_by_qs(q, k, v, causal, block_size):
+    """Key positions from the query block's start: arange(qs, qs + bk)."""
+    return _tiled_with(q, k, v, causal, block_size,
+                       hidden=lambda qs, qe, ks, ke: torch.arange(qs, qs + ke - ks)[None, :] > torch.arange(qs, qe)[:, None])
+
+
+def tiled_mask_swapped(q, k, v, causal, block_size):
+    """Masks keys j < i: the past instead of the future."""
+    return _tiled_with(q, k, v, causal, block_size,
+                       hidden=lambda qs, qe, ks, ke: torch.arange(ks, ke)[None, :] < torch.arange(qs, qe)[:, None])
+
+
+def tiled_state_outside_query_loop(q, k, v, causal, block_size):
+    """m, l and acc created once: each query block starts from the previous one's."""
+    return _tiled_with(q, k, v, causal, block_size, fresh_state=False)
+
+
+def tiled_lse_m_plus_log2(q, k, v, causal, block_size):
+    return _tiled_with(q, k, v, causal, block_size, lse_of=lambda m, l: m + torch.log2(l))
+
+
+def tiled_lse_as_log2(q, k, v, causal, block_size):
+    """Natural-log statistics, lse converted to bits at the end."""
+    return _tiled_with(q, k, v, causal, block_size, lse_of=lambda m, l: (m + torch.log(l)) / math.log(2))
+
+
+def tiled_lse_just_m(q, k, v, causal, block_size):
+    return _tiled_with(q, k, v, causal, block_size, lse_of=lambda m, l: m)
+
+
+def tiled_lse_is_l(q, k, v, causal, block_size):
+    return _tiled_with(q, k, v, causal, block_size, lse_of=lambda m, l: l)
+
+
 WRONG = {
     "online_softmax": [
         (online_no_rescale, "rescale it, l = l * exp(m - m_new)"),
@@ -915,6 +1148,19 @@ WRONG = {
         (online_numpy_whole_row, "took x out of PyTorch (.numpy())"),
         (online_two_pass_vectorised, "two-pass safe softmax"),
         (online_python_numbers, "into 192 Python numbers one at a time"),
+        (online_inverse_rescale, "the rescale factor is inverted"),
+        (online_inverse_rescale_guarded, "found: your output is all zeros"),
+        (online_inverse_rescale_first_block, "the rescale factor is inverted"),
+        (online_max_starts_at_zero, "the running max starts at 0 instead of -inf"),
+        (online_max_starts_at_zero_unguarded, "the running max starts at 0 instead of -inf"),
+        (online_max_of_whole_row_first, "reduced whole rows of x at once"),
+        (online_range_stops_a_block_early, "the last, shorter block was left out"),
+        (online_slices_one_short, "each block misses its last entry"),
+        (online_sum_of_last_block, "l holds the sum of the last block only"),
+        (online_divides_per_block, "each block was divided by the sum of the blocks read so far"),
+        (online_no_division, "the final division is missing"),
+        (online_over_dim0, "the softmax over axis 0 (size 2), not over the last axis"),
+        (online_no_max_in_float32, "subtract the running max before exp"),
     ],
     "flash_attention_tiled": [
         (tiled_no_acc_rescale, "the accumulator was not rescaled"),
@@ -932,6 +1178,17 @@ WRONG = {
         (tiled_no_lse, "expected a tuple of 2 (out, lse)"),
         (tiled_numpy_full_attention, "took q, k or v out of PyTorch"),
         (tiled_lse_keepdim, "lse: expected shape [2, 3, 48]"),
+        (tiled_scale_forgotten, "the scores are not scaled"),
+        (tiled_mask_keys_from_zero, "counts the keys from 0 in every tile"),
+        (tiled_mask_queries_from_zero, "counts the queries from 0 in every tile"),
+        (tiled_mask_triu_in_every_tile, "the causal mask uses positions inside the tile"),
+        (tiled_mask_keys_offset_by_qs, "the causal mask uses positions inside the tile"),
+        (tiled_mask_swapped, "hides the past instead of the future"),
+        (tiled_state_outside_query_loop, "m, l and acc carry over from one query block to the next"),
+        (tiled_lse_m_plus_log2, "lse = m + log2(l) mixes units"),
+        (tiled_lse_as_log2, "lse is in log2 units"),
+        (tiled_lse_just_m, "lse is only the running max"),
+        (tiled_lse_is_l, "lse is the running sum l itself"),
     ],
 }
 
@@ -1357,6 +1614,19 @@ def online_python_stats_per_block(x, block_size):
             out[r] = torch.exp(row - m) / l
     return out.reshape(x.shape).to(x.dtype)
 
+
+def online_split_float64(x, block_size):
+    """Blocks from x.split(block_size, dim=-1), statistics in float64, the guards as masks."""
+    m = torch.full(x.shape[:-1], _INF, dtype=torch.float64)
+    l = torch.zeros(x.shape[:-1], dtype=torch.float64)
+    for block in x.double().split(block_size, dim=-1):
+        m_new = torch.maximum(m, block.amax(dim=-1))
+        shift = m_new.nan_to_num(neginf=0.0)
+        l = l * torch.exp(m - shift) + torch.exp(block - shift[..., None]).sum(dim=-1)
+        m = m_new
+    p = torch.exp(x.double() - m.nan_to_num(neginf=0.0)[..., None])
+    return (p / torch.where(l > 0, l, 1.0)[..., None]).to(x.dtype)
+
 # ----------------------------------------------------------------- 9.2 flash_attention_tiled
 def tiled_learner(q, k, v, causal, block_size):
     """The learner's loops as in the wrong versions, without a mistake: zeros to start, global
@@ -1407,9 +1677,38 @@ def tiled_masks_every_tile(q, k, v, causal, block_size):
     return out, lse
 
 
+def tiled_split_float64(q, k, v, causal, block_size):
+    """Blocks from .split, q pre-scaled, einsum, statistics kept as [..., 1] in float64, the causal mask from
+    global positions with torch.where; out back in q's dtype and lse in float32."""
+    scale = q.shape[-1] ** -0.5
+    outs, lses = [], []
+    for qs, qb in zip(range(0, q.shape[2], block_size), (q.double() * scale).split(block_size, dim=2)):
+        m = torch.full(qb.shape[:-1] + (1,), _INF, dtype=torch.float64)
+        l = torch.zeros_like(m)
+        acc = torch.zeros_like(qb)
+        rows = torch.arange(qs, qs + qb.shape[2])[:, None]
+        for ks, kb, vb in zip(range(0, k.shape[2], block_size), k.double().split(block_size, dim=2),
+                              v.double().split(block_size, dim=2)):
+            if causal and ks > rows[-1, 0]:
+                break
+            s = torch.einsum("bhid,bhjd->bhij", qb, kb)
+            if causal:
+                s = torch.where(torch.arange(ks, ks + kb.shape[2])[None, :] <= rows, s, _INF)
+            m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+            p = torch.exp(s - m_new)
+            alpha = torch.exp(m - m_new)
+            l = alpha * l + p.sum(-1, keepdim=True)
+            acc = alpha * acc + torch.einsum("bhij,bhjd->bhid", p, vb)
+            m = m_new
+        outs.append(acc / l)
+        lses.append((m + l.log())[..., 0])
+    return torch.cat(outs, dim=2).to(q.dtype), torch.cat(lses, dim=2).float()
+
+
 RIGHT = {
-    "online_softmax": [online_log_space, online_row_by_row, online_keepdim, online_python_stats_per_block],
-    "flash_attention_tiled": [tiled_learner, tiled_masks_every_tile],
+    "online_softmax": [online_log_space, online_row_by_row, online_keepdim, online_python_stats_per_block,
+                       online_split_float64],
+    "flash_attention_tiled": [tiled_learner, tiled_masks_every_tile, tiled_split_float64],
 }
 
 

@@ -272,7 +272,7 @@ class Remote:
     """The learner's function ``name``, living in another process (the notebook's), reached through
     ``conn``. ``info`` is what that process said about it when grading began (see
     ``helpers.tools.judging``): whether it is callable, its description, whether it is the course's
-    reference, its parameter names. Every call returns an outcome, checked here for its form."""
+    reference. Every call returns an outcome, checked here for its form."""
 
     def __init__(self, conn: Any, name: str, info: dict, wait_s: float):
         self.conn, self.name, self.info, self.wait_s = conn, name, info, wait_s

@@ -12,7 +12,7 @@ import math
 import torch
 
 from .. import nb01_qkv_shapes as ref
-from .core import Trial, describe_case, exercise, seeded
+from .core import Trial, describe_case, eager_mistakes, exercise, seeded
 
 NB = "01_qkv_shapes"
 
@@ -71,6 +71,30 @@ def qkv_projection(t: Trial) -> None:
 # --------------------------------------------------------------------------- 1.2
 
 
+def _merge_mistakes(o: torch.Tensor) -> dict:
+    """hint -> the output of a known wrong head merge of o [B, H, T, d_k] (for eager_mistakes)."""
+    B, H, T, d_k = o.shape
+    along_t = ("you stacked the heads along the token axis ([B, H*T, d_k]{}): the heads of one token go side by "
+               "side along the last axis, [B, T, H*d_k]. Transpose to [B, T, H, d_k], then reshape(B, T, H * d_k).")
+    return {
+        "you reshaped [B, H, T, d_k] straight to [B, T, H*d_k]: transpose(1, 2) first so that the "
+        "heads of one token sit side by side.": lambda: o.reshape(B, T, H * d_k),
+        "the columns are d_k-major: head h must occupy columns h*d_k:(h+1)*d_k, so transpose to "
+        "[B, T, H, d_k] (not [B, T, d_k, H]) before reshaping.": lambda: o.permute(0, 2, 3, 1).reshape(B, T, H * d_k),
+        "you transposed but did not merge: the result must be [B, T, H * d_k], one row of D numbers per "
+        "token (reshape after the transpose).": lambda: o.transpose(1, 2),
+        along_t.format(", head by head: torch.cat over the heads on the T axis, or o.reshape(B, H * T, d_k)"): lambda: o.reshape(
+            B, H * T, d_k),
+        along_t.format(", token by token"): lambda: o.transpose(1, 2).reshape(B, T * H, d_k),
+        "you added the heads up: merging concatenates them, head h in columns h*d_k:(h+1)*d_k of a "
+        "[B, T, H * d_k] result, it does not sum them.": lambda: o.sum(dim=1),
+        "you averaged the heads: merging concatenates them, head h in columns h*d_k:(h+1)*d_k of a "
+        "[B, T, H * d_k] result.": lambda: o.mean(dim=1),
+        "you swapped axes 2 and 3 (T and d_k); the axes to swap are 1 and 2 (H and T): "
+        "o.transpose(1, 2).reshape(B, T, H * d_k).": lambda: o.transpose(2, 3).reshape(B, T, H * d_k),
+    }
+
+
 @exercise("1.2", "merge heads back to [B, T, D]", points=1, stars=1, notebook=NB,
           section="2. The seven steps, with every shape")
 def merge_heads(t: Trial) -> None:
@@ -81,18 +105,9 @@ def merge_heads(t: Trial) -> None:
     cases = []
     for seed, (B, H, T, d_k) in enumerate([(2, 3, 5, 4), (1, 4, 6, 2), (3, 2, 7, 5)]):
         o = torch.randn(B, H, T, d_k, generator=seeded(100 + seed))
-        cases.append((o, ref.merge_heads(o)))
-    for o, expected in cases:
-        B, H, T, d_k = o.shape
+        cases.append((o, ref.merge_heads(o), eager_mistakes(_merge_mistakes(o))))
+    for o, expected, mistakes in cases:
         got = t.call(o, case=describe_case(o=o))
-        mistakes = {
-            "you reshaped [B, H, T, d_k] straight to [B, T, H*d_k]: transpose(1, 2) first so that the "
-            "heads of one token sit side by side.": lambda o=o: o.reshape(B, T, H * d_k),
-            "the columns are d_k-major: head h must occupy columns h*d_k:(h+1)*d_k, so transpose to "
-            "[B, T, H, d_k] (not [B, T, d_k, H]) before reshaping.": lambda o=o: o.permute(0, 2, 3, 1).reshape(B, T, H * d_k),
-            "you transposed but did not merge: the result must be [B, T, H * d_k], one row of D numbers per "
-            "token (reshape after the transpose).": lambda o=o: o.transpose(1, 2),
-        }
         t.tensor(got, expected, what="merged", mistakes=mistakes, hint="o.transpose(1, 2).reshape(B, T, H * d_k)")
 
 
@@ -103,15 +118,22 @@ def _sdpa_mistakes(q, k, v):
     d_k, d_v = q.shape[-1], v.shape[-1]
     s = q @ k.transpose(-2, -1)
     weights = lambda: torch.softmax(s / math.sqrt(d_k), -1)  # noqa: E731
-    return {
+    mistakes = {
         "you returned the attention weights softmax(q k^T / sqrt(d_k)) ([..., T_q, T_k]): the output is "
         "weights @ v ([..., T_q, d_v]), each query's weighted average of the values.": weights,
         "you averaged the keys (weights @ k): the weights mix the values, weights @ v. Keys only decide "
         "where a query looks; values are what it reads.": lambda: weights() @ k,
         "you forgot to divide the scores by sqrt(d_k).": lambda: torch.softmax(s, -1) @ v,
         "you divided by d_k; divide by sqrt(d_k).": lambda: torch.softmax(s / d_k, -1) @ v,
+        "you multiplied the scores by sqrt(d_k); divide by it.": lambda: torch.softmax(s * math.sqrt(d_k), -1) @ v,
+        "d_k ** -1/2 (or / d_k ** 1/2) is (d_k ** -1) / 2 in Python: ** binds tighter than /, so the scores were "
+        "divided by 2 d_k. Write d_k ** -0.5 or / math.sqrt(d_k).": lambda: torch.softmax(s / (2 * d_k), -1) @ v,
         "you scaled by sqrt(d_v) (the value width); the scale is 1/sqrt(d_k), the query/key width.": lambda: torch.softmax(s / math.sqrt(d_v), -1) @ v,
         "softmax runs over the wrong axis: normalise over the keys, dim=-1 (each query's row sums to 1).": lambda: torch.softmax(s / math.sqrt(d_k), -2) @ v,
+        "you divided the weights by sqrt(d_k) after the softmax: the scale goes on the scores, inside it, "
+        "softmax(q k^T / sqrt(d_k)) (after the softmax the rows no longer sum to 1).": lambda: torch.softmax(s, -1) / math.sqrt(d_k) @ v,
+        "you multiplied the transposed weights by v: row i of weights = softmax(q k^T / sqrt(d_k)) is query i's "
+        "distribution over the keys, so the output is weights @ v.": lambda: weights().transpose(-2, -1) @ v,
         "no mask was asked for here: this is plain (bidirectional) attention.": lambda: ref.scaled_dot_product_attention(
             q, k, v, ref.causal_mask(s.shape[-1]) if s.shape[-1] == s.shape[-2] else None),
         "you multiplied by the scores, not by softmax(scores): the weights must be a softmax.": lambda: (s / math.sqrt(d_k)) @ v,
@@ -120,6 +142,18 @@ def _sdpa_mistakes(q, k, v):
         "you divided the scores by their sum without exp: softmax exponentiates first, exp(s) / sum exp(s) "
         "(negative scores then still give positive weights).": lambda: ((s / math.sqrt(d_k)) / (s / math.sqrt(d_k)).sum(-1, keepdim=True)) @ v,
     }
+    for axis in range(s.dim() - 2):  # a leading (batch or head) axis, e.g. F.softmax(scores, dim=1) on 4-D scores
+        if s.shape[axis] > 1:
+            mistakes[f"softmax runs over axis {axis} (size {s.shape[axis]}), a batch or head axis: normalise over "
+                     "the keys, dim=-1 (each query's row sums to 1)."] = (
+                lambda axis=axis: torch.softmax(s / math.sqrt(d_k), axis) @ v)
+    for axis in range(q.dim() - 1):  # d_k taken from another axis of q
+        n = q.shape[axis]
+        if n not in (1, d_k):
+            which = "q.shape[-2], the number of queries T_q" if axis == q.dim() - 2 else f"q.shape[{axis}]"
+            mistakes[f"you divided by the square root of {which} (here {n}); d_k is the query/key width, the last "
+                     "axis: q.shape[-1]."] = lambda n=n: torch.softmax(s / math.sqrt(n), -1) @ v
+    return mistakes
 
 
 @exercise("1.3", "scaled dot-product attention", points=1, stars=1, notebook=NB,
@@ -138,8 +172,8 @@ def scaled_dot_product_attention(t: Trial) -> None:
         q = torch.randn(*lead, T_q, d_k, generator=g) * 1.5
         k = torch.randn(*lead, T_k, d_k, generator=g) * 1.5
         v = torch.randn(*lead, T_k, d_v, generator=g)
-        cases.append((q, k, v, ref.scaled_dot_product_attention(q, k, v)))
-    for q, k, v, expected in cases:
+        cases.append((q, k, v, ref.scaled_dot_product_attention(q, k, v), eager_mistakes(_sdpa_mistakes(q, k, v))))
+    for q, k, v, expected, mistakes in cases:
         got = t.call(q, k, v, case=describe_case(q=q, k=k, v=v))
-        t.tensor(got, expected, mistakes=_sdpa_mistakes(q, k, v),
+        t.tensor(got, expected, mistakes=mistakes,
                  hint="torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d_k), dim=-1) @ v")

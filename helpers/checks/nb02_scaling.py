@@ -13,7 +13,7 @@ import torch
 
 from .. import nb01_qkv_shapes as attention
 from .. import nb02_scaling as scaling
-from .core import Trial, describe, describe_case, exercise, salted, seeded
+from .core import Trial, describe, describe_case, eager_mistakes, exercise, salted, seeded
 
 __all__ = ["scaled_scores", "attention_entropy", "dot_product_std"]
 
@@ -37,6 +37,12 @@ def _scale_mistakes(q: torch.Tensor, k: torch.Tensor) -> dict:
         "you divided by sqrt(T_q), the number of queries; the scale is sqrt(d_k), the query/key "
         "width q.shape[-1].": lambda: raw() / math.sqrt(T_q),
         "you multiplied by sqrt(d_k); divide by it.": lambda: raw() * math.sqrt(d_k),
+        "you scaled by d_k ** -2 (1 / d_k squared); the scale is d_k ** -0.5 = 1 / sqrt(d_k).": lambda: raw() / d_k**2,
+        "you multiplied by d_k; divide by sqrt(d_k) (multiply by d_k ** -0.5).": lambda: raw() * d_k,
+        "d_k ** -1/2 (or / d_k ** 1/2) is (d_k ** -1) / 2 in Python: ** binds tighter than /, so you divided by "
+        "2 d_k. Write d_k ** -0.5 or / math.sqrt(d_k).": lambda: raw() / (2 * d_k),
+        "d_k ** 1/2 is d_k / 2 in Python (** binds tighter than /), so you divided by d_k / 2. Write d_k ** 0.5 "
+        "or math.sqrt(d_k).": lambda: raw() / (d_k / 2),
         "rows are queries: compute q @ k^T ([..., T_q, T_k]), not k @ q^T.": lambda: attention.scaled_scores(k, q),
     }
 
@@ -57,10 +63,10 @@ def scaled_scores(t: Trial) -> None:
         g = seeded(300 + seed)
         q = torch.randn(*lead, T_q, d_k, generator=g, dtype=dtype)
         k = torch.randn(*lead, T_k, d_k, generator=g, dtype=dtype)
-        cases.append((q, k, scaling.scaled_scores(q, k)))
-    for q, k, expected in cases:
+        cases.append((q, k, scaling.scaled_scores(q, k), eager_mistakes(_scale_mistakes(q, k))))
+    for q, k, expected, mistakes in cases:
         got = t.call(q, k, case=describe_case(q=q, k=k))
-        t.tensor(got, expected, what="scores", mistakes=_scale_mistakes(q, k), hint=_SCALE_HINT)
+        t.tensor(got, expected, what="scores", mistakes=mistakes, hint=_SCALE_HINT)
 
 
 # --------------------------------------------------------------------------- 2.2 attention_entropy
@@ -83,6 +89,10 @@ def _entropy_mistakes(p: torch.Tensor) -> dict:
         "you divided by log(T_k) (a normalised entropy); return the entropy itself, in nats.": lambda: -plogp().sum(-1) / math.log(T),
         "you returned exp(entropy), the perplexity (the effective number of keys); return the entropy itself, "
         "-sum p log p, in nats.": lambda: torch.exp(-plogp().sum(-1)),
+        "you summed over every entry, one number for the whole tensor: sum over the last axis only (dim=-1), "
+        "one entropy per row.": lambda: -plogp().sum(),
+        "you treated p as logits (Categorical(logits=p), or a softmax of p): p are already probabilities; "
+        "use Categorical(probs=p), or -sum p log p directly.": lambda: torch.distributions.Categorical(logits=p).entropy(),
     }
     mistakes.update({
         f"entropy is over each row's keys, the last axis: sum over dim=-1, not dim={dim}.": lambda dim=dim: -plogp().sum(dim)
@@ -126,10 +136,10 @@ def attention_entropy(t: Trial) -> None:
     long_rows = torch.softmax(torch.randn(2, 4096, generator=g), dim=-1)
     long_rows[1] = 1.0 / 4096
     cases.append(long_rows)
-    cases = [(p, scaling.attention_entropy(p)) for p in cases]
-    for p, expected in cases:
+    cases = [(p, scaling.attention_entropy(p), eager_mistakes(_entropy_mistakes(p))) for p in cases]
+    for p, expected, mistakes in cases:
         got = t.call(p, case=describe_case(p=p))
-        t.tensor(got, expected, what="entropy", mistakes=_entropy_mistakes(p),
+        t.tensor(got, expected, what="entropy", mistakes=mistakes,
                  hint="torch.special.entr(p).sum(dim=-1): natural log, 0·log 0 = 0, one number per row.")
 
 

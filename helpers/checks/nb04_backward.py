@@ -8,7 +8,7 @@ import torch
 
 from .. import nb01_qkv_shapes as att
 from .. import nb04_backward as ref
-from .core import Trial, describe_case, exercise, seeded
+from .core import Trial, describe_case, eager_mistakes, exercise, seeded
 from .instruments import Calls, OpLog, op_name, warm_up
 
 __all__ = ["softmax_jacobian", "softmax_backward", "attention_backward"]
@@ -21,16 +21,30 @@ NB = "04_backward"
 
 
 def _jacobian_mistakes(s: torch.Tensor) -> dict:
+    n = s.shape[-1]
     outer = s[:, None] * s[None, :]
+    eye = torch.eye(n, dtype=s.dtype)
     return {
         "you kept only the diagonal s_i (1 - s_i). The off-diagonal entries d s_i / d z_j = -s_i s_j "
         "are not zero: all outputs share one denominator, so every logit moves every output.": lambda: torch.diag(s * (1 - s)),
+        "you returned the diagonal s_i (1 - s_i) as a vector [n]: J is the [n, n] matrix diag(s) - s s^T, and its "
+        "off-diagonal entries -s_i s_j are not zero.": lambda: s * (1 - s),
         "you returned diag(s): subtract the outer product s s^T (torch.outer(s, s)).": lambda: torch.diag(s),
         "wrong sign on the outer product: J = diag(s) - s s^T (off-diagonal entries -s_i s_j are negative).": lambda: torch.diag(s) + outer,
         "the whole sign is flipped: J = diag(s) - s s^T, not s s^T - diag(s).": lambda: outer - torch.diag(s),
         "you dropped diag(s): J = diag(s) - s s^T.": lambda: -outer,
+        "the diagonal term is s_i delta_ij, diag(s), not the identity: J = diag(s) - s s^T (J[i, j] = s_i "
+        "(delta_ij - s_j), and s_i multiplies the delta too).": lambda: eye - outer,
+        "the factor s_i is missing: J[i, j] = s_i (delta_ij - s_j), not delta_ij - s_j; in matrix form "
+        "diag(s) - s s^T.": lambda: eye - s[None, :],
+        "the subtracted term is the outer product s_i s_j (torch.outer(s, s)), not s_j: diag(s) - s broadcasts "
+        "the vector s into every row.": lambda: torch.diag(s) - s[None, :],
+        "you used s_i (1 - s_j) for every entry: the 1 is delta_ij, 1 on the diagonal only, so J[i, j] = "
+        "s_i (delta_ij - s_j) = diag(s) - s s^T.": lambda: s[:, None] * (1 - s[None, :]),
         "s @ s.T on a 1-D tensor is the dot product sum(s_i^2), a number, not the outer product: "
         "use torch.outer(s, s) or s[:, None] * s[None, :].": lambda: torch.diag(s) - s @ s,
+        "s * s.T on a 1-D tensor is s_j^2 elementwise (.T leaves a 1-D tensor as it is), broadcast into every row; "
+        "the outer product is torch.outer(s, s) or s[:, None] * s[None, :].": lambda: torch.diag(s) - s * s,
         "s is already the softmax output (probabilities): do not apply softmax to it again.": lambda: ref.softmax_jacobian(torch.softmax(s, -1)),
     }
 
@@ -41,10 +55,10 @@ def softmax_jacobian(t: Trial) -> None:
     cases = [torch.tensor([0.7, 0.2, 0.1])]  # seed 003's worked example
     for seed, (n, dtype) in enumerate([(5, torch.float64), (7, torch.float32), (4, torch.float32)]):
         cases.append(torch.softmax(1.5 * torch.randn(n, generator=seeded(400 + seed), dtype=dtype), dim=-1))
-    cases = [(s, ref.softmax_jacobian(s)) for s in cases]
-    for s, expected in cases:
+    cases = [(s, ref.softmax_jacobian(s), eager_mistakes(_jacobian_mistakes(s))) for s in cases]
+    for s, expected, mistakes in cases:
         got = t.call(s, case=describe_case(s=s) + f" = {[round(x, 4) for x in s.tolist()]}")
-        t.tensor(got, expected, what="J", mistakes=_jacobian_mistakes(s),
+        t.tensor(got, expected, what="J", mistakes=mistakes,
                  hint="J = torch.diag(s) - torch.outer(s, s): J[i, j] = s_i (delta_ij - s_j).")
 
 
@@ -67,6 +81,12 @@ def _softmax_backward_mistakes(p: torch.Tensor, g: torch.Tensor) -> dict:
         "multiply by p: the result is p * (grad_p - sum(p * grad_p)).": lambda: g - pg.sum(dim=-1, keepdim=True),
         "use the sum of p * grad_p over the row, not its mean.": lambda: p * (g - pg.mean(dim=-1, keepdim=True)),
         "the sign is flipped: p * (grad_p - sum(p * grad_p)), not p * (sum(p * grad_p) - grad_p).": lambda: p * (pg.sum(dim=-1, keepdim=True) - g),
+        "the subtracted row sum must be multiplied by p too: p * grad_p - p * sum(p * grad_p), i.e. "
+        "p * (grad_p - sum(p * grad_p)).": lambda: pg - pg.sum(dim=-1, keepdim=True),
+        "centre grad_p on its p-weighted mean, sum(p * grad_p) over the row, not on its plain mean: "
+        "p * (grad_p - (p * grad_p).sum(dim=-1, keepdim=True)).": lambda: p * (g - g.mean(dim=-1, keepdim=True)),
+        "you used only the diagonal of the Jacobian, p_i (1 - p_i): the off-diagonal -p_i p_j terms give "
+        "p * (grad_p - sum(p * grad_p)), a sum over the whole row.": lambda: p * (1 - p) * g,
     }
 
 
@@ -85,10 +105,10 @@ def softmax_backward(t: Trial) -> None:
         scores = 2.0 * torch.randn(*shape, generator=g, dtype=dtype)
         p = att.masked_softmax(scores, att.causal_mask(shape[-1]) if masked else None)
         grad_p = torch.randn(*shape, generator=g, dtype=dtype)
-        cases.append((p, grad_p, masked, ref.softmax_backward(p, grad_p)))
-    for p, grad_p, masked, expected in cases:
+        cases.append((p, grad_p, masked, ref.softmax_backward(p, grad_p), eager_mistakes(_softmax_backward_mistakes(p, grad_p))))
+    for p, grad_p, masked, expected, mistakes in cases:
         got = t.call(p, grad_p, case=describe_case(p=p, grad_p=grad_p) + (" (p causally masked: zeros above the diagonal)" if masked else ""))
-        t.tensor(got, expected, what="grad of the scores", mistakes=_softmax_backward_mistakes(p, grad_p),
+        t.tensor(got, expected, what="grad of the scores", mistakes=mistakes,
                  hint="p * (grad_p - (p * grad_p).sum(dim=-1, keepdim=True))")
 
 
@@ -110,11 +130,14 @@ def _grads_from(q, k, dO, p, ds):
     return ds @ k * scale, ds.mT @ q * scale, p.mT @ dO
 
 
-def _p_ds(q, k, v, dO, allowed, sum_dim=-1, subtract=True):
-    """P and dS, with the softmax backward's row sum over ``sum_dim`` (or no subtraction)."""
-    p = att.attention_weights(q, k, allowed)
+def _p_ds(q, k, v, dO, allowed, sum_dim=-1, subtract=True, weighted=True, p=None):
+    """P and dS, with the softmax backward's row sum over ``sum_dim`` (or no subtraction, or a row sum
+    of dP not weighted by P); ``p`` replaces the attention weights (a wrongly masked P)."""
+    p = att.attention_weights(q, k, allowed) if p is None else p
     dp = dO @ v.mT
-    return p, (p * (dp - (p * dp).sum(dim=sum_dim, keepdim=True)) if subtract else p * dp)
+    if not subtract:
+        return p, p * dp
+    return p, p * (dp - ((p * dp) if weighted else dp).sum(dim=sum_dim, keepdim=True))
 
 
 def _attention_mistakes(q, k, v, dO, causal) -> dict:
@@ -137,8 +160,22 @@ def _attention_mistakes(q, k, v, dO, causal) -> dict:
         "the keys (dim=-1, keepdim=True).": _grads_from(q, k, dO, *_p_ds(q, k, v, dO, allowed, subtract=False)),
         "the row sum in the softmax backward runs over the keys, dim=-1 (one sum per query row), not dim=-2.": _grads_from(
             q, k, dO, *_p_ds(q, k, v, dO, allowed, sum_dim=-2)),
+        "the row sum in the softmax backward is weighted by P: dS = P * (dP - rowsum(P * dP)), not "
+        "P * (dP - rowsum(dP)).": _grads_from(q, k, dO, *_p_ds(q, k, v, dO, allowed, weighted=False)),
     }
+    if q.shape[-1] != v.shape[-1]:
+        c_v = math.sqrt(v.shape[-1]) * scale  # turns a 1/sqrt(d_k) into a 1/sqrt(d_v)
+        mistakes["the scale is 1/sqrt(d_k), the query/key width q.shape[-1], not 1/sqrt(d_v), the value width."] = (
+            good[0] / c_v, good[1] / c_v, good[2])
     if causal:
+        s = att.scaled_scores(q, k)
+        zeroed = torch.softmax(s, dim=-1) * tril
+        mistakes["you zeroed the future weights after the softmax, so the rows of P no longer sum to 1: mask the "
+                 "scores before it (masked_fill with -inf where key j > query i), then softmax."] = _grads_from(
+            q, k, dO, *_p_ds(q, k, v, dO, None, p=zeroed))
+        mistakes["the future scores were set to 0, and exp(0) still gives them weight: fill them with -inf (or a "
+                 "very negative number) before the softmax."] = _grads_from(
+            q, k, dO, *_p_ds(q, k, v, dO, None, p=torch.softmax(s.masked_fill(~tril, 0.0), dim=-1)))
         mistakes["causal=True: recompute P with the causal mask (query i sees keys j <= i). Without it P puts "
                  "weight on future keys, and the gradients are those of bidirectional attention."] = _grads_from(q, k, dO, *_p_ds(q, k, v, dO, None))
         triu = torch.ones(T, T, dtype=torch.bool).triu()
@@ -232,9 +269,11 @@ def attention_backward(t: Trial) -> None:
         k = 1.5 * torch.randn(*lead, T, d_k, generator=g, dtype=torch.float64)
         v = torch.randn(*lead, T, d_v, generator=g, dtype=torch.float64)
         grad_out = torch.randn(*lead, T, d_v, generator=g, dtype=torch.float64)
-        cases.append((q, k, v, grad_out, causal, _autograd_grads(q, k, v, grad_out, causal)))
+        expected = _autograd_grads(q, k, v, grad_out, causal)
+        mistakes = _attention_mistakes(q, k, v, grad_out, causal)  # computed before the learner's function runs
+        cases.append((q, k, v, grad_out, causal, expected, mistakes))
     names = ("grad_q", "grad_k", "grad_v")
-    for q, k, v, grad_out, causal, expected in cases:
+    for q, k, v, grad_out, causal, expected, mistakes in cases:
         case = describe_case(q=q, k=k, v=v, grad_out=grad_out, causal=causal)
         got, seen = t.call_watched(_backward_watcher, (q, k, v, grad_out, causal), case=case)
         if seen.get("autograd"):
@@ -249,7 +288,6 @@ def attention_backward(t: Trial) -> None:
             if _close(got[i], expected[j]) and not _close(got[i], expected[i]):
                 t.fail(f"your {names[i]} (item {i} of the tuple) holds {names[j]}.",
                        "the gradients are returned in the wrong order: return (grad_q, grad_k, grad_v), the order of the inputs q, k, v.")
-        mistakes = _attention_mistakes(q, k, v, grad_out, causal)
         for i, name in enumerate(names):
             t.tensor(got[i], expected[i], what=f"{name} (compared with autograd in float64)",
                      mistakes={h: m[i] for h, m in mistakes.items() if not torch.allclose(m[i], expected[i])},

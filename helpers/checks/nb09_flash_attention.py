@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from .. import nb09_flash_attention as ref
-from .core import Trial, describe_case, exercise, seeded
+from .core import Trial, describe_case, eager_mistakes, exercise, seeded
 from .instruments import (
     MAX_LIKE,
     call_logged,
@@ -42,22 +42,46 @@ _COURSE_FUNCTIONS = {"online_softmax", "flash_attention_tiled", "flash_attention
 
 
 def _online_model(x: torch.Tensor, bs: int, rescale: bool = True, drop_last: bool = False, subtract_max: bool = True,
-                  guard_max: bool = True, guard_empty: bool = True) -> torch.Tensor:
-    """A learner's online softmax in float64, with one mistake switched off or on."""
+                  guard_max: bool = True, guard_empty: bool = True, inverse: str = "", max_from_zero: bool = False,
+                  accumulate: bool = True, normalise: bool = True, per_block: bool = False,
+                  short_slices: bool = False) -> torch.Tensor:
+    """A learner's online softmax in float64, with one mistake switched off or on.
+
+    ``inverse``: the rescale factor inverted, exp(m_new - m): "nan" with m starting at -inf (the
+    first factor is exp(+inf)), "first" with m and l started from the first block (no -inf).
+    ``max_from_zero``: the running max starts at 0, not -inf. ``accumulate=False``: l is the sum of
+    the latest block only (``l = ...`` for ``l = l * alpha + ...``). ``per_block``: each block's
+    output is written as it is read, divided by the sum so far. ``short_slices``: blocks
+    ``x[..., s:s + bs - 1]``, one entry short."""
     xf = x.double()
     n = xf.shape[-1]
     stop = n - n % bs if drop_last else n
-    m = torch.full(xf.shape[:-1], float("-inf"), dtype=torch.float64)
+    m = torch.full(xf.shape[:-1], 0.0 if max_from_zero else float("-inf"), dtype=torch.float64)
     l = torch.zeros(xf.shape[:-1], dtype=torch.float64)
+    blocks = torch.zeros_like(xf)
     for s in range(0, stop, bs):
-        block = xf[..., s : s + bs]
+        block = xf[..., s : s + bs - 1] if short_slices else xf[..., s : s + bs]
+        if block.shape[-1] == 0:
+            continue
         m_new = torch.maximum(m, block.amax(dim=-1)) if subtract_max else torch.zeros_like(m)
         safe = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new)) if guard_max else m_new
         alpha = torch.exp(m - safe) if subtract_max else torch.ones_like(m)
-        l = (l * alpha if rescale else l) + torch.exp(block - safe[..., None]).sum(dim=-1)
+        if inverse:
+            alpha = torch.exp(safe - m)  # exp(+inf) = inf while m is -inf
+            if inverse == "first":
+                alpha = torch.where(torch.isfinite(m), alpha, torch.ones_like(alpha))
+        e = torch.exp(block - safe[..., None])
+        l = ((l * alpha if rescale else l) if accumulate else 0) + e.sum(dim=-1)
         m = m_new
+        if per_block:
+            blocks[..., s : s + bs] = e / l[..., None]
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    out = torch.exp(xf - m[..., None]) / l[..., None]
+    if per_block:
+        out = blocks
+    else:
+        out = torch.exp(xf - m[..., None])
+        if normalise:
+            out = out / l[..., None]
     if guard_empty:
         out = torch.where(l[..., None] == 0, torch.zeros_like(out), out)  # a NaN sum stays NaN
     return out.to(x.dtype)
@@ -68,13 +92,25 @@ _ONLINE_HINT = ("one pass over blocks: m_new = max(m, block max); l = l * exp(m 
 
 
 def _online_mistakes(x: torch.Tensor, bs: int) -> dict:
-    return {
+    mistakes = {
         "when a block raises the running max from m to m_new, the sum so far was taken relative to the old max: "
         "rescale it, l = l * exp(m - m_new) + sum(exp(block - m_new)).": lambda: _online_model(x, bs, rescale=False),
+        "the rescale factor is inverted: when the max rises from m to m_new, multiply l by exp(m - m_new) (at most "
+        "1), not exp(m_new - m). (While m is still -inf, exp(m_new - m) is exp(+inf) = inf, and 0 * inf = NaN.)": lambda: _online_model(
+            x, bs, inverse="nan"),
+        "the rescale factor is inverted: when the max rises from m to m_new, multiply l by exp(m - m_new) (at most "
+        "1), not exp(m_new - m).": lambda: _online_model(x, bs, inverse="first"),
         "the last, shorter block was left out of the running max and sum: loop "
         "`for s in range(0, n, block_size)` (the slice x[..., s:s + block_size] is shorter at the end).": lambda: _online_model(x, bs, drop_last=True),
-        "subtract the running max before exp: exp(x) overflows for x > 88 in float32 (here |x| ~ 1e4), "
-        "while exp(x - m) <= 1.": lambda: _online_model(x, bs, subtract_max=False),
+        "each block misses its last entry: the block is x[..., s:s + block_size] (the end of a slice is "
+        "excluded already), not x[..., s:s + block_size - 1].": lambda: _online_model(x, bs, short_slices=True),
+        "l holds the sum of the last block only: accumulate over the blocks, l = l * exp(m - m_new) + "
+        "sum(exp(block - m_new)), so that the final l sums the whole row.": lambda: _online_model(x, bs, accumulate=False),
+        "the final division is missing: return exp(x - m) / l (l[..., None]), so that each row sums to 1.": lambda: _online_model(
+            x, bs, normalise=False),
+        "each block was divided by the sum of the blocks read so far: the sum is only complete after the last block, "
+        "so compute the output once, exp(x - m) / l with the final m and l, after the loop.": lambda: _online_model(
+            x, bs, per_block=True),
         # (On a row with nothing allowed both of the next two give NaN: the first names that case.)
         "a row that is entirely -inf (nothing allowed) gives all zeros in this course, never NaN: its sum l "
         "stays 0, so divide by l only where l > 0 (and subtract 0 instead of an infinite max).": lambda: _online_model(
@@ -83,6 +119,28 @@ def _online_mistakes(x: torch.Tensor, bs: int) -> dict:
         "while m is still -inf, subtract 0 instead (torch.where(torch.isfinite(m), m, 0)).": lambda: _online_model(
             x, bs, guard_max=False),
     }
+    if bool((x[torch.isfinite(x)].abs() > 88).any()):  # only here does exp(x) overflow (or underflow) in float32
+        no_max = ("subtract the running max before exp: exp(x) overflows for x > 88 in float32 (here |x| ~ 1e4), "
+                  "while exp(x - m) <= 1")
+        mistakes[no_max + "."] = lambda: _online_model(x, bs, subtract_max=False)
+        mistakes[no_max + "; and on a row whose entries are all far below 0, every exp(x) underflows to 0, so "
+                 "l = 0 and 0 / 0 = NaN."] = lambda: _online_model(x, bs, subtract_max=False, guard_empty=False)
+    # A running max started at 0 rather than -inf is right until a whole row lies far below 0: there exp(x - 0)
+    # underflows to 0 for every entry, so l = 0 (x_big has such a row).
+    row_max = x.double().amax(dim=-1)
+    far = torch.isfinite(row_max) & (row_max < -88)
+    if bool(far.any()):
+        start_at_zero = ("the running max starts at 0 instead of -inf: on a row whose entries are all far below 0 "
+                         f"(here one row's largest entry is {float(row_max[far].max()):.4g}), exp(x - 0) underflows to "
+                         "0, so l = 0 and the row comes out {}. Start with m = torch.full(x.shape[:-1], float('-inf')): "
+                         "then the largest entry gives exp(m - m) = 1.")
+        mistakes[start_at_zero.format("as zeros")] = lambda: _online_model(x, bs, max_from_zero=True)
+        mistakes[start_at_zero.format("as 0 / 0 = NaN")] = lambda: _online_model(x, bs, max_from_zero=True, guard_empty=False)
+    for axis in range(x.dim() - 1):
+        mistakes[f"your output is the softmax over axis {axis} (size {x.shape[axis]}), not over the last axis: "
+                 "read blocks x[..., s:s + block_size] and take every max and sum over dim=-1."] = (
+            lambda axis=axis: torch.softmax(x.double(), dim=axis).to(x.dtype))
+    return mistakes
 
 
 def _online_cases() -> list[tuple[torch.Tensor, int, bool]]:
@@ -93,6 +151,7 @@ def _online_cases() -> list[tuple[torch.Tensor, int, bool]]:
     x_1d = torch.randn(7, generator=g) * 2 + torch.linspace(0, 3, 7)  # blocks 3 + 3 + 1
     x_small = torch.randn(3, 6, generator=g) * 2
     x_big = torch.randn(2, 3, 9, generator=g) * 1e4  # exp overflows unless the max is subtracted
+    x_big[1, 2] = -x_big[1, 2].abs() - 1e3  # and a row far below 0: a running max started at 0 underflows
     x_inf = torch.randn(3, 10, generator=g) * 2
     x_inf[0, :7] = float("-inf")  # the first two blocks of 3 are entirely -inf (masked keys)
     x_inf[1, ::2] = float("-inf")
@@ -149,8 +208,9 @@ def online_softmax(t: Trial) -> None:
         r"takes \d+ positional argument": "the signature is online_softmax(x, block_size).",
     }
     t.forbidden_references = set(_COURSE_FUNCTIONS)
-    cases = [(x, bs, structural, ref.online_softmax(x, bs)) for x, bs, structural in _online_cases()]
-    for x, bs, structural, expected in cases:
+    cases = [(x, bs, structural, ref.online_softmax(x, bs), eager_mistakes(_online_mistakes(x, bs)))
+             for x, bs, structural in _online_cases()]
+    for x, bs, structural, expected, mistakes in cases:
         got, seen = call_logged(t, x, bs, sources={"x": 0}, case=describe_case(x=x, block_size=bs))
         # An honest function reads a few Python numbers per block and row at most (a max, a sum, a test);
         # reading every number of x is more than twice that where the rule applies (x_long: 192 vs <= 72).
@@ -158,7 +218,7 @@ def online_softmax(t: Trial) -> None:
         reads_limit = x.numel() if structural and 2 * 3 * rows * n_blocks <= x.numel() else None
         check_stays_in_torch(t, seen, "x", reads_limit)
         tol = dict(atol=1e-3, rtol=1e-2) if x.dtype == torch.float16 else {}
-        t.tensor(got, expected, what="softmax", hint=_ONLINE_HINT, mistakes=_online_mistakes(x, bs), **tol)
+        t.tensor(got, expected, what="softmax", hint=_ONLINE_HINT, mistakes=mistakes, **tol)
         if structural:
             _check_reads_blocks(t, seen.ops, x, bs)
 
@@ -177,31 +237,42 @@ def _qkv(B: int, H: int, T: int, d: int, seed: int, dtype=torch.float32, spread:
 
 def _tiled_model(q, k, v, causal: bool, bs: int, scale: float | None = None, rescale_acc: bool = True,
                  rescale_l: bool = True, normalise: bool = True, skip_diag: bool = False, drop_keys: bool = False,
-                 strict: bool = False, local_mask: bool = False):
-    """A learner's tiled forward in float64 with one mistake switched on -> (out, m, l)."""
+                 strict: bool = False, local_rows: bool = False, local_cols: bool = False, swapped: bool = False,
+                 carry_state: bool = False, guard_max: bool = True):
+    """A learner's tiled forward in float64 with one mistake switched on -> (out, m, l).
+
+    ``local_rows`` / ``local_cols``: the causal mask counts query / key positions from 0 in every
+    tile instead of from qs / ks. ``swapped``: the mask hides keys j < i instead of j > i.
+    ``carry_state``: m, l and acc are created once, before the loop over query blocks, so each
+    query block starts from the previous one's (T must be a multiple of ``bs``). ``guard_max=False``:
+    a row whose first tile is entirely masked gets exp(-inf - (-inf)) = NaN, as in a loop without
+    a guard for it (a correct causal loop never needs one: key 0 comes first)."""
     q, k, v = (x.detach().to("cpu", torch.float64) for x in (q, k, v))
     T, d = q.shape[-2:]
     scale = 1 / math.sqrt(d) if scale is None else scale
     t_keys = T - T % bs if drop_keys else T
+    if carry_state and T % bs:
+        raise ValueError("the state of one query block does not fit the last, shorter one")
     out = torch.zeros(q.shape[:-1] + v.shape[-1:], dtype=torch.float64)
     m_all = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float64)
     l_all = torch.zeros(q.shape[:-1], dtype=torch.float64)
     for qs in range(0, T, bs):
         qe = min(qs + bs, T)
-        m = torch.full(q.shape[:-2] + (qe - qs,), float("-inf"), dtype=torch.float64)
-        l = torch.zeros_like(m)
-        acc = torch.zeros(q.shape[:-2] + (qe - qs, v.shape[-1]), dtype=torch.float64)
+        if not carry_state or qs == 0:
+            m = torch.full(q.shape[:-2] + (qe - qs,), float("-inf"), dtype=torch.float64)
+            l = torch.zeros_like(m)
+            acc = torch.zeros(q.shape[:-2] + (qe - qs, v.shape[-1]), dtype=torch.float64)
         k_end = min(qs if skip_diag else qe, t_keys) if causal else t_keys
         for ks in range(0, k_end, bs):
             ke = min(ks + bs, k_end)
             s = q[..., qs:qe, :] @ k[..., ks:ke, :].transpose(-2, -1) * scale
             if causal:
-                rows, cols = torch.arange(qs, qe)[:, None], torch.arange(ks, ke)[None, :]
-                if local_mask:
-                    rows, cols = rows - qs, cols - ks
-                s = s.masked_fill(cols >= rows if strict else cols > rows, float("-inf"))
+                rows = torch.arange(qe - qs)[:, None] + (0 if local_rows else qs)
+                cols = torch.arange(ke - ks)[None, :] + (0 if local_cols else ks)
+                hidden = cols < rows if swapped else cols >= rows if strict else cols > rows
+                s = s.masked_fill(hidden, float("-inf"))
             m_new = torch.maximum(m, s.amax(dim=-1))
-            safe = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))
+            safe = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new)) if guard_max else m_new
             alpha = torch.exp(m - safe)
             p = torch.exp(s - safe[..., None])
             l = (l * alpha if rescale_l else l) + p.sum(dim=-1)
@@ -212,8 +283,8 @@ def _tiled_model(q, k, v, causal: bool, bs: int, scale: float | None = None, res
     return out, m_all, l_all
 
 
-def _tiled_out_mistakes(q, k, v, causal: bool, bs: int, got: Any) -> dict[str, Callable]:
-    T = q.shape[-2]
+def _tiled_out_mistakes(q, k, v, causal: bool, bs: int) -> dict[str, Callable]:
+    """hint -> a zero-argument callable giving out of a known wrong tiled forward (for eager_mistakes)."""
     out = lambda **kw: _tiled_model(q, k, v, causal, bs, **kw)[0].to(q.dtype)  # noqa: E731
     mistakes = {
         "the accumulator was not rescaled: when the running max grows, multiply acc by alpha = exp(m - m_new) "
@@ -224,6 +295,8 @@ def _tiled_out_mistakes(q, k, v, causal: bool, bs: int, got: Any) -> dict[str, C
         "the final normalisation is missing: out = acc / l (l[..., None]) once all key blocks are done.": lambda: out(normalise=False),
         "the scores are not scaled: multiply q @ k^T by 1 / sqrt(d).": lambda: out(scale=1.0),
         "you divided the scores by d; the scale is 1 / sqrt(d).": lambda: out(scale=1 / q.shape[-1]),
+        "m, l and acc carry over from one query block to the next: create them afresh (m = -inf, l = 0, "
+        "acc = 0) inside the loop over query blocks, before its loop over key blocks.": lambda: out(carry_state=True),
     }
     if causal:
         mistakes.update({
@@ -231,23 +304,40 @@ def _tiled_out_mistakes(q, k, v, causal: bool, bs: int, got: Any) -> dict[str, C
             "and including its own, i.e. keys 0..qe-1 (range(0, qe, block_size)); only blocks to the right of "
             "the diagonal are skipped.": lambda: out(skip_diag=True),
             "the causal mask also hides the diagonal: query i may attend to key i (mask keys j > i, not j >= i).": lambda: out(strict=True),
+            "the causal mask hides the past instead of the future: query i sees keys j <= i, so mask j > i "
+            "(torch.arange(ks, ke)[None, :] > torch.arange(qs, qe)[:, None]), not j < i.": lambda: out(swapped=True),
+            "the causal mask hides the past instead of the future: query i sees keys j <= i, so mask j > i "
+            "(torch.arange(ks, ke)[None, :] > torch.arange(qs, qe)[:, None]), not j < i. (With j < i hidden, the "
+            "first key block of a later query block is entirely masked, and exp(-inf - (-inf)) gives NaN.)": lambda: out(
+                swapped=True, guard_max=False),
             "the causal mask uses positions inside the tile: compare the global positions qs + row and ks + col "
-            "(torch.arange(qs, qe)[:, None] < torch.arange(ks, ke)[None, :]).": lambda: out(local_mask=True),
+            "(torch.arange(qs, qe)[:, None] < torch.arange(ks, ke)[None, :]).": lambda: out(local_rows=True, local_cols=True),
+            "the causal mask counts the keys from 0 in every tile: column c of the tile is key ks + c, so compare "
+            "torch.arange(ks, ke)[None, :] with torch.arange(qs, qe)[:, None].": lambda: out(local_cols=True),
+            "the causal mask counts the queries from 0 in every tile: row r of the tile is query qs + r, so compare "
+            "torch.arange(qs, qe)[:, None] with torch.arange(ks, ke)[None, :].": lambda: out(local_rows=True),
             "causal=True was ignored: mask keys j > i (and skip the key blocks right of the diagonal).": lambda: _tiled_model(q, k, v, False, bs)[0].to(q.dtype),
         })
     else:
         mistakes["causal=False here, but the output is causally masked: only mask when causal is True."] = lambda: _tiled_model(q, k, v, True, bs)[0].to(q.dtype)
-    if T % bs and isinstance(got, torch.Tensor) and got.shape == q.shape:
-        t_full = T - T % bs
-        mistakes.update({
-            "the last, shorter key block was dropped (and perhaps the last query block too): loop "
-            "`for ks in range(0, T, block_size)` and slice k[..., ks:ks + block_size, :], shorter at the end; the "
-            "same for the query blocks.": lambda: torch.cat([out(drop_keys=True)[..., :t_full, :], got[..., t_full:, :]], dim=-2),
-            f"rows {t_full}..{T - 1} are wrong, rows before are right: the last, shorter query block was dropped or "
-            "mishandled. Loop `for qs in range(0, T, block_size)`; the slice q[..., qs:qs + block_size, :] is "
-            "shorter at the end.": lambda: torch.cat([out()[..., :t_full, :], got[..., t_full:, :]], dim=-2),
-        })
     return mistakes
+
+
+def _ragged_mistakes(q, k, v, causal: bool, bs: int, got: Any) -> dict[str, Callable]:
+    """The mistakes of a ragged T (not a multiple of the block), modelled from the learner's own last rows."""
+    T = q.shape[-2]
+    if not (T % bs and isinstance(got, torch.Tensor) and got.shape == q.shape):
+        return {}
+    t_full = T - T % bs
+    out = lambda **kw: _tiled_model(q, k, v, causal, bs, **kw)[0].to(q.dtype)  # noqa: E731
+    return {
+        "the last, shorter key block was dropped (and perhaps the last query block too): loop "
+        "`for ks in range(0, T, block_size)` and slice k[..., ks:ks + block_size, :], shorter at the end; the "
+        "same for the query blocks.": lambda: torch.cat([out(drop_keys=True)[..., :t_full, :], got[..., t_full:, :]], dim=-2),
+        f"rows {t_full}..{T - 1} are wrong, rows before are right: the last, shorter query block was dropped or "
+        "mishandled. Loop `for qs in range(0, T, block_size)`; the slice q[..., qs:qs + block_size, :] is "
+        "shorter at the end.": lambda: torch.cat([out()[..., :t_full, :], got[..., t_full:, :]], dim=-2),
+    }
 
 
 def _tiled_lse_mistakes(q, k, v, causal: bool, bs: int) -> dict[str, Callable]:
@@ -258,8 +348,11 @@ def _tiled_lse_mistakes(q, k, v, causal: bool, bs: int) -> dict[str, Callable]:
     return {
         "lse is in log2 units: the contract is the natural log, lse = m + log(l) (divide a log2 value by log2(e)).": lambda: (
             (stats()[0] + stats()[1].log()) * LOG2E).float(),
+        "lse = m + log2(l) mixes units: m is in natural-log units, so take the natural log of l, lse = m + log(l).": lambda: (
+            stats()[0] + stats()[1].log2()).float(),
         "lse is only the running max m: add log(l), lse = m + log(l).": lambda: stats()[0].float(),
         "lse is only log(l): add the running max, lse = m + log(l).": lambda: stats()[1].log().float(),
+        "lse is the running sum l itself: the log-sum-exp is lse = m + log(l).": lambda: stats()[1].float(),
     }
 
 
@@ -313,19 +406,22 @@ def flash_attention_tiled(t: Trial) -> None:
     cases = []
     for i, (B, H, T, d, causal, bs) in enumerate(_TILED_CASES):
         q, k, v = _qkv(B, H, T, d, seed=910 + i)
-        cases.append((q, k, v, causal, bs, *ref.flash_attention_tiled(q, k, v, causal, bs)))
-    for q, k, v, causal, bs, ref_out, ref_lse in cases:
+        cases.append((q, k, v, causal, bs, *ref.flash_attention_tiled(q, k, v, causal, bs),
+                      eager_mistakes(_tiled_out_mistakes(q, k, v, causal, bs)),
+                      eager_mistakes(_tiled_lse_mistakes(q, k, v, causal, bs))))
+    for q, k, v, causal, bs, ref_out, ref_lse, out_mistakes, lse_mistakes in cases:
         B, H, T, d = q.shape
         got, seen = call_logged(t, q, k, v, causal, bs, sources={"q": 0, "k": 1, "v": 2},
                                  case=describe_case(q=q, k=k, v=v, causal=causal, block_size=bs))
         tiles = B * H * math.ceil(T / bs) ** 2
         check_stays_in_torch(t, seen, "q, k or v", q.numel() if 6 * tiles <= q.numel() else None)
         out, lse = t.tuple(got, 2, ("out", "lse"))
-        t.tensor(out, ref_out, what="out", hint=_TILED_HINT, mistakes=_tiled_out_mistakes(q, k, v, causal, bs, out))
+        t.tensor(out, ref_out, what="out", hint=_TILED_HINT,
+                 mistakes={**out_mistakes, **_ragged_mistakes(q, k, v, causal, bs, out)})
         if isinstance(lse, torch.Tensor) and lse.shape != ref_lse.shape:
             t.fail(f"lse: expected shape {list(ref_lse.shape)} (one number per query row), got {list(lse.shape)}.",
                    "lse = m + log(l) has the shape of the running max: [B, H, T] (squeeze a trailing 1).")
         t.tensor(lse, ref_lse, what="lse", hint="lse = m + log(l), the natural-log log-sum-exp of each row of scaled "
-                 "(and masked) scores.", mistakes=_tiled_lse_mistakes(q, k, v, causal, bs))
+                 "(and masked) scores.", mistakes=lse_mistakes)
         if T > bs:
             _check_tiles(t, seen.ops, T, bs)

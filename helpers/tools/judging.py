@@ -164,7 +164,7 @@ def serve(conn: Any, namespace: dict, audit: Audit | None, snapshots: tuple | No
     """The notebook's side: answer the judge's questions about the learner's functions until it says
     ``end`` (or goes away). Runs in the notebook's process after its cells."""
     from ..checks import feedback
-    from ..checks.calling import dumps, encode, exception_outcome, protected_call
+    from ..checks.calling import _run_watcher, dumps, encode, exception_outcome, protected_call
     from ..checks.feedback import describe
     from ..checks.guard import is_course_reference, restore_guard, torch_canaries, verify_integrity
 
@@ -209,14 +209,8 @@ def serve(conn: Any, namespace: dict, audit: Audit | None, snapshots: tuple | No
                 reply.update(present=False)
             else:
                 try:
-                    import inspect
-
-                    params = [p.name for p in inspect.signature(fn).parameters.values()]
-                except Exception:  # noqa: BLE001
-                    params = []
-                try:
                     reply.update(present=True, callable=callable(fn), describe=describe(fn)[:80],
-                                 is_reference=bool(is_course_reference(fn, name)), params=params)
+                                 is_reference=bool(is_course_reference(fn, name)))
                 except BaseException:  # noqa: BLE001 - a hostile object; the check says it is not a function
                     reply.update(present=True, callable=False, describe="an object the check cannot inspect")
         elif op == "call":
@@ -226,11 +220,7 @@ def serve(conn: Any, namespace: dict, audit: Audit | None, snapshots: tuple | No
                 audit.arm()
             try:
                 watcher = request.get("watcher")
-                target = fn
-                if watcher is not None:
-                    from ..checks.calling import _run_watcher
-
-                    target = _run_watcher(_resolve(*watcher), fn, request.get("options"))
+                target = fn if watcher is None else _run_watcher(_resolve(*watcher), fn, request.get("options"))
                 outcome = protected_call(target, request["args"], request["kwargs"], learner=fn,
                                          time_limit=float(request["time_limit"]), forbidden=list(request["forbidden"]),
                                          is_reference=bool(request["is_reference"]), watched=watcher is not None)
