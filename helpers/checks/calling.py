@@ -103,7 +103,7 @@ def protected_call(fn: Callable, args: tuple, kwargs: dict, *, learner: Callable
     """
     before = _snapshot((args, kwargs))
     codes = frozenset() if is_reference else _reference_codes(forbidden)
-    near = frozenset() if is_reference else _near_reference_codes(forbidden)
+    near = _near_reference_codes(codes)
     hits: list[str] = []
     near_hits: list[str] = []
     state: dict[str, bool] = {}

@@ -500,11 +500,12 @@ def _run(ex: Exercise, body: Callable[[Trial], None], fn: Any, time_limit: float
         error.status = "error"
         return CheckResult(ex, "error", message, message, False, False, error)
     trial = Trial(ex, fn, time_limit or DEFAULT_TIME_LIMIT_S)
-    error = _guard_before(ex)
+    remote = _type(fn) is Remote  # in the judge, where no learner code runs: nothing to guard here
+    error = None if remote else _guard_before(ex)
     if error is None:
         try:
             body(trial)
-            changed = verify_integrity(restore=True)
+            changed = [] if remote else verify_integrity(restore=True)
             if changed:
                 trial.case = ""
                 trial.fail(f"your code changed what the check relies on: {'; '.join(changed[:4])}. The check put "

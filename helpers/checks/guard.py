@@ -479,10 +479,10 @@ def _fingerprint_cached(code: types.CodeType) -> int:
     return found
 
 
-def _near_reference_codes(names: Iterable[str]) -> frozenset:
-    """Fingerprint hashes of the course's reference for ``names`` and of the code nested in it, where the
-    code is long enough (``NEAR_MIN_BYTES``) that matching it is no coincidence."""
-    found, todo = set(), list(_reference_codes(names))
+def _near_reference_codes(codes: Iterable[types.CodeType]) -> frozenset:
+    """Fingerprint hashes of the reference's ``codes`` (from :func:`_reference_codes`) and of the code
+    nested in them, where the code is long enough (``NEAR_MIN_BYTES``) that matching it is no coincidence."""
+    found, todo = set(), list(codes)
     while todo:
         code = todo.pop()
         todo += [c for c in code.co_consts if _type(c) is types.CodeType]

@@ -45,7 +45,7 @@ MAX_MESSAGE_BYTES = 1 << 20
 # process itself does not import torch: it learns the course's exercises from a forked process.
 # torch._dynamo is imported by torch on first use of a dispatch mode (the checks' op log): seconds.
 PRELOAD = ["helpers.tools.grading", "helpers.checks", "helpers.reference", "helpers.runtime", "helpers.nb09_triton_flash",
-           "torch._dynamo", "IPython.core.interactiveshell", "matplotlib.pyplot"]
+           "torch._dynamo", "IPython.core.interactiveshell", "matplotlib.pyplot", "helpers.tools.preload"]
 # A code cell that only calls an exercise's check: the grader runs that check itself.
 CHECK_CELL = re.compile(r"^\s*checks\.(\w+)\(\s*(\w+)\s*\)\s*;?\s*$")
 
