@@ -22,6 +22,12 @@ What the machinery guarantees, so that a check body does not have to:
   from the ``RECIPE_AFTER``-th failed attempt of the exercise in the same kernel.
 
 :func:`run_check` runs a check without printing or raising and returns the result.
+
+When ``make grade`` grades, the same check runs in a judge process and ``fn`` is a
+:class:`~helpers.checks.calling.Remote`: each ``t.call`` travels to the notebook's process, which
+runs the learner's function there with the same guard (``calling.protected_call``) and sends back
+what it returned; the cases come from salted seeds (:func:`seeded`), and the expected values and
+the verdict never leave the judge.
 """
 
 from __future__ import annotations
