@@ -531,18 +531,22 @@ def test_a_debugger_or_trace_hook_inside_the_function_is_reported():
 
 
 def test_in_a_kernel_failures_are_short_and_run_all_reaches_every_exercise(tmp_path):
-    """Run All in an exercise-like notebook: a stub shows a notice and does not stop; a wrong
-    function shows its message alone (error output, no machinery traceback); a pass shows the
-    model answer; with the grading variable set a stub raises."""
+    """Run All in an exercise-like notebook of a learner's session: a stub shows a notice, a wrong
+    function prints its message (stderr, no machinery traceback) and the notebook goes on, a pass
+    shows the model answer, the summary says where each exercise stands; with the grading variable
+    set (a machine judges), a stub and a wrong function raise."""
     from nbclient import NotebookClient
 
     cells = [
         "import os\nos.environ.pop('ATTN_COURSE_RAISE_NOT_ATTEMPTED', None)\nfrom helpers import checks",
         "def merge_heads(o):\n    raise NotImplementedError()\n\nchecks.merge_heads(merge_heads)",
         "def merge_heads(o):\n    return o.reshape(o.shape[0], o.shape[2], -1)\n\nchecks.merge_heads(merge_heads)",
+        "def qkv_projection(x, w_qkv, n_heads):\n    return x\n\nchecks.qkv_projection(qkv_projection)\n"
+        "checks.summary('01_qkv_shapes')",
         "def merge_heads(o):\n    return o.transpose(1, 2).flatten(2)\n\nchecks.merge_heads(merge_heads)",
         "os.environ['ATTN_COURSE_RAISE_NOT_ATTEMPTED'] = '1'\n"
         "def merge_heads(o):\n    raise NotImplementedError()\n\nchecks.merge_heads(merge_heads)",
+        "def merge_heads(o):\n    return o.reshape(o.shape[0], o.shape[2], -1)\n\nchecks.merge_heads(merge_heads)",
     ]
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
     env = {k: v for k, v in os.environ.items() if k != feedback.RAISE_NOT_ATTEMPTED_ENV}
@@ -551,14 +555,26 @@ def test_in_a_kernel_failures_are_short_and_run_all_reaches_every_exercise(tmp_p
                    resources={"metadata": {"path": str(tmp_path)}}).execute(env=env)
     outs = [c.outputs for c in nb.cells]
     assert outs[1][0]["output_type"] == "stream" and "◻ 1.2 merge_heads: not attempted yet" in outs[1][0]["text"]
-    (error,) = [o for o in outs[2] if o["output_type"] == "error"]
+    assert not [o for o in outs[2] if o["output_type"] == "error"], outs[2]
+    (printed,) = [o for o in outs[2] if o["output_type"] == "stream" and o["name"] == "stderr"]
+    assert "✗ 1.2 merge_heads failed" in printed["text"] and "transpose(1, 2) first" in printed["text"]
+    assert "File " not in printed["text"] and "core.py" not in printed["text"] and "Traceback" not in printed["text"]
+    text = "".join(o.get("text", "") for o in outs[3] if o["output_type"] == "stream" and o["name"] == "stdout")
+    assert "✗ 1.1 qkv_projection (1 pt): failed: " in text, text
+    assert "✗ 1.2 merge_heads (1 pt): failed: merged:" in text, text
+    assert "· 1.3 scaled_dot_product_attention (1 pt): not checked yet" in text and "score: 0/3 points" in text, text
+    assert outs[4][0]["text"].startswith("✓ 1.2 merge_heads")
+    assert "<details>" in outs[4][1]["data"]["text/markdown"]
+    assert [o for o in outs[5] if o["output_type"] == "error"][0]["ename"] == "NotAttempted"
+    (error,) = [o for o in outs[6] if o["output_type"] == "error"]
     assert error["ename"] == "CheckFailed"
     tb = "\n".join(error["traceback"])
-    assert "✗ 1.2 merge_heads failed" in tb and "transpose(1, 2) first" in tb
-    assert "File " not in tb and "core.py" not in tb and "guard.py" not in tb and "Traceback" not in tb
-    assert outs[3][0]["text"].startswith("✓ 1.2 merge_heads")
-    assert "<details>" in outs[3][1]["data"]["text/markdown"]
-    assert [o for o in outs[4] if o["output_type"] == "error"][0]["ename"] == "NotAttempted"
+    assert "✗ 1.2 merge_heads failed" in tb and "File " not in tb and "core.py" not in tb and "Traceback" not in tb
+
+
+def test_the_summary_names_an_unknown_notebook(capsys):
+    checks.summary("05_multi")
+    assert "no exercises in a notebook named '05_multi'" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("path", [pytest.param(p, id=p.stem, marks=[] if p.stem == "01_qkv_shapes" else [pytest.mark.slow])
@@ -579,6 +595,28 @@ def test_run_all_of_a_blank_exercise_notebook_reaches_every_exercise(path, tmp_p
     notices = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     names = {n for n, ex in EXERCISES.items() if ex.notebook == path.stem}
     assert all(f"{name}: not attempted yet" in notices for name in names), notices[-2000:]
+    last = "".join(o.get("text", "") for o in nb.cells[-1].outputs)  # checks.summary(...): where each stands
+    assert nb.cells[-1].source == f'checks.summary("{path.stem}")', nb.cells[-1].source
+    assert all(f"◻ {EXERCISES[n].id} {n} (" in last and "not attempted" in last for n in names), last
+    assert "score: 0/" in last, last
+
+
+def test_a_failed_check_in_a_learners_session_does_not_stop_run_all(tmp_path):
+    """An exercise notebook with a wrong answer to its first exercise: Run All reaches the summary,
+    which names the failure and the state of the others."""
+    from nbclient import NotebookClient
+
+    nb = nbtools.read(nbtools.ROOT / "exercises" / "01_qkv_shapes.ipynb")
+    (cell,) = [c for c in nb.cells if c.cell_type == "code" and c.source.startswith("def merge_heads")]
+    cell.source = "def merge_heads(o):\n    return o.reshape(o.shape[0], o.shape[2], -1)"
+    env = {k: v for k, v in os.environ.items() if k != feedback.RAISE_NOT_ATTEMPTED_ENV}
+    env["PYTHONPATH"] = str(nbtools.ROOT)
+    NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=True,
+                   resources={"metadata": {"path": str(nbtools.ROOT / "exercises")}}).execute(env=env)
+    assert not [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o["output_type"] == "error"]
+    last = "".join(o.get("text", "") for o in nb.cells[-1].outputs)
+    assert "✗ 1.2 merge_heads (1 pt): failed: merged: values differ" in last, last
+    assert "◻ 1.1 qkv_projection" in last and "◻ 1.3 scaled_dot_product_attention" in last, last
 
 
 def test_cases_compute_every_expected_value_before_the_learner_runs():

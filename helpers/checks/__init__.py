@@ -12,7 +12,7 @@ guarded allocations, kernel launches: what a check observes while the learner's 
 The checks themselves: one module a notebook, ``nbNN_topic``, each listing its checks in ``__all__``.
 """
 
-from .core import EXERCISES
+from .core import EXERCISES, summary
 from .feedback import CheckFailed, LearnerError, NotAttempted, TimedOut
 from .guard import protect as _protect
 from .nb01_qkv_shapes import *  # noqa: F403

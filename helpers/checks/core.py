@@ -49,6 +49,7 @@ from .calling import Remote, _run_watcher, protected_call
 from .diagnose import number_facts, shape_facts, tensor_facts
 from .feedback import (
     _FAILURES,
+    _LATEST,
     CORE_ERROR_HINTS,
     RECIPE_AFTER,
     CheckFailed,
@@ -595,3 +596,37 @@ def exercise(id: str, title: str, points: int, stars: int, notebook: str, time_l
     return decorate
 
 
+# --------------------------------------------------------------------------- where a learner stands
+
+
+_MARKS = {"passed": "✓", "not attempted": "◻"}
+
+
+def summary(notebook: str) -> None:
+    """Print where you stand in ``notebook`` (``"05_multihead"``): each exercise's latest check in
+    this kernel (passed, failed and why, not attempted, or not checked yet), and the points."""
+    mine = sorted((e for e in EXERCISES.values() if e.notebook == notebook),
+                  key=lambda e: tuple(int(p) for p in e.id.split(".")))
+    if not mine:
+        names = sorted({e.notebook for e in EXERCISES.values()})
+        print(f"no exercises in a notebook named {notebook!r}; the course's are: {', '.join(names)}")
+        return
+    lines, earned, total, bonus = [f"Exercises of {notebook}, as checked in this session:"], 0, 0, 0
+    for e in mine:
+        result = _LATEST.get(e.name)
+        status = result.status if result is not None else "not checked yet"
+        why = ""
+        if result is not None and status not in ("passed", "not attempted"):
+            first = str(result.error or result.message).split("\n")
+            why = f": {first[1].strip()}" if len(first) > 1 else ""
+        pts = f"{e.points} pt{'s' if e.points != 1 else ''}{' bonus' if e.bonus else ''}"
+        lines.append(f"  {_MARKS.get(status, '✗' if result is not None else '·')} {e.id} {e.name} ({pts}): "
+                     f"{status}{why}"[:160])
+        if e.bonus:
+            bonus += e.points if status == "passed" else 0
+        else:
+            total += e.points
+            earned += e.points if status == "passed" else 0
+    lines.append(f"  score: {earned}/{total} points" + (f" + {bonus} bonus" if any(e.bonus for e in mine) else "")
+                 + ("" if earned == total else " (run an exercise's cell again after changing it)"))
+    print("\n".join(lines))

@@ -157,7 +157,11 @@ def remove_recorder(recorder: Callable[[CheckResult], None]) -> None:
         RECORDERS.remove(recorder)
 
 
+_LATEST: dict[str, CheckResult] = {}  # exercise name -> its latest result in this kernel (summary())
+
+
 def _record(result: CheckResult) -> None:
+    _LATEST[result.exercise.name] = result
     for recorder in list(RECORDERS):
         recorder(result)
 
@@ -322,6 +326,9 @@ def reset_attempts(name: str | None = None) -> None:
 
 
 def _present(ex: Exercise, result: CheckResult) -> None:
+    """Show a check's result. In a learner's own session (IPython, no grading variable) nothing is
+    raised: a failure is printed (to stderr, which Jupyter shows in red) and Run All goes on to the
+    next exercise; wherever a machine judges the notebook, a failure raises."""
     __tracebackhide__ = True
     if result.passed:
         kind = " bonus" if ex.bonus else ""
@@ -333,6 +340,7 @@ def _present(ex: Exercise, result: CheckResult) -> None:
         print(wrap(f"◻ {ex.id} {ex.name}: not attempted yet. Replace `raise NotImplementedError()` with your "
                    "implementation, then run this cell again (the other exercises still run)."))
         return
+    if _interactive() and error is not None:
+        sys.stderr.write(f"✗ {error}\n  (the notebook goes on: fix this and run the cell again)\n")
+        return
     raise error.with_traceback(None) from None
-
-

@@ -158,7 +158,7 @@ def _replace_block(source: str, begin: str, end: str, replacement: str | None) -
 
 
 EXERCISE_HEADING = re.compile(r"^##\s+Exercise\s+(\d+)\.(\d+)\b.*?\((?:bonus,\s*)?(\d+)\s+points?\)", re.M)
-CHECK_CALL = re.compile(r"^checks\.(\w+)\(", re.M)
+CHECK_CALL = re.compile(r"^checks\.(?!summary\()(\w+)\(", re.M)  # a check call (not the summary)
 
 
 def nbgrader_cells(nb: nbformat.NotebookNode) -> dict[int, dict]:
@@ -174,6 +174,8 @@ def nbgrader_cells(nb: nbformat.NotebookNode) -> dict[int, dict]:
         heading = EXERCISE_HEADING.search(cell.source) if cell.cell_type == "markdown" else None
         if heading:
             sections.append((int(heading.group(3)), []))
+        elif cell.cell_type == "markdown" and cell.source.startswith("## "):
+            sections.append((0, []))  # another section ("## Where you stand"): no exercise's cells
         elif sections:
             sections[-1][1].append(i)
     meta: dict[int, dict] = {}
