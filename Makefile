@@ -14,6 +14,8 @@ NB ?=
 JOBS ?= 2
 LAB_ARGS ?=
 # JupyterLab refuses to start as root (containers, some cloud VMs) unless told it may.
+# JupyterLab's news pop-up and update check would cover the first notebook on a learner's first screen.
+LAB_NO_NEWS := --LabApp.news_url=None --LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate
 LAB_ROOT := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root,)
 
 ifneq ($(PY),)
@@ -71,7 +73,7 @@ TORCH_INDEX ?= $(if $(and $(filter Linux,$(shell uname -s)),$(if $(shell command
 	@touch $@
 
 lab: $(ENV_STAMP)
-	$(PY) -m jupyter lab --LabApp.default_url=/lab/tree/notebooks/01_qkv_shapes.ipynb $(LAB_ROOT) $(LAB_ARGS)
+	$(PY) -m jupyter lab --LabApp.default_url=/lab/tree/notebooks/01_qkv_shapes.ipynb $(LAB_NO_NEWS) $(LAB_ROOT) $(LAB_ARGS)
 
 # Both run notebooks/ and solutions/ under nbval (strict: committed outputs must match). `make test`
 # leaves out the tests marked slow (pyproject.toml); `make test-all` runs them too, as .ci/run does.

@@ -311,3 +311,36 @@ def test_module_names_of_release_0_1_still_work():
 
     out = subprocess.run([sys.executable, "-m", "helpers.grading", "--help"], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0 and "usage:" in out.stdout, out.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_make_lab_starts_jupyterlab_without_the_news_pop_up(tmp_path):
+    """`make lab`'s own command (read with `make -n`), started on a free port: JupyterLab's page
+    config says news are disabled, so no pop-up covers the first notebook."""
+    import os
+    import socket
+    import time
+    import urllib.request
+
+    command = subprocess.run(["make", "-n", "lab", f"PY={sys.executable}"], cwd=ROOT, capture_output=True,
+                             text=True, check=True).stdout.strip().splitlines()[-1]
+    assert "--LabApp.news_url=None" in command, command
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp_path), JUPYTERLAB_WORKSPACES_DIR=str(tmp_path))
+    lab = subprocess.Popen(command.split() + ["--no-browser", f"--ServerApp.port={port}",
+                                              "--IdentityProvider.token=t", "--ServerApp.ip=127.0.0.1"],
+                           cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        page = ""
+        for _ in range(120):
+            try:
+                page = urllib.request.urlopen(f"http://127.0.0.1:{port}/lab?token=t", timeout=5).read().decode()
+                break
+            except OSError:
+                time.sleep(0.5)
+        assert '"news": {"disabled": true}' in page, page[:500]
+    finally:
+        lab.kill()
+        lab.wait()
