@@ -375,7 +375,14 @@ def _check(page, path: str, shots: Path, timings: dict[str, float]) -> None:
                 f"cell {w['cell']}: before running, the explorer shows {w['text'][:50]!r} ({w['mime']}), "
                 "not a picture of its default setting: make it with helpers.explore.explore and re-execute")
 
-    # 2. Run all cells in a fresh kernel.
+    # 2. Opening it changes nothing: once its kernel has started (and sent its language_info), the
+    # notebook is not marked modified (the committed kernelspec and language_info are the kernel's).
+    page.wait_for_function(f"(p) => ({KERNEL_JS})(p)[0] === 'idle'", arg=path, timeout=120_000)
+    time.sleep(1.0)
+    if page.evaluate("(p) => window.__panels[p].context.model.dirty", path):
+        problems.append("opening the notebook marked it modified (its metadata differs from what the kernel writes)")
+
+    # 3. Run all cells in a fresh kernel.
     timings["run all"] = time.monotonic()
     result = page.evaluate(RUN_ALL_JS, [path, RUN_TIMEOUT_S * 1000])
     if result == "timeout":
@@ -384,7 +391,7 @@ def _check(page, path: str, shots: Path, timings: dict[str, float]) -> None:
     if errors or result is not True:
         raise AssertionError(f"{name}: cells failed when run in the browser: {errors or result}")
 
-    # 3. Every explorer is live, shows a picture, and redraws when one of its controls moves.
+    # 4. Every explorer is live, shows a picture, and redraws when one of its controls moves.
     timings["explorers"] = time.monotonic()
     expected = sum(w["plain"].startswith(EXPLORER_TEXT) for w in page.evaluate(SAVED_WIDGETS_JS, path))
     if not expected:

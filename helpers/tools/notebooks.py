@@ -100,9 +100,24 @@ def _coalesce_streams(outputs: list) -> list:
     return merged
 
 
+# What JupyterLab writes into a notebook when its kernel starts (the kernelspec of ipykernel's
+# python3, and the kernel's language_info): committed as such, opening a notebook changes nothing.
+KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+
+
+def language_info() -> dict:
+    """ipykernel's language_info for the Python running this (only ``version`` depends on it)."""
+    import platform
+
+    return {"codemirror_mode": {"name": "ipython", "version": 3}, "file_extension": ".py",
+            "mimetype": "text/x-python", "name": "python", "nbconvert_exporter": "python",
+            "pygments_lexer": "ipython3", "version": platform.python_version()}
+
+
 def normalize(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     """Keep only what the course uses: cell tags (no execution timestamps or editor metadata),
-    the Python 3 kernelspec, no trailing blank lines in cells, printed text in one piece."""
+    the kernel's metadata as the kernel itself writes it, no trailing blank lines in cells, printed
+    text in one piece."""
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.outputs = _coalesce_streams(cell.outputs)
@@ -110,10 +125,7 @@ def normalize(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
         cell.metadata = nbformat.NotebookNode({"tags": tags} if tags else {})
         cell.source = cell.source.rstrip("\n")
     widgets = nb.metadata.get("widgets")
-    nb.metadata = nbformat.NotebookNode(
-        {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
-         "language_info": {"name": "python"}}
-    )
+    nb.metadata = nbformat.NotebookNode({"kernelspec": dict(KERNELSPEC), "language_info": language_info()})
     if widgets:
         nb.metadata["widgets"] = widgets
     return nb
