@@ -322,8 +322,9 @@ def test_make_lab_starts_jupyterlab_without_the_news_pop_up(tmp_path):
     import time
     import urllib.request
 
-    command = subprocess.run(["make", "-n", "lab", f"PY={sys.executable}"], cwd=ROOT, capture_output=True,
-                             text=True, check=True).stdout.strip().splitlines()[-1]
+    printed = subprocess.run(["make", "--no-print-directory", "-n", "lab", f"PY={sys.executable}"], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout  # also when run from make itself
+    command = next(line for line in printed.splitlines() if " -m jupyter lab " in line)
     assert "--LabApp.news_url=None" in command, command
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
