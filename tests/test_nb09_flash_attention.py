@@ -1046,92 +1046,60 @@ def online_no_max_in_float32(x, block_size):
     return torch.where(l[..., None] > 0, out, torch.zeros_like(out)).to(x.dtype)
 
 
-# More learner-style mistakes of 9.2: the learner's loops of tiled_learner with one change.
-def _tiled_with(q, k, v, causal, block_size, *, scale=None, hidden=None, lse_of=None, fresh_state=True):
-    """tiled_learner's loops; ``hidden(qs, qe, ks, ke)`` the causal mask of a tile, ``lse_of(m, l)``
-    the lse, ``fresh_state=False`` creates m, l, acc once, before the loop over query blocks."""
-    B, H, T, d = q.shape
-    scale = 1 / math.sqrt(d) if scale is None else scale
-    hidden = hidden or (lambda qs, qe, ks, ke: torch.arange(ks, ke)[None, :] > torch.arange(qs, qe)[:, None])
-    out, lse = torch.zeros_like(q), torch.zeros(B, H, T)
-    m = torch.full((B, H, block_size), _INF)
-    l = torch.zeros(B, H, block_size)
-    acc = torch.zeros(B, H, block_size, d)
-    for qs in range(0, T, block_size):
-        qe = min(qs + block_size, T)
-        if fresh_state:
-            m = torch.full((B, H, qe - qs), _INF)
-            l = torch.zeros(B, H, qe - qs)
-            acc = torch.zeros(B, H, qe - qs, d)
-        for ks in range(0, qe if causal else T, block_size):
-            ke = min(ks + block_size, T)
-            s = q[:, :, qs:qe] @ k[:, :, ks:ke].transpose(-2, -1) * scale
-            if causal:
-                s = s.masked_fill(hidden(qs, qe, ks, ke), _INF)
-            m_new = torch.maximum(m, s.amax(dim=-1))
-            alpha = torch.exp(m - m_new)
-            p = torch.exp(s - m_new[..., None])
-            l = l * alpha + p.sum(dim=-1)
-            acc = acc * alpha[..., None] + p @ v[:, :, ks:ke]
-            m = m_new
-        out[:, :, qs:qe] = acc / l[..., None]
-        lse[:, :, qs:qe] = lse_of(m, l) if lse_of else m + torch.log(l)
-    return out, lse
-
-
+# More learner-style mistakes of 9.2: tiled_learner's loops with one change (its keyword options).
 def tiled_scale_forgotten(q, k, v, causal, block_size):
-    return _tiled_with(q, k, v, causal, block_size, scale=1.0)
+    return tiled_learner(q, k, v, causal, block_size, scale=1.0)
 
 
 def tiled_mask_keys_from_zero(q, k, v, causal, block_size):
     """Key positions counted from the tile's start, query positions global."""
-    return _tiled_with(q, k, v, causal, block_size,
-                       hidden=lambda qs, qe, ks, ke: torch.arange(ke - ks)[None, :] > torch.arange(qs, qe)[:, None])
+    return tiled_learner(q, k, v, causal, block_size,
+                         hidden=lambda qs, qe, ks, ke: torch.arange(ke - ks)[None, :] > torch.arange(qs, qe)[:, None])
 
 
 def tiled_mask_queries_from_zero(q, k, v, causal, block_size):
-    return _tiled_with(q, k, v, causal, block_size,
-                       hidden=lambda qs, qe, ks, ke: torch.arange(ks, ke)[None, :] > torch.arange(qe - qs)[:, None])
+    return tiled_learner(q, k, v, causal, block_size,
+                         hidden=lambda qs, qe, ks, ke: torch.arange(ks, ke)[None, :] > torch.arange(qe - qs)[:, None])
 
 
 def tiled_mask_triu_in_every_tile(q, k, v, causal, block_size):
     """The diagonal tile's triu(1) mask applied to every tile it visits."""
-    return _tiled_with(q, k, v, causal, block_size,
-                       hidden=lambda qs, qe, ks, ke: torch.ones(qe - qs, ke - ks, dtype=torch.bool).triu(1))
+    return tiled_learner(q, k, v, causal, block_size,
+                         hidden=lambda qs, qe, ks, ke: torch.ones(qe - qs, ke - ks, dtype=torch.bool).triu(1))
 
 
 def tiled_mask_keys_offset_by_qs(q, k, v, causal, block_size):
     """Key positions from the query block's start: arange(qs, qs + bk)."""
-    return _tiled_with(q, k, v, causal, block_size,
-                       hidden=lambda qs, qe, ks, ke: torch.arange(qs, qs + ke - ks)[None, :] > torch.arange(qs, qe)[:, None])
+    return tiled_learner(q, k, v, causal, block_size,
+                         hidden=lambda qs, qe, ks, ke: torch.arange(qs, qs + ke - ks)[None, :] > torch.arange(qs, qe)[:, None])
 
 
 def tiled_mask_swapped(q, k, v, causal, block_size):
     """Masks keys j < i: the past instead of the future."""
-    return _tiled_with(q, k, v, causal, block_size,
-                       hidden=lambda qs, qe, ks, ke: torch.arange(ks, ke)[None, :] < torch.arange(qs, qe)[:, None])
+    return tiled_learner(q, k, v, causal, block_size,
+                         hidden=lambda qs, qe, ks, ke: torch.arange(ks, ke)[None, :] < torch.arange(qs, qe)[:, None])
 
 
 def tiled_state_outside_query_loop(q, k, v, causal, block_size):
     """m, l and acc created once: each query block starts from the previous one's."""
-    return _tiled_with(q, k, v, causal, block_size, fresh_state=False)
+    return tiled_learner(q, k, v, causal, block_size, fresh_state=False)
 
 
 def tiled_lse_m_plus_log2(q, k, v, causal, block_size):
-    return _tiled_with(q, k, v, causal, block_size, lse_of=lambda m, l: m + torch.log2(l))
+    return tiled_learner(q, k, v, causal, block_size, lse_of=lambda m, l: m + torch.log2(l))
 
 
 def tiled_lse_as_log2(q, k, v, causal, block_size):
     """Natural-log statistics, lse converted to bits at the end."""
-    return _tiled_with(q, k, v, causal, block_size, lse_of=lambda m, l: (m + torch.log(l)) / math.log(2))
+    return tiled_learner(q, k, v, causal, block_size, lse_of=lambda m, l: (m + torch.log(l)) / math.log(2))
 
 
 def tiled_lse_just_m(q, k, v, causal, block_size):
-    return _tiled_with(q, k, v, causal, block_size, lse_of=lambda m, l: m)
+    return tiled_learner(q, k, v, causal, block_size, lse_of=lambda m, l: m)
 
 
 def tiled_lse_is_l(q, k, v, causal, block_size):
-    return _tiled_with(q, k, v, causal, block_size, lse_of=lambda m, l: l)
+    return tiled_learner(q, k, v, causal, block_size, lse_of=lambda m, l: l)
 
 
 WRONG = {
@@ -1628,21 +1596,30 @@ def online_split_float64(x, block_size):
     return (p / torch.where(l > 0, l, 1.0)[..., None]).to(x.dtype)
 
 # ----------------------------------------------------------------- 9.2 flash_attention_tiled
-def tiled_learner(q, k, v, causal, block_size):
+def tiled_learner(q, k, v, causal, block_size, *, scale=None, hidden=None, lse_of=None, fresh_state=True):
     """The learner's loops as in the wrong versions, without a mistake: zeros to start, global
-    positions for the causal mask, key blocks up to and including the diagonal."""
+    positions for the causal mask, key blocks up to and including the diagonal. The wrong versions
+    change one thing through the keywords: ``scale`` multiplies the scores instead of dividing by
+    sqrt(d), ``hidden(qs, qe, ks, ke)`` is a tile's causal mask, ``lse_of(m, l)`` the lse, and
+    ``fresh_state=False`` creates m, l, acc once, before the loop over query blocks."""
     B, H, T, d = q.shape
+    hidden = hidden or (lambda qs, qe, ks, ke: torch.arange(ks, ke)[None, :] > torch.arange(qs, qe)[:, None])
     out, lse = torch.zeros_like(q), torch.zeros(B, H, T)
+    m = torch.full((B, H, block_size), _INF)
+    l = torch.zeros(B, H, block_size)
+    acc = torch.zeros(B, H, block_size, d)
     for qs in range(0, T, block_size):
         qe = min(qs + block_size, T)
-        m = torch.full((B, H, qe - qs), _INF)
-        l = torch.zeros(B, H, qe - qs)
-        acc = torch.zeros(B, H, qe - qs, d)
+        if fresh_state:
+            m = torch.full((B, H, qe - qs), _INF)
+            l = torch.zeros(B, H, qe - qs)
+            acc = torch.zeros(B, H, qe - qs, d)
         for ks in range(0, qe if causal else T, block_size):
             ke = min(ks + block_size, T)
-            s = q[:, :, qs:qe] @ k[:, :, ks:ke].transpose(-2, -1) / math.sqrt(d)
+            s = q[:, :, qs:qe] @ k[:, :, ks:ke].transpose(-2, -1)
+            s = s / math.sqrt(d) if scale is None else s * scale
             if causal:
-                s = s.masked_fill(torch.arange(ks, ke)[None, :] > torch.arange(qs, qe)[:, None], _INF)
+                s = s.masked_fill(hidden(qs, qe, ks, ke), _INF)
             m_new = torch.maximum(m, s.amax(dim=-1))
             alpha = torch.exp(m - m_new)
             p = torch.exp(s - m_new[..., None])
@@ -1650,7 +1627,7 @@ def tiled_learner(q, k, v, causal, block_size):
             acc = acc * alpha[..., None] + p @ v[:, :, ks:ke]
             m = m_new
         out[:, :, qs:qe] = acc / l[..., None]
-        lse[:, :, qs:qe] = m + torch.log(l)
+        lse[:, :, qs:qe] = lse_of(m, l) if lse_of else m + torch.log(l)
     return out, lse
 
 
