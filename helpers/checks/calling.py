@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import inspect
 import io
+import pickle
 import secrets
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -283,7 +285,7 @@ class Remote:
         request = {"op": "call", "nonce": nonce, "name": self.name, "args": args, "kwargs": kwargs,
                    "watcher": None if watcher is None else (watcher.__module__, watcher.__qualname__),
                    "options": options, **spec}
-        reply = self.ask(request, spec["time_limit"] + self.wait_s)
+        reply = ask(self.conn, request, spec["time_limit"] + self.wait_s)
         status = reply.get("status")
         review = [str(r)[:300] for r in reply["review"][:5]] if _type(reply.get("review")) is list else []
         if status == "ok" and "out" in reply:
@@ -300,34 +302,36 @@ class Remote:
         raise RemoteBroken("error", f"the notebook's process sent an answer of unknown form ({str(status)[:40]!r})", True)
 
     def ask(self, request: dict, wait_s: float) -> dict:
-        """Send ``request``; return the notebook's reply to it (its nonce echoed). Messages that
-        answer nothing (unreadable, or with another nonce) are skipped and counted in ``STRAYS``."""
-        import pickle
-        import time
-
-        deadline = time.monotonic() + wait_s
-        try:
-            self.conn.send_bytes(pickle.dumps(request))
-            while True:
-                if not self.conn.poll(max(0.0, deadline - time.monotonic())):
-                    raise RemoteBroken("timed out", f"the notebook's process did not answer within {wait_s:g} s")
-                data = self.conn.recv_bytes(MAX_REPLY_BYTES)
-                try:
-                    reply = loads(data)
-                except Exception:  # noqa: BLE001 - not something the serving code sends
-                    reply = None
-                if _type(reply) is dict and reply.get("nonce") == request["nonce"]:
-                    return reply
-                STRAYS.append("unreadable" if reply is None else "out of turn")
-                if _len(STRAYS) > 1000:
-                    raise RemoteBroken("error", "the notebook's process sent more than 1000 messages that answer "
-                                       "nothing", True)
-        except (EOFError, OSError):
-            raise RemoteBroken("error", "the notebook's process ended") from None
+        return ask(self.conn, request, wait_s)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError(f"`{self.name}` runs in the notebook's process: checks call it through Trial.call")
 
 
-__all__ = ["CheckFailed", "Remote", "RemoteBroken", "argument_name", "decode", "dumps", "encode",
+def ask(conn: Any, request: dict, wait_s: float) -> dict:
+    """Send ``request`` (with its ``nonce``) through ``conn``; return the notebook's reply to it (its
+    nonce echoed). Messages that answer nothing (unreadable, or with another nonce) are skipped and
+    counted in ``STRAYS``."""
+    deadline = time.monotonic() + wait_s
+    try:
+        conn.send_bytes(pickle.dumps(request))
+        while True:
+            if not conn.poll(max(0.0, deadline - time.monotonic())):
+                raise RemoteBroken("timed out", f"the notebook's process did not answer within {wait_s:g} s")
+            data = conn.recv_bytes(MAX_REPLY_BYTES)
+            try:
+                reply = loads(data)
+            except Exception:  # noqa: BLE001 - not something the serving code sends
+                reply = None
+            if _type(reply) is dict and reply.get("nonce") == request["nonce"]:
+                return reply
+            STRAYS.append("unreadable" if reply is None else "out of turn")
+            if _len(STRAYS) > 1000:
+                raise RemoteBroken("error", "the notebook's process sent more than 1000 messages that answer "
+                                   "nothing", True)
+    except (EOFError, OSError):
+        raise RemoteBroken("error", "the notebook's process ended") from None
+
+
+__all__ = ["CheckFailed", "Remote", "RemoteBroken", "ask", "argument_name", "decode", "dumps", "encode",
            "exception_outcome", "loads", "protected_call"]

@@ -429,7 +429,8 @@ def _receive_judge(r: _Running) -> None:
         if kind == "check":
             r.current, r.started, r.interrupted_at = ("check", msg["name"]), time.monotonic(), None
         elif kind == "result":
-            r.results[msg["name"]] = (msg["status"], str(msg.get("hint", ""))[:2000])
+            status = msg["status"] if msg["status"] in STATUSES else "error"
+            r.results[msg["name"]] = (status, str(msg.get("hint", ""))[:2000])
         elif kind == "review":
             for reason in msg["reasons"]:
                 _flag(r, reason)
@@ -581,15 +582,6 @@ def become_subreaper() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
 
 
-def _children(pid: int) -> list[int]:
-    found: list[int] = []
-    with contextlib.suppress(OSError):
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                found += [int(p) for p in f.read().split()]
-    return found
-
-
 def end_leftovers() -> None:
     """Kill every process still running below this one except the fork server (the notebooks'
     left-overs), so that nothing a notebook started can outlive the grading and touch its results."""
@@ -597,8 +589,8 @@ def end_leftovers() -> None:
 
     server = getattr(forkserver._forkserver, "_forkserver_pid", None)
     for _ in range(3):
-        pids = [p for p in _children(os.getpid()) if p != server]
-        pids += [g for p in [*pids, server] if p for g in _children(p)]
+        pids = [p for p in judging.child_processes(os.getpid()) if p != server]
+        pids += [g for p in [*pids, server] if p for g in judging.child_processes(p)]
         if not pids:
             return
         for p in pids:

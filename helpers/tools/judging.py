@@ -138,15 +138,17 @@ def _threads() -> set[int]:
     return set(sys._current_frames()) - {threading.main_thread().ident}
 
 
-def _child_processes() -> list[int]:
-    """Processes this process started that are still running (Linux; elsewhere, none known)."""
-    found = []
+def child_processes(pid: int | None = None) -> list[int]:
+    """Processes that process ``pid`` (default: this one) started and that still run (Linux: read
+    from /proc; elsewhere, none known)."""
+    pid = os.getpid() if pid is None else pid
+    found: list[int] = []
     try:
-        for task in os.listdir(f"/proc/{os.getpid()}/task"):
-            with open(f"/proc/{os.getpid()}/task/{task}/children") as f:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
                 found += [int(p) for p in f.read().split()]
     except OSError:
-        return []
+        return found
     return found
 
 
@@ -186,7 +188,7 @@ def serve(conn: Any, namespace: dict, audit: Audit | None, snapshots: tuple | No
     threads = _threads()
     if threads:
         review.append(f"the notebook left {len(threads)} thread{'s' if len(threads) > 1 else ''} running after its cells")
-    children = _child_processes()
+    children = child_processes()
     if audit is not None:
         review += audit.drain()[:4]
     if children:
@@ -235,7 +237,8 @@ def serve(conn: Any, namespace: dict, audit: Audit | None, snapshots: tuple | No
                 outcome = {**outcome, "out": encode(outcome["out"]), "obs": encode(outcome["obs"])}
             reply.update(outcome, review=notes)
         elif op == "end":
-            reply["review"] = [f"the notebook left {len(_threads())} threads running"] if _threads() - threads else []
+            left = _threads() - threads
+            reply["review"] = [f"the notebook's functions left {len(left)} threads running"] if left else []
             send(dumps(reply))
             return
         try:
@@ -254,12 +257,13 @@ def judge(nb_conn: Any, out_conn: Any, names: list[str], salt: int, wait_s: floa
 
     from ..checks import core, feedback
     from ..checks.calling import STRAYS, Remote, RemoteBroken
+    from ..checks.calling import ask as ask_notebook
 
     def send(msg: dict) -> None:
         out_conn.send_bytes(json.dumps(msg).encode())
 
     def ask(request: dict) -> dict:
-        return Remote(nb_conn, "", {}, FIRST_ASK_S).ask({**request, "nonce": os.urandom(8).hex()}, FIRST_ASK_S)
+        return ask_notebook(nb_conn, {**request, "nonce": os.urandom(8).hex()}, FIRST_ASK_S)
 
     torch.set_num_threads(threads)
     core.salt_cases(salt)
