@@ -72,14 +72,34 @@ class _Explorer:
         return bundle
 
 
-def explore(draw: Callable[..., Any], **controls: Any) -> None:
+def _show_only_if(widgets: dict, shown_if: dict[str, Callable[[dict], bool]]) -> None:
+    """Hide each control named in ``shown_if`` while its predicate of the current values is false."""
+    unknown = sorted(set(shown_if) - set(widgets))
+    if unknown:
+        raise TypeError(f"explore(): shown_if names {unknown}, which are not controls ({sorted(widgets)})")
+
+    def update(_change=None) -> None:
+        values = {name: w.get_interact_value() for name, w in widgets.items()}
+        for name, predicate in shown_if.items():
+            widgets[name].layout.display = None if predicate(values) else "none"
+
+    for w in widgets.values():
+        w.observe(update, names="value")
+    update()
+
+
+def explore(draw: Callable[..., Any], shown_if: dict[str, Callable[[dict], bool]] | None = None,
+            **controls: Any) -> None:
     """Display ``draw(**values)`` under one ipywidgets control per keyword.
 
     ``draw`` makes one matplotlib figure and returns it; ``controls`` are ipywidgets controls
     (``IntSlider(...)``, ``Dropdown(...)``, ``Checkbox(...)``, ``fixed(...)``, or the abbreviations
     ``interact`` accepts), whose value is the default setting. The figure for the defaults is
     drawn once: it is the widget's first picture and is stored in the same output, so the saved
-    notebook shows it without a running kernel.
+    notebook shows it without a running kernel. ``shown_if`` maps a control's name to a
+    predicate of all current values (a dict): the control is shown only while it holds, e.g.
+    ``shown_if={"layers": lambda v: v["model"] == "custom"}``. A setting that ``draw`` cannot
+    draw shows one line naming the error instead of a traceback.
     """
     import matplotlib.pyplot as plt
     from IPython.display import Image, display
@@ -108,9 +128,15 @@ def explore(draw: Callable[..., Any], **controls: Any) -> None:
         if first:
             display(Image(first.pop()))
             return
-        fig = _draw(draw, values)
+        try:
+            fig = _draw(draw, values)
+        except Exception as error:  # one line for the learner, not a traceback from matplotlib
+            print(f"[{title}] cannot draw this setting: {type(error).__name__}: {error}")
+            return
         display(fig)
         plt.close(fig)
 
     title = getattr(draw, "__name__", "explorer").replace("_", " ")
+    if shown_if:
+        _show_only_if(widgets, shown_if)
     display(_Explorer(interactive(show, **widgets), png, title))
