@@ -1,29 +1,33 @@
 """Explorers: a figure a learner can steer with sliders (ipywidgets + matplotlib).
 
-Every teaching notebook's explorer is made with :func:`explore`, so that each one also leaves a
-static picture of its default setting in the saved notebook, instead of the bare text
-``interactive(children=(...``. One output carries both (checked in a real browser by
-``tests/test_browser.py``):
+Every teaching notebook's explorer is made with :func:`explore`. Its cell has two outputs:
 
-- JupyterLab with a running kernel renders the live widget;
-- a notebook opened without running it shows the picture: JupyterLab on a fresh clone (outputs
-  not trusted yet), GitHub, and nbviewer/nbconvert (which show the widget as saved instead where
-  the notebook carries its widget state, as ``make execute`` writes it).
+- the controls (an ipywidgets box), live where a kernel runs;
+- the picture, an ordinary PNG output that each move of a control replaces in place (a display
+  update by id), so what the cell saves is always the picture of the last setting drawn.
 
-JupyterLab shows "Error displaying widget: model not found" instead only for a notebook it trusts
-(one the learner saved) reopened without running and without widget state: ipywidgets' own
-behaviour, which no output of ours can change (Settings > "Save Widget State Automatically"
-stores the state, but its restore races the kernel's start).
+A notebook opened without a kernel therefore shows the picture wherever it was saved: the
+committed notebooks, a fresh clone, GitHub, nbviewer, and a learner's own saved copy (where the
+controls themselves need the kernel: JupyterLab draws them from saved widget state if the notebook
+carries it, else one line, "Error displaying widget: model not found"). Checked in a real browser
+by ``tests/test_browser.py``.
 """
 
 from __future__ import annotations
 
 import base64
+import html
 import io
+import threading
 from collections.abc import Callable
 from typing import Any
 
 EXPLORER_TEXT = "[explorer: {title}; run the notebook to move its controls]"
+PICTURE_TEXT = "[explorer picture: {title}]"
+# ipykernel 7 handles some widget messages on a subshell thread besides the main one, and
+# matplotlib (its text parsers included) is not thread-safe: two redraws at once failed at random
+# (a ParseException, a tight_layout ValueError). Every explorer draws under this lock.
+_DRAWING = threading.RLock()
 
 
 def _figure(result: Any):
@@ -59,17 +63,29 @@ def _png(fig) -> bytes:
     return buf.getvalue()
 
 
-class _Explorer:
-    """One output: the live widget where a widget manager runs, the static PNG elsewhere."""
+class _Controls:
+    """The controls' output: the live widget where a widget manager runs, one line elsewhere."""
 
-    def __init__(self, widget, png: bytes, title: str):
-        self.widget, self.png, self.title = widget, png, title
+    def __init__(self, widget, title: str):
+        self.widget, self.title = widget, title
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict:
         bundle = dict(self.widget._repr_mimebundle_(**kwargs) or {})
-        bundle["image/png"] = base64.b64encode(self.png).decode("ascii")
         bundle["text/plain"] = EXPLORER_TEXT.format(title=self.title)
         return bundle
+
+
+def _picture_bundle(png: bytes, title: str) -> dict:
+    """A display bundle for the explorer's picture (PNG, with a line of text as its fallback)."""
+    return {"image/png": base64.b64encode(png).decode("ascii"), "text/plain": PICTURE_TEXT.format(title=title)}
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two settings are equal (values that cannot say so count as different)."""
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
 
 
 def _show_only_if(widgets: dict, shown_if: dict[str, Callable[[dict], bool]]) -> None:
@@ -94,16 +110,16 @@ def explore(draw: Callable[..., Any], shown_if: dict[str, Callable[[dict], bool]
 
     ``draw`` makes one matplotlib figure and returns it; ``controls`` are ipywidgets controls
     (``IntSlider(...)``, ``Dropdown(...)``, ``Checkbox(...)``, ``fixed(...)``, or the abbreviations
-    ``interact`` accepts), whose value is the default setting. The figure for the defaults is
-    drawn once: it is the widget's first picture and is stored in the same output, so the saved
-    notebook shows it without a running kernel. ``shown_if`` maps a control's name to a
+    ``interact`` accepts), whose value is the default setting. The picture is an output of its
+    own under the controls, replaced in place at each move, so a saved notebook shows the last
+    picture drawn without a running kernel. ``shown_if`` maps a control's name to a
     predicate of all current values (a dict): the control is shown only while it holds, e.g.
     ``shown_if={"layers": lambda v: v["model"] == "custom"}``. A setting that ``draw`` cannot
     draw shows one line naming the error instead of a traceback.
     """
     import matplotlib.pyplot as plt
-    from IPython.display import Image, display
-    from ipywidgets import interactive
+    from IPython.display import display
+    from ipywidgets import HTML, DOMWidget, VBox, interactive
 
     if not callable(draw):
         raise TypeError(f"explore(draw, **controls): draw must be a function, got {type(draw).__name__}")
@@ -115,28 +131,49 @@ def explore(draw: Callable[..., Any], shown_if: dict[str, Callable[[dict], bool]
         if widget is None:
             raise TypeError(f"explore(): control {name}={control!r} is not an ipywidgets control")
         widgets[name] = widget
-
-    defaults = {name: w.get_interact_value() for name, w in widgets.items()}
-    with plt.ioff():
-        fig = _draw(draw, defaults)
-        png = _png(fig)
-        plt.close(fig)
-
-    first = [png]  # interactive() shows the defaults at once: that picture is already drawn
-
-    def show(**values: Any) -> None:
-        if first:
-            display(Image(first.pop()))
-            return
-        try:
-            fig = _draw(draw, values)
-        except Exception as error:  # one line for the learner, not a traceback from matplotlib
-            print(f"[{title}] cannot draw this setting: {type(error).__name__}: {error}")
-            return
-        display(fig)
-        plt.close(fig)
-
+        if isinstance(widget, DOMWidget) and hasattr(widget, "description"):
+            widget.description = widget.description or name  # as interact() labels them
+            if len(widget.description) > 10 and not widget.style.description_width:
+                widget.style.description_width = "initial"  # a long label in full, not cut to "custom: l..."
     title = getattr(draw, "__name__", "explorer").replace("_", " ")
     if shown_if:
         _show_only_if(widgets, shown_if)
-    display(_Explorer(interactive(show, **widgets), png, title))
+
+    def values() -> dict[str, Any]:
+        return {name: w.get_interact_value() for name, w in widgets.items()}
+
+    def png_of(setting: dict[str, Any]) -> bytes:
+        with plt.ioff():
+            fig = _draw(draw, setting)
+            try:
+                return _png(fig)
+            finally:
+                plt.close(fig)
+
+    message = HTML("", layout={"margin": "0 0 0 8px"})
+    shown = [values()]  # the setting whose picture is on screen
+
+    def redraw(_change=None) -> None:
+        with _DRAWING:
+            setting = values()  # the latest values: moves that came while waiting are drawn once
+            if _same(setting, shown[0]):
+                return
+            draw_latest(setting)
+
+    def draw_latest(setting: dict[str, Any]) -> None:
+        try:
+            png = png_of(setting)
+        except Exception as error:  # one line for the learner, not a traceback from matplotlib
+            message.value = f"<code>cannot draw this setting: {type(error).__name__}: {html.escape(str(error))}</code>"
+            return
+        message.value = ""
+        shown[0] = setting
+        picture.update(_picture_bundle(png, title), raw=True)
+
+    with _DRAWING:
+        first = png_of(shown[0])
+    for w in widgets.values():
+        w.observe(redraw, names="value")
+    visible = [w for w in widgets.values() if isinstance(w, DOMWidget)]  # not fixed(...) values
+    display(_Controls(VBox([*visible, message], _dom_classes=["course-explorer"]), title))
+    picture = display(_picture_bundle(first, title), raw=True, display_id=True)

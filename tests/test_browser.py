@@ -6,9 +6,14 @@ For every teaching notebook in ``notebooks/`` (found at collection time, so new 
    saved explorer must show its picture, not ``interactive(children=...`` nor "Error displaying
    widget";
 2. run all cells in a fresh kernel: no cell may end in an error;
-3. find every live explorer (an ipywidgets ``interactive`` box in the page), move its controls one
-   at a time until the picture changes (decoded pixels compared before and after), and require no
-   traceback inside the explorer.
+3. find every live explorer (the controls output of ``helpers.explore.explore`` and the picture
+   output after it), move every control a learner can see, one at a time (sliders of every kind,
+   dropdowns, checkboxes, toggles, number fields; controls that a move reveals included), and
+   require each move to redraw the picture (decoded pixels compared before and after) with no
+   complaint under the controls and no traceback.
+
+A self-test also saves a notebook after moving its explorer, as a learner's Ctrl-S does (trusted,
+no widget state), reopens it and requires the last picture drawn to be shown.
 
 Screenshots (the saved picture, each explorer before and after the move, the page on a failure),
 a failing explorer's whole traceback and the phase timings go to ``build/screenshots/<notebook>/``,
@@ -106,9 +111,15 @@ SAVED_WIDGETS_JS = """(path) => {
       const child = cell.outputArea.widgets[k];
       const node = child ? child.node.querySelector('.jp-OutputArea-output') : null;
       if (node) node.setAttribute('data-browser-test', 'saved-' + i + '-' + k);
+      // explore() saves the picture as the output after the controls
+      const after = k + 1 < outputs.length ? outputs.get(k + 1).data : {};
+      const next = cell.outputArea.widgets[k + 1];
+      const pic = next && String(after['text/plain'] || '').startsWith('[explorer picture')
+          ? next.node.querySelector('.jp-OutputArea-output') : null;
+      if (pic) pic.setAttribute('data-browser-test', 'saved-' + i + '-' + k + '-picture');
       found.push({cell: i, tag: 'saved-' + i + '-' + k, plain: String(data['text/plain'] || ''),
-                  mime: node ? (node.dataset.mimeType || '') : null,
-                  text: node ? node.innerText.slice(0, 120) : ''});
+                  mime: pic ? (pic.dataset.mimeType || '') : (node ? (node.dataset.mimeType || '') : null),
+                  text: (pic || node) ? (pic || node).innerText.slice(0, 120) : ''});
     }
   });
   return found;
@@ -144,21 +155,33 @@ ERRORS_JS = """(path) => {
   return errors;
 }"""
 
-# Live explorers: interactive boxes whose widget model is connected to the kernel. Each is tagged
-# so Playwright can address it; returns [tag, has picture] pairs.
+# Live explorers: the controls output of explore() (a widget view whose text is "[explorer: ...")
+# and the picture output after it. Each pair is tagged so Playwright can address it; returns
+# [tag, controls are live, picture shown] triples.
 LIVE_JS = """(path) => {
-  const panel = window.__panels[path];
-  const boxes = [...panel.node.querySelectorAll('.widget-interact')]
-      .filter(e => !e.classList.contains('jupyter-widgets-disconnected'));
-  return boxes.map((box, i) => {
-    box.setAttribute('data-browser-test', 'explorer-' + (i + 1));
-    return ['explorer-' + (i + 1), !!box.querySelector(':scope > .widget-output img')];
+  const panel = window.__panels[path], WV = 'application/vnd.jupyter.widget-view+json', found = [];
+  panel.content.widgets.forEach(cell => {
+    if (cell.model.type !== 'code') return;
+    const outputs = cell.model.outputs;
+    for (let k = 0; k + 1 < outputs.length; k++) {
+      const data = outputs.get(k).data;
+      if (!data[WV] || !String(data['text/plain'] || '').startsWith('[explorer:')) continue;
+      const controls = cell.outputArea.widgets[k], picture = cell.outputArea.widgets[k + 1];
+      if (!controls || !picture) continue;
+      const tag = 'explorer-' + (found.length + 1), box = controls.node.querySelector('.course-explorer');
+      controls.node.setAttribute('data-browser-test', tag);
+      picture.node.setAttribute('data-browser-test', tag + '-picture');
+      found.push([tag, !!box && !box.closest('.jupyter-widgets-disconnected'), !!picture.node.querySelector('img')]);
+    }
   });
+  return found;
 }"""
 
 LIVE_READY_JS = (
-    "([path, n]) => { const live = (" + LIVE_JS + ")(path); return live.length >= n && live.every(x => x[1]); }"
+    "([path, n]) => { const live = (" + LIVE_JS + ")(path); return live.length >= n && live.every(x => x[1] && x[2]); }"
 )
+
+SAVE_JS = """async (path) => { await window.__panels[path].context.save(); }"""
 
 KERNEL_JS = """(path) => {
   const panel = window.__panels[path], s = panel.sessionContext.session;
@@ -261,9 +284,10 @@ def _same_picture(a: str | None, b: str | None) -> bool:
     return pa is not None and pb is not None and pa.shape == pb.shape and np.array_equal(pa, pb)
 
 
-def _picture(box) -> str | None:
+def _picture(page, tag: str) -> str | None:
     """The address (data URI) of the explorer's picture, None while it has none."""
-    return box.evaluate("b => { const i = b.querySelector(':scope > .widget-output img'); return i && i.src; }")
+    return page.evaluate("t => { const i = document.querySelector(`[data-browser-test='${t}-picture'] img`); "
+                         "return i && i.src; }", tag)
 
 
 def _move(control) -> str | None:
@@ -271,11 +295,14 @@ def _move(control) -> str | None:
     cls = control.get_attribute("class") or ""
     label = control.locator(".widget-label")
     name = (label.first.inner_text().strip() if label.count() else "") or "control"
-    if "widget-slider" in cls:
+    if control.locator(".noUi-handle").count():  # IntSlider, FloatSlider, SelectionSlider, ...
         handle, readout = control.locator(".noUi-handle").first, control.locator(".widget-readout")
 
         def value() -> str | None:
-            return readout.first.inner_text().strip() if readout.count() else handle.get_attribute("aria-valuenow")
+            if readout.count():
+                text = readout.first.evaluate("r => r.value !== undefined && r.tagName === 'INPUT' ? r.value : r.innerText")
+                return text.strip()
+            return handle.get_attribute("aria-valuenow")
 
         before = value()
         handle.focus()
@@ -311,7 +338,7 @@ def _move(control) -> str | None:
     return None
 
 
-def _wait_for_picture(page, path: str, box, busy_before: int, timeout: float = 300) -> str | None:
+def _wait_for_picture(page, path: str, tag: str, busy_before: int, timeout: float = 300) -> str | None:
     """The explorer's picture once the kernel has answered a move (it went busy and is idle again;
     10 s without going busy: the move sent nothing) and the page has drawn its last output."""
     start = time.monotonic()
@@ -320,20 +347,22 @@ def _wait_for_picture(page, path: str, box, busy_before: int, timeout: float = 3
         if (busy > busy_before and status == "idle") or (busy == busy_before and waited > 10) or waited > timeout:
             break
         time.sleep(0.1)
-    src, settle = _picture(box), time.monotonic() + 10
+    src, settle = _picture(page, tag), time.monotonic() + 10
     while time.monotonic() < settle:  # outputs are drawn after the kernel's idle message: wait for
         time.sleep(0.5)               # the picture to stay the same for half a second
-        src, last = _picture(box), src
+        src, last = _picture(page, tag), src
         if src == last:
             break
     return src
 
 
-def _traceback(box) -> str:
-    """The traceback an explorer shows under its controls, or ''."""
-    text = "\n".join(box.locator(':scope > .widget-output [data-mime-type="application/vnd.jupyter.stderr"]')
-                     .all_inner_texts())
-    return text if "Traceback" in text else ""
+def _complaint(box) -> str:
+    """What the explorer says under its controls (a setting it could not draw), or a traceback
+    printed in its cell, or ''."""
+    line = " ".join(box.locator(".course-explorer .widget-html").all_inner_texts()).strip()
+    stderr = "\n".join(box.locator('xpath=..').locator('[data-mime-type="application/vnd.jupyter.stderr"]')
+                       .all_inner_texts())
+    return line or (stderr if "Traceback" in stderr else "")
 
 
 # ----------------------------------------------------------------------------- the tests
@@ -368,7 +397,7 @@ def _check(page, path: str, shots: Path, timings: dict[str, float]) -> None:
     page.wait_for_function(RENDERED_JS, arg=path)
     saved = [w for w in page.evaluate(SAVED_WIDGETS_JS, path) if w["plain"].startswith(EXPLORER_TEXT)]
     for n, w in enumerate(saved, 1):
-        tag = w["tag"]
+        tag = w["tag"] + ("-picture" if w["mime"] == "image/png" else "")
         page.locator(f'[data-browser-test="{tag}"]').screenshot(path=shots / f"explorer-{n}-saved.png")
         if w["mime"] != "image/png":
             problems.append(
@@ -406,37 +435,55 @@ def _check(page, path: str, shots: Path, timings: dict[str, float]) -> None:
     panel_id = page.evaluate("(p) => window.__panels[p].id", path)
     if "Error displaying widget" in page.locator(f"#{panel_id}").inner_text():
         problems.append("a widget shows 'Error displaying widget'")
-    for tag, has_picture in live:
+    for tag, is_live, has_picture in live:
+        if not is_live:
+            problems.append(f"{tag}: its controls are not connected to the kernel")
+            continue
         problems += [f"{tag}: {p}" for p in _move_explorer(page, path, tag, has_picture, shots)]
     timings["close"] = time.monotonic()
     assert not problems, f"{name}:\n  " + "\n  ".join(problems)
 
 
+def _controls(box) -> list:
+    """The explorer's controls that a learner can see now (shown_if hides some), in order."""
+    # every child widget but the message line (a SelectionSlider's node lacks .jupyter-widgets)
+    found = box.locator(".course-explorer > .lm-Widget:not(.widget-html)")
+    return [found.nth(i) for i in range(found.count()) if found.nth(i).is_visible()]
+
+
 def _move_explorer(page, path: str, tag: str, has_picture: bool, shots: Path) -> list[str]:
-    """Move the explorer's controls one at a time until its picture changes; the problems found."""
+    """Move every control the learner can see, one at a time (controls that appear after a move
+    included): each move must redraw the picture, with no complaint. The problems found."""
     box = page.locator(f'[data-browser-test="{tag}"]')
     box.scroll_into_view_if_needed()
     box.screenshot(path=shots / f"{tag}-before.png")
     if not has_picture:
         return ["shows no picture after running"]
-    before, moves = _picture(box), []
-    for control in box.locator(":scope > .jupyter-widgets:not(.widget-output)").all():
+    problems, moved, before = [], set(), _picture(page, tag)
+    for _ in range(30):
+        todo = [c for c in _controls(box) if c.get_attribute("data-moved") is None]
+        if not todo:
+            break
+        control = todo[0]
+        control.evaluate("c => c.setAttribute('data-moved', '1')")
         busy = page.evaluate(KERNEL_JS, path)[1]
         move = _move(control)
         if move is None:
             continue
-        after = _wait_for_picture(page, path, box, busy)
-        moves.append(move)
-        traceback = _traceback(box)
-        if traceback:
-            (shots / f"{tag}-traceback.txt").write_text(traceback)
-            last = [line for line in traceback.splitlines() if line.strip()][-1][:300]
-            return [f"after moving {move}: {last} (whole traceback: {tag}-traceback.txt)"]
-        if not _same_picture(before, after):
-            box.screenshot(path=shots / f"{tag}-after.png")
-            return []
+        after = _wait_for_picture(page, path, tag, busy)
+        moved.add(move)
+        complaint = _complaint(box)
+        if complaint:
+            (shots / f"{tag}-complaint.txt").write_text(complaint)
+            last = [line for line in complaint.splitlines() if line.strip()][-1][:300]
+            return problems + [f"after moving {move}: {last} (whole text: {tag}-complaint.txt)"]
+        if _same_picture(before, after):
+            problems.append(f"moving {move} did not change the picture")
         before = after
-    return [f"no control changed the picture (moved: {'; '.join(moves) or 'nothing movable'})"]
+    page.locator(f'[data-browser-test="{tag}-picture"]').screenshot(path=shots / f"{tag}-after.png")
+    if not moved:
+        problems.append("no control could be moved")
+    return problems
 
 
 # ----------------------------------------------------------------------------- the test's own tests
@@ -459,27 +506,45 @@ explore(draw_line, n=IntSlider(value=2, min=1, max=5))"""
 
 
 def _selftest_notebook(name: str, cells: list[tuple[str, str | None]]) -> str:
-    """Write a notebook of code cells, each with a saved explorer output: "picture" (what explore()
-    leaves), "text" (what a bare interact() leaves) or None (no output). Returns its path."""
+    """Write a notebook of code cells, each with saved explorer outputs: "picture" (what explore()
+    leaves: controls, then the picture), "text" (what a bare interact() leaves) or None (no
+    output). Returns its path."""
     import nbformat
     from matplotlib.figure import Figure
 
     buf = io.BytesIO()
     Figure(figsize=(2, 1)).savefig(buf, format="png")
-    saved_data = {"picture": {"image/png": base64.b64encode(buf.getvalue()).decode(), "text/plain": "[explorer: x]"},
-                  "text": {"text/plain": "interactive(children=(IntSlider(value=2, description='n'),))"}}
+    picture = {"image/png": base64.b64encode(buf.getvalue()).decode(), "text/plain": "[explorer picture: x]"}
     nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
                                                            "language": "python"}})
     for i, (source, saved) in enumerate(cells):
         cell = nbformat.v4.new_code_cell(source)
-        if saved:
-            view = {"model_id": f"{i:032x}", "version_major": 2, "version_minor": 0}
-            data = {"application/vnd.jupyter.widget-view+json": view, **saved_data[saved]}
-            cell.outputs = [nbformat.v4.new_output("display_data", data=data)]
+        view = {"application/vnd.jupyter.widget-view+json": {"model_id": f"{i:032x}", "version_major": 2,
+                                                             "version_minor": 0}}
+        if saved == "picture":
+            cell.outputs = [nbformat.v4.new_output("display_data", data={**view, "text/plain": "[explorer: x]"}),
+                            nbformat.v4.new_output("display_data", data=picture)]
+        elif saved == "text":
+            text = "interactive(children=(IntSlider(value=2, description='n'),))"
+            cell.outputs = [nbformat.v4.new_output("display_data", data={**view, "text/plain": text})]
         nb.cells.append(cell)
     SELFTEST.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, SELFTEST / f"{name}.ipynb")
     return f"build/browser-test/{name}.ipynb"
+
+
+SELECTION_CELL = """import matplotlib.pyplot as plt
+from ipywidgets import IntSlider, SelectionSlider
+from helpers.explore import explore
+
+
+def pick(n=2, k="a"):
+    fig, ax = plt.subplots(figsize=(3, 2))
+    ax.plot([0, 1], [0, n])
+    return fig
+
+
+explore(pick, n=IntSlider(value=2, min=1, max=5), k=SelectionSlider(options=["a", "b", "c"], value="a"))"""
 
 
 def test_the_check_finds_each_faulty_explorer(page):
@@ -487,18 +552,52 @@ def test_the_check_finds_each_faulty_explorer(page):
         (EXPLORER_CELL.format(y="n"), "text"),  # works, but was saved without its picture
         (EXPLORER_CELL.format(y="1").replace("draw_line", "frozen"), "picture"),  # ignores its control
         (EXPLORER_CELL.format(y="n if n == 2 else 1 / 0").replace("draw_line", "broken"), "picture"),
+        (SELECTION_CELL, "picture"),  # its SelectionSlider changes nothing
     ])
     with pytest.raises(AssertionError) as failure:
         _open_check_close(page, path, SELFTEST / "faulty_explorers")
     message = str(failure.value)
     assert "cell 0: before running, the explorer shows 'interactive(children=" in message, message
     assert "explorer-1:" not in message, f"a working explorer was reported: {message}"
-    assert "explorer-2: no control changed the picture (moved: slider 'n' from 2 to 3)" in message, message
-    assert "explorer-3: after moving slider 'n' from 2 to 3: " in message, message
-    assert "ZeroDivisionError" in message, message
+    assert "explorer-2: moving slider 'n' from 2 to 3 did not change the picture" in message, message
+    assert "explorer-3: after moving slider 'n' from 2 to 3: cannot draw this setting: ZeroDivisionError" in message, message
+    # a SelectionSlider is moved too (its move here changes nothing, so it is reported)
+    assert "explorer-4: moving slider 'k' from a to b did not change the picture" in message, message
+    assert "explorer-4: moving slider 'n'" not in message, message
 
 
 def test_the_check_finds_a_failing_cell(page):
     path = _selftest_notebook("failing_cell", [(EXPLORER_CELL.format(y="n"), "picture"), ("1 / 0", None)])
     with pytest.raises(AssertionError, match=r"cells failed when run in the browser: .*ZeroDivisionError"):
         _open_check_close(page, path, SELFTEST / "failing_cell")
+
+
+def test_a_saved_copy_reopened_shows_the_last_picture(page):
+    """A learner moves a control, saves (trusted, no widget state) and reopens: the picture of
+    the last setting is there, not "Error displaying widget: model not found"."""
+    path = _selftest_notebook("saved_copy", [(EXPLORER_CELL.format(y="n"), None)])
+    page.evaluate(OPEN_JS, path)
+    try:
+        assert page.evaluate(RUN_ALL_JS, [path, RUN_TIMEOUT_S * 1000]) is True
+        page.wait_for_function(LIVE_READY_JS, arg=[path, 1], timeout=120_000)
+        (tag, _, _), = page.evaluate(LIVE_JS, path)
+        box = page.locator(f'[data-browser-test="{tag}"]')
+        first = _picture(page, tag)
+        busy = page.evaluate(KERNEL_JS, path)[1]
+        _move(_controls(box)[0])
+        moved = _wait_for_picture(page, path, tag, busy)
+        assert not _same_picture(first, moved)
+        page.evaluate(SAVE_JS, path)
+    finally:
+        page.evaluate(CLOSE_JS, path)
+    page.evaluate(OPEN_JS, path)
+    try:
+        page.wait_for_function(RENDERED_JS, arg=path)
+        reopened = page.evaluate("""(path) => {
+          const cell = window.__panels[path].content.widgets[0], out = cell.outputArea.widgets[1];
+          const img = out && out.node.querySelector('img');
+          return img && img.src;
+        }""", path)
+        assert _same_picture(reopened, moved), "the reopened copy does not show the last picture drawn"
+    finally:
+        page.evaluate(CLOSE_JS, path)
