@@ -2,7 +2,8 @@
 
 Shapes: B batch, T sequence length, H query heads, H_kv key/value heads (H divisible by H_kv),
 n_rep = g = H / H_kv query heads per key/value head, d = d_h the head width. Query head h reads
-key/value head ``h // n_rep``. For MLA (DeepSeek-V2/V3): a latent ``c_kv`` of width d_c
+key/value head ``h // n_rep``: the *grouped (consecutive)* layout, each key/value head serving a
+block of g consecutive query heads; ``x.repeat`` gives the *tiled* layout, ``h % H_kv``. For MLA (DeepSeek-V2/V3): a latent ``c_kv`` of width d_c
 (``kv_lora_rank``) and one RoPE key of width d_r (``rope_dim``) shared by all heads are what the
 cache holds.
 """
@@ -25,7 +26,8 @@ KINDS = ("mha", "gqa", "mqa", "mla")
 def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     """``[B, H_kv, T, d]`` -> ``[B, H_kv * n_rep, T, d]`` where head h is kv head ``h // n_rep``
     (exercise 6.1). The expand is a view (no copy); the reshape copies only because the result
-    must be one tensor of H heads. ``x.repeat(1, n_rep, 1, 1)`` would *tile* instead (h -> h % H_kv)."""
+    must be one tensor of H heads: the grouped (consecutive) layout ``[k0, k0, k1, k1]``.
+    ``x.repeat(1, n_rep, 1, 1)`` would give the tiled layout instead (h -> h % H_kv)."""
     if n_rep < 1:
         raise ValueError(f"n_rep must be a positive integer, got {n_rep}")
     B, H_kv, T, d = x.shape
@@ -176,24 +178,37 @@ def mla_attention(x: torch.Tensor, w: MLAWeights, causal: bool = True, absorbed:
 
 
 def mla_decode_costs(n_heads: int, head_dim: int, kv_lora_rank: int, rope_dim: int, context: int,
-                     absorbed: bool, n_queries: int = 1, dtype_bytes: int = 2) -> dict[str, int]:
+                     absorbed: bool, n_queries: int = 1, dtype_bytes: int = 2, batch: int = 1) -> dict[str, int]:
     """FLOPs and bytes of MLA's attention core for ``n_queries`` new queries per head against
-    ``context`` cached tokens (decode: n_queries = 1; prefill: n_queries = context), one layer,
-    batch 1. Projections that do not depend on the context (queries, the new token's latent,
-    W_O) are left out; the multiply-add counts 2.
+    ``context`` cached tokens (decode: n_queries = 1, or 2 with one drafted token; prefill:
+    n_queries = context), one layer, for ``batch`` sequences that each have their own cache.
+    Projections that do not depend on the context (queries, the new token's latent, W_O) are
+    left out; the multiply-add counts 2.
 
     Naive: up-project the whole cache to per-head keys and values (``4 T H d_c d_h``), then
     attend at width d_h (plus the shared RoPE key). Absorbed: move each query into the latent
     (``2 n_q H d_h d_c``), attend at width d_c + d_r, and bring the result back through W_UV
-    (``2 n_q H d_c d_h``). Bytes read: the cache, the up-projection weights, and (naive) the
-    per-head keys and values written out and read back once."""
+    (``2 n_q H d_c d_h``). Bytes read: each sequence's cache, the up-projection weights once for
+    the whole batch, and (naive) the per-head keys and values written out and read back once.
+    Absorbed, FLOPs per byte of cache tend to ``n_q H (2 d_c + d_r) / (d_c + d_r)`` (bf16) as
+    the context or the batch grows: :func:`mla_decode_intensity_limit`."""
     H, d_h, d_c, d_r, T, n = n_heads, head_dim, kv_lora_rank, rope_dim, context, n_queries
     cache = T * (d_c + d_r)
     weights = 2 * H * d_c * d_h                                    # W_UK and W_UV
     if absorbed:
         flops = 2 * n * H * d_h * d_c + 2 * n * H * T * (d_c + d_r) + 2 * n * H * T * d_c + 2 * n * H * d_c * d_h
-        values_read = cache + weights
+        per_sequence = cache
     else:
         flops = 4 * T * H * d_c * d_h + 2 * n * H * T * (d_h + d_r) + 2 * n * H * T * d_h
-        values_read = cache + weights + 2 * H * T * d_h            # per-head K and V read back
-    return {"flops": flops, "bytes": values_read * dtype_bytes}
+        per_sequence = cache + 2 * H * T * d_h                     # per-head K and V read back
+    return {"flops": batch * flops, "bytes": (batch * per_sequence + weights) * dtype_bytes}
+
+
+def mla_decode_intensity_limit(n_heads: int, kv_lora_rank: int, rope_dim: int, n_queries: int = 1,
+                               dtype_bytes: int = 2) -> float:
+    """FLOPs per byte of cache of absorbed MLA decoding, once the cache's bytes dominate (long
+    context or large batch): each cached latent serves all H heads, ``2 (d_c + d_r)`` FLOPs per
+    head and query for the scores and ``2 d_c`` for the values, against ``(d_c + d_r)`` numbers
+    read: ``2 n_q H (2 d_c + d_r) / ((d_c + d_r) * dtype_bytes)``."""
+    H, d_c, d_r = n_heads, kv_lora_rank, rope_dim
+    return 2 * n_queries * H * (2 * d_c + d_r) / ((d_c + d_r) * dtype_bytes)

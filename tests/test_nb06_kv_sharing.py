@@ -27,7 +27,7 @@ def test_all_lists_exactly_the_graded_functions():
         assert getattr(reference, name) is getattr(kv_sharing, name)
 
 
-def test_repeat_kv_interleaves_and_expand_is_a_view():
+def test_repeat_kv_groups_consecutive_heads_and_expand_is_a_view():
     x = torch.arange(3).view(1, 3, 1, 1).float()
     assert kv_sharing.repeat_kv(x, 2).flatten().tolist() == [0, 0, 1, 1, 2, 2]
     assert x.repeat(1, 2, 1, 1).flatten().tolist() == [0, 1, 2, 0, 1, 2]        # the tiling bug
@@ -107,6 +107,22 @@ def test_mla_decode_costs_count_what_flop_counter_counts():
     assert absorbed.get_total_flops() == kv_sharing.mla_decode_costs(H, d_h, d_c, d_r, T, absorbed=True)["flops"]
 
 
+
+def test_mla_decode_costs_batch_shares_the_weights_and_tends_to_the_limit():
+    H, d_h, d_c, d_r = 128, 128, 512, 64                                 # DeepSeek-V3
+    one = kv_sharing.mla_decode_costs(H, d_h, d_c, d_r, 4096, absorbed=True)
+    four = kv_sharing.mla_decode_costs(H, d_h, d_c, d_r, 4096, absorbed=True, batch=4)
+    weights = 2 * (2 * H * d_c * d_h)
+    assert four["flops"] == 4 * one["flops"] and four["bytes"] - weights == 4 * (one["bytes"] - weights)
+    limit = kv_sharing.mla_decode_intensity_limit(H, d_c, d_r)
+    assert limit == H * (2 * d_c + d_r) / (d_c + d_r) and round(limit) == 242
+    assert kv_sharing.mla_decode_intensity_limit(H, d_c, d_r, n_queries=2) == 2 * limit
+    costs = {T: kv_sharing.mla_decode_costs(H, d_h, d_c, d_r, T, absorbed=True) for T in (2**15, 2**17, 2**22)}
+    ratios = [c["flops"] / c["bytes"] for c in costs.values()]
+    assert ratios == sorted(ratios) and round(ratios[1]) == 198 and 0.99 * limit < ratios[-1] < limit
+    two = kv_sharing.mla_decode_costs(H, d_h, d_c, d_r, 2**17, absorbed=True, n_queries=2)
+    assert two["flops"] == 2 * costs[2**17]["flops"] and two["bytes"] == costs[2**17]["bytes"]
+
 # ============================================================ 6.1 repeat_kv
 
 # wrong: what a learner might write
@@ -132,7 +148,7 @@ def repeat_kv_float32(x, n_rep):
 
 
 # right: other styles than the reference
-def repeat_kv_interleave(x, n_rep):
+def repeat_kv_repeat_interleave(x, n_rep):
     return torch.repeat_interleave(x, n_rep, dim=1)
 
 
@@ -455,7 +471,7 @@ WRONG = {
 
 
 RIGHT = {
-    "repeat_kv": [repeat_kv_interleave, repeat_kv_index, repeat_kv_loop, repeat_kv_stack],
+    "repeat_kv": [repeat_kv_repeat_interleave, repeat_kv_index, repeat_kv_loop, repeat_kv_stack],
     "grouped_query_attention": [gqa_sdpa, gqa_grouped_einsum, gqa_loop_float64],
     "kv_values_per_token": [values_with_a_table, values_upper_case_ok],
     "mla_absorbed_scores": [mla_einsum, mla_three_operand_einsum_absorbed_order, mla_loop_over_heads_float64,

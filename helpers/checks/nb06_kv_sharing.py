@@ -1,8 +1,8 @@
 """Checks for notebook 06_kv_sharing: exercises 6.1-6.4.
 
 Every case and every output it is compared with is computed before the learner's function runs.
-Shapes: no two of B, H, H_kv, T, d (and d_c, d_h) are equal, and H_kv > 1 where tiling and
-interleaving must be told apart.
+Shapes: no two of B, H, H_kv, T, d (and d_c, d_h) are equal, and H_kv > 1 where the tiled and the
+grouped (consecutive) layouts of the key/value heads must be told apart.
 
 6.4 also runs the learner's function under the op-logging ``TorchDispatchMode`` that notebook 09's
 checks use (:class:`helpers.checks.instruments.OpLog`): its contract forbids forming the per-head keys
@@ -46,7 +46,7 @@ def repeat_kv(t: Trial) -> None:
         r"expanded size|must match the existing size": "insert a new axis for the copies first: "
         "x[:, :, None] is [B, H_kv, 1, T, d], which expands to [B, H_kv, n_rep, T, d].",
     }
-    # (B, H_kv, T, d, n_rep): H_kv > 1 first, so that tiling and interleaving differ.
+    # (B, H_kv, T, d, n_rep): H_kv > 1 first, so that the tiled and grouped layouts differ.
     shapes = [(2, 3, 5, 4, 2), (1, 2, 7, 6, 4), (3, 4, 2, 5, 6), (2, 3, 5, 4, 1), (1, 1, 6, 3, 5)]
     cases = []
     for i, (B, H_kv, T, d, n_rep) in enumerate(shapes):
@@ -84,10 +84,10 @@ def repeat_kv(t: Trial) -> None:
 # =========================================================================== 6.2
 
 
-def _gqa_model(q, k, v, causal: bool, heads: str = "interleave", scale: str = "d", mask: str = "ok") -> torch.Tensor:
+def _gqa_model(q, k, v, causal: bool, heads: str = "grouped", scale: str = "d", mask: str = "ok") -> torch.Tensor:
     """A learner's grouped-query attention in float64 with one mistake switched on."""
     H, H_kv, T, d = q.shape[1], k.shape[1], k.shape[2], q.shape[-1]
-    if heads == "tile":
+    if heads == "tiled":
         idx = torch.arange(H) % H_kv
     elif heads == "first":
         idx = torch.zeros(H, dtype=torch.long)
@@ -113,7 +113,7 @@ def _gqa_mistakes(q, k, v, causal: bool) -> dict[str, torch.Tensor]:
     models = {
         "the key/value heads are tiled (x.repeat on the heads axis): query head h read kv head h % H_kv. "
         "It must read kv head h // (H / H_kv): each kv head serves a block of consecutive query heads "
-        "(repeat_interleave, or expand + reshape).": m(heads="tile"),
+        "(repeat_interleave, or expand + reshape).": m(heads="tiled"),
         "every query head read kv head 0: each group of H / H_kv consecutive query heads has its own "
         "kv head, h // (H / H_kv).": m(heads="first"),
         "the scores are not scaled: divide q @ k^T by sqrt(d).": m(scale="none"),
