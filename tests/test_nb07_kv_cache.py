@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
-from helpers.configs import MODELS
+from helpers.configs import H100_SXM, MODELS
 from helpers.nb01_qkv_shapes import scaled_dot_product_attention
 from helpers.nb03_masks import causal_mask
 from helpers.nb05_multihead import multi_head_attention
@@ -22,9 +22,12 @@ from helpers.nb07_kv_cache import (
     empty_kv,
     kv_cache_bytes,
     merge_partials,
+    model_cache_bytes,
     prefill_decode_flops,
+    sequences_that_fit,
     split_k_decode,
 )
+from helpers.nb08_flops_memory import dense_param_count
 from tests.exercise_cases import assert_accepted, assert_rejected, right_cases, wrong_cases
 
 # ============================================================ the lesson code
@@ -48,6 +51,39 @@ def test_kv_cache_bytes_of_real_models():
         if cfg.kind in ("mha", "gqa", "mqa"):
             assert kv_cache_bytes(3, 100, cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, 2) == (
                 3 * 100 * cfg.n_layers * config_values_per_token(cfg) * 2)
+
+
+def test_model_cache_bytes_equals_exercise_formula_with_full_attention():
+    for cfg in MODELS.values():
+        if cfg.kind in ("mha", "gqa", "mqa") and not cfg.attention_chunk_size:
+            assert model_cache_bytes(cfg, 1000, batch=3) == kv_cache_bytes(
+                3, 1000, cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, 2)
+    ds = MODELS["DeepSeek-V3"]
+    assert model_cache_bytes(ds, 100, dtype_bytes=1) == 100 * ds.n_layers * (512 + 64)
+    llama = MODELS["Llama-3-8B"]
+    assert model_cache_bytes(llama, 10, values_per_token=7, dtype_bytes=4) == 10 * llama.n_layers * 7 * 4
+
+
+def test_model_cache_bytes_of_chunked_attention():
+    # Llama-4-Maverick: 12 full-attention layers hold every token, 36 chunked ones at most 8,192.
+    mav = MODELS["Llama-4-Maverick"]
+    per_token_layer = 2 * mav.n_kv_heads * mav.head_dim * 2                  # bf16 K and V
+    assert model_cache_bytes(mav, 8192) == 48 * 8192 * per_token_layer       # within one chunk: all equal
+    assert model_cache_bytes(mav, 131072) == (12 * 131072 + 36 * 8192) * per_token_layer
+    assert round(model_cache_bytes(mav, 131072) / 1e9, 2) == 7.65
+    full = kv_cache_bytes(1, 131072, mav.n_layers, mav.n_kv_heads, mav.head_dim, 2)
+    assert round(full / 1e9, 2) == 25.77
+    assert model_cache_bytes(mav, 131072, batch=2) == 2 * model_cache_bytes(mav, 131072)
+
+
+def test_sequences_that_fit():
+    assert sequences_that_fit(100, 30) == 3 and sequences_that_fit(100, 30, reserved=20) == 2
+    assert sequences_that_fit(100, 30, reserved=100) == 0 and sequences_that_fit(100, 30, reserved=150) == 0
+    # An H100 80GB as the device reports it, Llama-3-8B at 8k tokens (1 GiB each), bf16 weights.
+    weights = 2 * dense_param_count(MODELS["Llama-3-8B"])
+    assert sequences_that_fit(H100_SXM.memory, 2**30) == 79
+    assert sequences_that_fit(H100_SXM.memory, 2**30, weights) == 64
+    assert sequences_that_fit(80 * 10**9, 2**30, weights) == 59   # the "80 GB" label: a lower bound
 
 
 # --------------------------------------------------------------------------- 7.2
