@@ -64,6 +64,13 @@ def previous_token_scores(attn: torch.Tensor) -> torch.Tensor:
     return attn.diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=-1)
 
 
+def seen_token_mass(probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """probs ``[B, T, V]`` (the model's next-token probabilities at each position), tokens ``[B, T]``
+    -> ``[B, T]``: the probability position t gives to the tokens among ``tokens[:, :t+1]``."""
+    seen = F.one_hot(tokens, probs.shape[-1]).cumsum(dim=1) > 0  # [B, T, V]
+    return (probs * seen).sum(dim=-1)
+
+
 def mlp_width(d_model: int, multiple_of: int = 256) -> int:
     """The LLaMA-style SwiGLU width: ``2/3 * 4D``, rounded up to a multiple of ``multiple_of``, so
     that three ``D x F`` matrices hold about as many weights as a plain MLP's two ``D x 4D``."""
@@ -81,6 +88,27 @@ def repeated_sequences(n: int, m: int, vocab: int, generator: torch.Generator) -
         raise ValueError(f"need 1 <= m <= vocab for m distinct tokens, got m = {m}, vocab = {vocab}")
     first = torch.rand(n, vocab, generator=generator).argsort(dim=-1)[:, :m]
     return torch.cat((first, first), dim=1)
+
+
+def repeat_chance(m: int, m_range: tuple[int, int]) -> torch.Tensor:
+    """``[m - 1]``: at each position t = 0 .. m-2 of a first half (t + 1 distinct tokens seen, no
+    repeat yet), the probability that the next token starts the repeat when the half length is
+    drawn uniformly from ``m_range``: ``1 / (hi - t)`` once ``t + 1 >= lo``, else 0."""
+    lo, hi = m_range
+    if not lo <= m <= hi:
+        raise ValueError(f"m = {m} is outside m_range = {m_range}")
+    t = torch.arange(m - 1, dtype=torch.float64)
+    return torch.where(t + 1 >= lo, 1 / (hi - t), 0.0)
+
+
+def first_half_floor(vocab: int, m: int, m_range: tuple[int, int] | None = None) -> torch.Tensor:
+    """``[m - 1]``: the lowest expected loss (nats) at the positions t = 0 .. m-2 predicting a first
+    half's tokens 1 .. m-1. The t + 1 tokens seen cannot come next, so the best bet spreads evenly
+    over the other V - t - 1: ``ln(V - t - 1)``. A model that knows only that m was drawn from
+    ``m_range`` must also bet ``repeat_chance`` on the first token: ``- ln(1 - repeat_chance)`` more."""
+    t = torch.arange(m - 1, dtype=torch.float64)
+    floor = torch.log(vocab - t - 1)
+    return floor if m_range is None else floor - torch.log1p(-repeat_chance(m, m_range))
 
 
 # --------------------------------------------------------------------------- the model
@@ -110,15 +138,22 @@ class TinyConfig:
 
 def attention_block(x: torch.Tensor, w_qkv: torch.Tensor, w_o: torch.Tensor, n_heads: int, n_kv_heads: int,
                     cos: torch.Tensor, sin: torch.Tensor, allowed: torch.Tensor,
-                    keep: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    keep: torch.Tensor | None = None, x_k: torch.Tensor | None = None,
+                    x_v: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One self-attention layer with RoPE and grouped-query attention.
 
     x ``[B, T, D]``, w_qkv ``[D, (H + 2 H_kv) d_k]`` (columns Q, K, V), w_o ``[H d_k, D]``, RoPE
     tables cos, sin ``[T, d_k]`` (:func:`helpers.nb10_positions.rope_cos_sin`), allowed ``[T, T]`` bool
-    (the causal mask); keep ``[H]`` multiplies each head's output before W_O (0 ablates a head).
+    (the causal mask); keep ``[H]`` multiplies each head's output before W_O (0 ablates a head);
+    x_k, x_v ``[B, T, D]``, when given, replace x as the input of the keys, the values (path ablation).
     Returns ``(y [B, T, D], weights [B, H, T, T])``."""
     d_k = w_o.shape[0] // n_heads
-    q, k, v = (x @ w_qkv).split([n_heads * d_k, n_kv_heads * d_k, n_kv_heads * d_k], dim=-1)
+    sizes = [n_heads * d_k, n_kv_heads * d_k, n_kv_heads * d_k]
+    q, k, v = (x @ w_qkv).split(sizes, dim=-1)
+    if x_k is not None:  # path ablation: the keys read another input
+        k = (x_k @ w_qkv).split(sizes, dim=-1)[1]
+    if x_v is not None:
+        v = (x_v @ w_qkv).split(sizes, dim=-1)[2]
     q, k, v = split_heads(q, n_heads), split_heads(k, n_kv_heads), split_heads(v, n_kv_heads)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     n_rep = n_heads // n_kv_heads  # GQA (notebook 06): query head h reads key/value head h // n_rep
@@ -134,11 +169,15 @@ class TinyTransformer(nn.Module):
     """Token embedding -> L x (RMSNorm, attention with RoPE, residual; RMSNorm, SwiGLU MLP,
     residual) -> RMSNorm -> unembedding. No position embedding: RoPE carries order.
 
-    ``forward(tokens, record=None, ablate=(), allowed=None)``: tokens ``[B, T]`` -> logits
+    ``forward(tokens, record=None, ablate=(), allowed=None, paths=())``: tokens ``[B, T]`` -> logits
     ``[B, T, V]``. A list passed as ``record`` receives each layer's attention weights
     ``[B, H, T, T]`` (the hook that notebook 11 reads heads with); ``ablate`` is a collection of
     ``(layer, head)`` pairs whose output is zeroed before W_O; ``allowed`` ``[T, T]`` replaces the
-    causal mask (to test what a broken mask does). :meth:`from_embeddings` starts from x ``[B, T, D]``.
+    causal mask (to test what a broken mask does); ``paths`` is a collection of
+    ``(kind, layer, head)``, kind one of ``"q", "k", "v"``: that head's output is left out of the
+    residual stream from which every later layer computes its queries, keys or values, and only
+    those (a path ablation: the rest of the model still sees it). :meth:`from_embeddings` starts
+    from x ``[B, T, D]``.
     """
 
     def __init__(self, cfg: TinyConfig, generator: torch.Generator | None = None):
@@ -168,26 +207,40 @@ class TinyTransformer(nn.Module):
         self.final_norm = nn.Parameter(torch.ones(D))
         self.unembed = param(D, cfg.vocab, std=D**-0.5)
 
-    def forward(self, tokens: torch.Tensor, record: list | None = None,
-                ablate: Iterable[tuple[int, int]] = (), allowed: torch.Tensor | None = None) -> torch.Tensor:
-        return self.from_embeddings(self.embed[tokens], record, ablate, allowed)
+    def forward(self, tokens: torch.Tensor, record: list | None = None, ablate: Iterable[tuple[int, int]] = (),
+                allowed: torch.Tensor | None = None, paths: Iterable[tuple[str, int, int]] = ()) -> torch.Tensor:
+        return self.from_embeddings(self.embed[tokens], record, ablate, allowed, paths)
 
-    def from_embeddings(self, x: torch.Tensor, record: list | None = None,
-                        ablate: Iterable[tuple[int, int]] = (), allowed: torch.Tensor | None = None) -> torch.Tensor:
+    def from_embeddings(self, x: torch.Tensor, record: list | None = None, ablate: Iterable[tuple[int, int]] = (),
+                        allowed: torch.Tensor | None = None,
+                        paths: Iterable[tuple[str, int, int]] = ()) -> torch.Tensor:
         """x ``[B, T, D]`` (token embeddings) -> logits ``[B, T, V]``; arguments as :meth:`forward`."""
         cfg = self.cfg
         T = x.shape[1]
         cos, sin = rope_cos_sin(torch.arange(T, device=x.device), cfg.head_dim, cfg.rope_base, x.dtype)
         allowed = causal_mask(T, device=x.device) if allowed is None else allowed
-        ablate = set(ablate)
+        ablate, paths = set(ablate), set(paths)
+        if not {kind for kind, _, _ in paths} <= {"q", "k", "v"}:
+            raise ValueError(f"path kinds are 'q', 'k', 'v', got {paths}")
+        missing: dict[str, torch.Tensor] = {}  # "q", "k" or "v" -> what that stream lacks [B, T, D]
+
+        def heads(li: int, chosen) -> torch.Tensor:  # [H]: 1.0 on the chosen heads of layer li
+            return torch.tensor([1.0 if chosen(h) else 0.0 for h in range(cfg.n_heads)],
+                                dtype=x.dtype, device=x.device)
+
         for li, layer in enumerate(self.layers):
-            keep = None
-            if any(a[0] == li for a in ablate):
-                keep = torch.tensor([0.0 if (li, h) in ablate else 1.0 for h in range(cfg.n_heads)],
-                                    dtype=x.dtype, device=x.device)
+            keep = heads(li, lambda j: (li, j) not in ablate) if any(a[0] == li for a in ablate) else None
             h = F.rms_norm(x, (cfg.d_model,), layer.attn_norm)
-            y, weights = attention_block(h, layer.w_qkv, layer.w_o, cfg.n_heads, cfg.kv_heads,
-                                         cos, sin, allowed, keep)
+            h_q, h_k, h_v = (F.rms_norm(x - missing[kind], (cfg.d_model,), layer.attn_norm)
+                             if kind in missing else h for kind in "qkv")
+            args = (layer.w_qkv, layer.w_o, cfg.n_heads, cfg.kv_heads, cos, sin, allowed)
+            k_v = (None if h_k is h_q else h_k, None if h_v is h_q else h_v)  # None: read h_q
+            y, weights = attention_block(h_q, *args, keep, *k_v)
+            for kind in "qkv" if paths else ():  # the output of the heads cut from this kind's path
+                cut = heads(li, lambda j: (kind, li, j) in paths)
+                if cut.any():
+                    y_cut, _ = attention_block(h_q, *args, cut if keep is None else cut * keep, *k_v)
+                    missing[kind] = (missing[kind] + y_cut) if kind in missing else y_cut
             if record is not None:
                 record.append(weights.detach())
             x = x + y

@@ -179,6 +179,107 @@ def test_model_is_causal_records_and_ablates(kw):
     torch.testing.assert_close(all_heads_off, no_w_o)
 
 
+def test_repeat_chance_is_the_posterior_of_a_repeat():
+    lo, hi, m = 4, 10, 8
+    got = model.repeat_chance(m, (lo, hi))
+    for t in range(m - 1):  # t + 1 distinct tokens seen: m is uniform over the lengths >= t + 1
+        possible = [n for n in range(lo, hi + 1) if n >= t + 1]
+        assert math.isclose(got[t].item(), (t + 1 in possible) / len(possible))
+    with pytest.raises(ValueError, match="outside"):
+        model.repeat_chance(11, (lo, hi))
+
+
+def test_first_half_floor_is_the_bayes_optimal_loss():
+    V, m, m_range = 5, 3, (2, 3)
+    torch.testing.assert_close(model.first_half_floor(V, m),
+                               torch.log(torch.tensor([4.0, 3.0], dtype=torch.float64)))
+    # Enumerate the training distribution: m' uniform over m_range, then m' distinct tokens.
+    from itertools import permutations
+
+    train_set = [(first + first, 1 / len(firsts))  # (sequence, probability given its length)
+                 for n in range(m_range[0], m_range[1] + 1) for firsts in [list(permutations(range(V), n))]
+                 for first in firsts]
+
+    def predictive(prefix):  # p(next token | prefix) under the training distribution
+        p = torch.zeros(V, dtype=torch.float64)
+        for seq, prob in train_set:
+            if seq[:len(prefix)] == prefix:
+                p[seq[len(prefix)]] += prob
+        return p / p.sum()
+
+    losses = torch.zeros(m - 1, dtype=torch.float64)
+    evals = list(permutations(range(V), m))
+    for first in evals:  # the evaluation set: m fixed
+        for t in range(m - 1):
+            losses[t] -= predictive(first[:t + 1])[first[t + 1]].log() / len(evals)
+    torch.testing.assert_close(model.first_half_floor(V, m, m_range), losses)
+
+
+def test_seen_token_mass():
+    tokens = torch.tensor([[2, 0, 2]])
+    probs = torch.tensor([[[0.1, 0.2, 0.3, 0.4], [0.5, 0.1, 0.2, 0.2], [0.25, 0.25, 0.25, 0.25]]])
+    torch.testing.assert_close(model.seen_token_mass(probs, tokens), torch.tensor([[0.3, 0.7, 0.5]]))
+
+
+def test_attention_block_reads_keys_and_values_from_their_own_inputs():
+    m = _tiny(n_kv_heads=2)
+    layer = m.layers[0]
+    x, other = torch.randn(2, 2, 6, 24, generator=gen(9), dtype=torch.float64)
+    cos, sin = rope_cos_sin(torch.arange(6), 6, 10000.0, torch.float64)
+    args = (layer.w_qkv, layer.w_o, 4, 2, cos, sin, causal_mask(6))
+    y, w = model.attention_block(x, *args)
+    y_same, w_same = model.attention_block(x, *args, x_k=x, x_v=x)
+    torch.testing.assert_close((y_same, w_same), (y, w))
+    y_v, w_v = model.attention_block(x, *args, x_v=other)  # other values: same weights, other output
+    torch.testing.assert_close(w_v, w)
+    assert not torch.allclose(y_v, y)
+    _, w_k = model.attention_block(x, *args, x_k=other)  # other keys: other weights
+    assert not torch.allclose(w_k, w)
+
+
+@pytest.mark.parametrize("kw", [{}, {"n_kv_heads": 2}])
+def test_path_ablation(kw):
+    m = _tiny(**kw)
+    tokens = model.repeated_sequences(3, 5, 11, gen(10))
+    with torch.no_grad():
+        rec, rec_ablated, rec_qk = [], [], []
+        logits = m(tokens, record=rec)
+        m(tokens, record=rec_ablated, ablate=[(0, 1)])
+        qk = m(tokens, record=rec_qk, paths=[("q", 0, 1), ("k", 0, 1)])
+        # no later layer reads the last layer: cutting its paths changes nothing
+        assert torch.equal(m(tokens, paths=[(kind, 1, h) for kind in "qkv" for h in range(4)]), logits)
+        assert torch.equal(m(tokens, paths=()), logits)
+    # layer 2's weights depend on its queries and keys only: cutting both = ablating the head for them
+    torch.testing.assert_close(rec_qk[1], rec_ablated[1])
+    torch.testing.assert_close(rec_qk[0], rec[0])
+    assert not torch.allclose(qk, logits)
+    # the values' path, by hand: layer 2's values come from the stream without head 1 of layer 0
+    L0, L1 = m.layers
+    cos, sin = rope_cos_sin(torch.arange(10), 6, 10000.0, torch.float64)
+    H_kv = m.cfg.kv_heads
+    norm = torch.nn.functional.rms_norm
+    with torch.no_grad():
+        x = m.embed[tokens]
+        args0 = (L0.w_qkv, L0.w_o, 4, H_kv, cos, sin, causal_mask(10))
+        y0, _ = model.attention_block(norm(x, (24,), L0.attn_norm), *args0)
+        y0_head1, _ = model.attention_block(norm(x, (24,), L0.attn_norm), *args0,
+                                            torch.tensor([0.0, 1.0, 0.0, 0.0], dtype=torch.float64))
+        x1 = x + y0
+        y1, _ = model.attention_block(norm(x1, (24,), L1.attn_norm), L1.w_qkv, L1.w_o, 4, H_kv, cos, sin,
+                                      causal_mask(10), x_v=norm(x1 - y0_head1, (24,), L1.attn_norm))
+        expected = norm(x1 + y1, (24,), m.final_norm) @ m.unembed
+        torch.testing.assert_close(m(tokens, paths=[("v", 0, 1)]), expected)
+        # the queries' path alone: the keys still read the whole stream
+        _, w_q = model.attention_block(norm(x1 - y0_head1, (24,), L1.attn_norm), L1.w_qkv, L1.w_o, 4, H_kv,
+                                       cos, sin, causal_mask(10), x_k=norm(x1, (24,), L1.attn_norm),
+                                       x_v=norm(x1, (24,), L1.attn_norm))
+        rec_q = []
+        m(tokens, record=rec_q, paths=[("q", 0, 1)])
+        torch.testing.assert_close(rec_q[1], w_q)
+    with pytest.raises(ValueError, match="path kinds"):
+        m(tokens, paths=[("o", 0, 1)])
+
+
 def test_model_rejects_bad_sizes():
     with pytest.raises(ValueError, match="divisible|n_kv_heads"):
         model.TinyTransformer(model.TinyConfig(d_model=24, n_heads=4, n_kv_heads=3))
