@@ -77,6 +77,17 @@ def sliding_window_mask(T: int, window: int) -> torch.Tensor:
     return (j <= i) & (j > i - window)
 
 
+def chunked_causal_mask(T: int, chunk: int) -> torch.Tensor:
+    """``[T, T]`` bool, causal within fixed chunks: query i sees the keys ``j <= i`` of its own
+    chunk, ``j // chunk == i // chunk`` (Llama 4's chunked layers, ``attention_chunk_size``). Unlike
+    a sliding window, the view resets at each chunk boundary: the first token of a chunk sees only
+    itself. The same as ``packed_causal_mask`` of sequences of ``chunk`` tokens (the last one shorter)."""
+    if chunk < 1:
+        raise ValueError(f"chunk must be at least 1, got {chunk}")
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    return (j <= i) & (j // chunk == i // chunk)
+
+
 def find_mask_leaks(
     attention_fn: Callable[[torch.Tensor], torch.Tensor],
     allowed: torch.Tensor,

@@ -102,7 +102,8 @@ def rope_score_bound(distances: torch.Tensor, d: int, base: float = 10000.0) -> 
     """The long-range decay of RoPE (RoFormer, section 3.4.3): for relative distance ``r``,
     ``(2/d) * sum_{j=1..d/2} |S_j|`` with ``S_j = sum_{i<j} exp(1j * r * theta_i)``. It bounds the
     score ``|q . R(r) k|`` (up to the factor ``max_i |h_i - h_{i+1}|`` of the query and key
-    entries) and shrinks, with ripples, as ``r`` grows. distances ``[N]`` -> ``[N]`` float64."""
+    entries). It is not monotone in ``r``: it oscillates, and its mean over a range of distances
+    falls until it levels off. distances ``[N]`` -> ``[N]`` float64."""
     angles = distances.to(torch.float64)[:, None] * rope_frequencies(d, base)[None, :]  # [N, d/2]
     partial = torch.polar(torch.ones_like(angles), angles).cumsum(dim=-1)  # S_1 .. S_{d/2}
     return partial.abs().mean(dim=-1)

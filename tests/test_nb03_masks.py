@@ -95,6 +95,34 @@ def test_sliding_window_mask():
     assert masks.sliding_window_mask(T, 3).sum(-1).tolist() == [min(i + 1, 3) for i in range(T)]
 
 
+def test_chunked_causal_mask_is_causal_within_chunks():
+    T = 12
+    assert torch.equal(masks.chunked_causal_mask(T, T), masks.causal_mask(T))
+    assert torch.equal(masks.chunked_causal_mask(T, 100), masks.causal_mask(T))
+    assert torch.equal(masks.chunked_causal_mask(T, 1), torch.eye(T, dtype=torch.bool))
+    for chunk in (2, 4, 5):
+        m = masks.chunked_causal_mask(T, chunk)
+        assert m.shape == (T, T) and m.dtype == torch.bool
+        assert m.sum(-1).tolist() == [i % chunk + 1 for i in range(T)]  # resets at each boundary
+        lens = [chunk] * (T // chunk) + ([T % chunk] if T % chunk else [])
+        assert torch.equal(m, masks.packed_causal_mask(lens))
+        blocks = torch.block_diag(*[torch.ones(n, n, dtype=torch.bool) for n in lens])
+        assert torch.equal(m, masks.causal_mask(T) & blocks)  # causal AND block-diagonal
+        window = masks.sliding_window_mask(T, chunk)
+        assert not (m & ~window).any() and (window & ~m).any()  # inside the window, never equal
+
+
+def test_chunked_causal_mask_matches_attention_chunk_by_chunk():
+    T, chunk = 10, 4
+    q, k, v = _qkv(1, 2, T, 4, seed=5)
+    ours = scaled_dot_product_attention(q, k, v, masks.chunked_causal_mask(T, chunk))
+    pieces = [F.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
+              for qs, ks, vs in zip(*(t.split(chunk, dim=2) for t in (q, k, v)))]
+    torch.testing.assert_close(ours, torch.cat(pieces, dim=2))
+    with pytest.raises(ValueError, match="at least 1"):
+        masks.chunked_causal_mask(T, 0)
+
+
 def test_find_mask_leaks_on_torch_attention():
     T, D = 6, 8
     allowed = masks.causal_mask(T)

@@ -102,6 +102,13 @@ def test_rope_score_bound_decays_and_starts_at_its_maximum():
     assert bound[1000:].max() < bound[:3].min() / 2 and bound[1000:].mean() < bound[0] / 4
 
 
+def test_rope_score_bound_oscillates_and_falls_only_on_average():
+    bound = positions.rope_score_bound(torch.arange(0, 10001), 128)
+    assert (bound[1:] > bound[:-1]).sum() > 1000  # it goes up at many steps: not monotone
+    decades = [bound[10**e:10 ** (e + 1)].mean() for e in range(4)]
+    assert all(a > b for a, b in zip(decades, decades[1:]))
+
+
 def test_sinusoidal_embeddings_layout_and_relative_shift_is_linear():
     pe = positions.sinusoidal_embeddings(50, 16)
     assert pe.shape == (50, 16) and pe.dtype == torch.float32
