@@ -12,6 +12,7 @@ import contextlib
 import math
 import time
 import weakref
+from pathlib import Path
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -61,12 +62,30 @@ def ffn_flops(n: int, d_model: int, d_ff: int, gated: bool = True) -> int:
 PLAIN_MLP = frozenset({"Transformer (base)", "GPT-2 small", "Falcon-7B", "Falcon-40B"})
 
 
-def layer_flops(n: int, cfg) -> dict[str, int]:
+def chunked_attention_flops(n: int, chunk: int, d_model: int, n_heads: int, n_kv_heads: int,
+                            head_dim: int) -> dict[str, int]:
+    """FLOPs of one *chunked* attention layer on n tokens (Llama 4's local layers): every token
+    attends only to the tokens of its own chunk of ``chunk`` tokens, so the layer is
+    :func:`attention_flops` applied to each chunk, summed: ``n // chunk`` full chunks and one of
+    ``n % chunk``. Same keys; the projections equal the full layer's, the core grows as
+    ``n * chunk`` instead of ``n^2`` once n passes the chunk."""
+    full, rest = divmod(n, chunk)
+    one = attention_flops(chunk, d_model, n_heads, n_kv_heads, head_dim)
+    last = attention_flops(rest, d_model, n_heads, n_kv_heads, head_dim)
+    return {k: full * one[k] + last[k] for k in one}
+
+
+def layer_flops(n: int, cfg, chunked: bool = False) -> dict[str, int]:
     """One transformer layer of a :class:`helpers.configs.ModelConfig` (its dense MLP of width
     d_ff: SwiGLU, or a plain two-matrix MLP for the models in ``PLAIN_MLP``) on n tokens, by part:
     ``projections`` (Q, K, V, O), ``core`` (scores, scale + softmax, weighted values), ``ffn``,
-    ``total``. Counted as GQA/MQA/MHA: not for MLA, whose projections are low-rank."""
-    a = attention_flops(n, cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim)
+    ``total``. Full attention, or with ``chunked=True`` one of cfg's chunked layers (attention
+    within chunks of ``cfg.attention_chunk_size`` tokens; a model without them has none: error).
+    Counted as GQA/MQA/MHA: not for MLA, whose projections are low-rank."""
+    dims = (cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim)
+    if chunked and not cfg.attention_chunk_size:
+        raise ValueError(f"{cfg.name} has no chunked attention layers (attention_chunk_size is 0)")
+    a = chunked_attention_flops(n, cfg.attention_chunk_size, *dims) if chunked else attention_flops(n, *dims)
     parts = {
         "projections": a["q_proj"] + a["k_proj"] + a["v_proj"] + a["o_proj"],
         "core": a["scores"] + a["softmax"] + a["weighted_values"],
@@ -76,10 +95,13 @@ def layer_flops(n: int, cfg) -> dict[str, int]:
     return parts
 
 
-def crossover(linear_per_token: int, quadratic_per_token2: int) -> int:
+def crossover(linear_per_token: int, quadratic_per_token2: int, chunk: int = 0) -> int | None:
     """The smallest n at which ``quadratic_per_token2 * n^2`` reaches ``linear_per_token * n``:
-    ``ceil(linear / quadratic)``, in integers (no float rounding)."""
-    return -(-linear_per_token // quadratic_per_token2)
+    ``ceil(linear / quadratic)``, in integers (no float rounding). With ``chunk`` > 0 the quadratic
+    term is a chunked layer's, which stops growing faster than n at the chunk length (per token it
+    never exceeds ``quadratic * chunk``): the same n if it is at most ``chunk``, else None (never)."""
+    n = -(-linear_per_token // quadratic_per_token2)
+    return None if chunk and n > chunk else n
 
 
 # --------------------------------------------------------------------------- memory
@@ -160,32 +182,52 @@ def torch_threads(n: int):
         torch.set_num_threads(before)
 
 
-def best_seconds(fn, repeats: int = 5) -> float:
+def best_seconds(fn, repeats: int = 5, clock=time.perf_counter) -> float:
     """Seconds of the fastest of ``repeats`` calls of ``fn()``, after one untimed warm-up call
-    (allocations, thread pool): the least disturbed run on a shared machine."""
+    (allocations, thread pool): the least disturbed run on a shared machine. ``clock`` is
+    wall-clock time by default; ``time.thread_time`` counts only the CPU time of this thread, which
+    leaves out the time other programs hold the core (right only for work done on this thread:
+    inside ``torch_threads(1)``)."""
     fn()
     best = math.inf
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = clock()
         fn()
-        best = min(best, time.perf_counter() - start)
+        best = min(best, clock() - start)
     return best
 
 
-def measure_matmul_flops(n: int = 1024, repeats: int = 3, dtype: torch.dtype = torch.float32) -> float:
-    """FLOP/s of an ``[n x n] @ [n x n]`` matmul on the CPU (best of ``repeats``)."""
+def measure_matmul_flops(n: int = 1024, repeats: int = 3, dtype: torch.dtype = torch.float32,
+                         clock=time.perf_counter) -> float:
+    """FLOP/s of an ``[n x n] @ [n x n]`` matmul on the CPU (best of ``repeats``, timed by
+    ``clock``: see :func:`best_seconds`)."""
     g = torch.Generator().manual_seed(0)
     a, b = (torch.randn(n, n, generator=g, dtype=dtype) for _ in range(2))
     out = torch.empty(n, n, dtype=dtype)
-    return matmul_flops(n, n, n) / best_seconds(lambda: torch.mm(a, b, out=out), repeats)
+    return matmul_flops(n, n, n) / best_seconds(lambda: torch.mm(a, b, out=out), repeats, clock)
 
 
-def measure_copy_bandwidth(nbytes: int = 64 * 2**20, repeats: int = 3) -> float:
+def measure_copy_bandwidth(nbytes: int = 64 * 2**20, repeats: int = 3, clock=time.perf_counter) -> float:
     """Bytes/s moved by copying a large float32 buffer into another (read + write both counted;
-    best of ``repeats``). The destination is allocated first, so page faults are not timed."""
+    best of ``repeats``, timed by ``clock``: see :func:`best_seconds`). The destination is
+    allocated first, so page faults are not timed."""
     src = torch.ones(nbytes // 4)
     dst = torch.empty_like(src)
-    return 2 * src.nbytes / best_seconds(lambda: dst.copy_(src), repeats)
+    return 2 * src.nbytes / best_seconds(lambda: dst.copy_(src), repeats, clock)
+
+
+LLC_SYSFS = "/sys/devices/system/cpu/cpu0/cache/index3/size"  # Linux: CPU 0's level-3 cache
+
+
+def last_level_cache_bytes(path: str = LLC_SYSFS) -> int | None:
+    """Bytes of the last-level (L3) cache from Linux's sysfs, where the size reads like ``"32768K"``
+    (K, M or G: binary units); None where the file is missing (not Linux, or no L3)."""
+    try:
+        text = Path(path).read_text().strip()
+    except OSError:
+        return None
+    scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:].upper(), 1)
+    return int(text.rstrip("KMGkmg")) * scale
 
 
 class PeakMemory(TorchDispatchMode):

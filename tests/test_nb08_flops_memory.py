@@ -5,13 +5,14 @@ ones in other styles they must accept (RIGHT)."""
 
 import math
 import random
+import time
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from helpers.configs import MODELS
+from helpers.configs import H100_SXM, MODELS
 from helpers.nb01_qkv_shapes import merge_heads, scaled_dot_product_attention, split_heads
 from helpers.nb06_kv_sharing import repeat_kv
 from helpers.nb08_flops_memory import (
@@ -20,14 +21,18 @@ from helpers.nb08_flops_memory import (
     PeakMemory,
     attention_flops,
     attention_step_costs,
+    best_seconds,
     both_units,
+    chunked_attention_flops,
     crossover,
     dense_param_count,
     ffn_flops,
+    last_level_cache_bytes,
     layer_flops,
     matmul_flops,
     max_seq_len_for_scores,
     score_matrix_bytes,
+    torch_threads,
 )
 from tests.exercise_cases import assert_accepted, assert_rejected, right_cases, wrong_cases
 
@@ -66,6 +71,77 @@ def test_crossover_is_the_first_n_where_the_quadratic_term_wins():
     for lin, quad in [(125_829_120, 20_720), (10, 3), (9, 3), (1, 1), (7, 100)]:
         n = crossover(lin, quad)
         assert quad * n * n >= lin * n and (n == 1 or quad * (n - 1) ** 2 < lin * (n - 1))
+
+
+def test_chunked_layer_is_the_full_layer_below_one_chunk_and_linear_past_it():
+    dims = (64, 8, 2, 8)
+    for n in (1, 15, 16):
+        assert chunked_attention_flops(n, 16, *dims) == attention_flops(n, *dims)
+    a, b = chunked_attention_flops(40, 16, *dims), attention_flops(40, *dims)  # 16 + 16 + 8 tokens
+    core = ("scores", "softmax", "weighted_values")
+    assert all(a[k] == b[k] for k in ("q_proj", "k_proj", "v_proj", "o_proj"))
+    assert all(a[k] * 40**2 == b[k] * (16**2 + 16**2 + 8**2) for k in core)
+    doubled = chunked_attention_flops(64, 16, *dims)  # whole chunks: the core grows as n * chunk
+    assert all(doubled[k] == 2 * chunked_attention_flops(32, 16, *dims)[k] for k in doubled)
+
+
+def test_chunked_formula_equals_flop_counter_on_attention_chunk_by_chunk():
+    n, chunk, d, H, H_kv, d_h = 23, 8, 24, 4, 2, 6
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(1, n, d, generator=g)
+    w_q, w_k, w_v = (torch.randn(d, h * d_h, generator=g) for h in (H, H_kv, H_kv))
+    w_o = torch.randn(H * d_h, d, generator=g)
+    with FlopCounterMode(display=False) as counter:
+        for x_c in x.split(chunk, dim=1):  # each chunk attends only to itself
+            q, k, v = split_heads(x_c @ w_q, H), split_heads(x_c @ w_k, H_kv), split_heads(x_c @ w_v, H_kv)
+            merge_heads(scaled_dot_product_attention(q, repeat_kv(k, H // H_kv), repeat_kv(v, H // H_kv))) @ w_o
+    f = chunked_attention_flops(n, chunk, d, H, H_kv, d_h)
+    assert counter.get_total_flops() == f["total"] - f["softmax"]
+
+
+def test_maverick_at_long_context_full_and_chunked_layers():
+    full, local = layer_flops(131072, MAVERICK), layer_flops(131072, MAVERICK, chunked=True)
+    assert round(100 * full["core"] / full["total"], 1) == 81.2
+    assert round(100 * local["core"] / local["total"], 1) == 21.2
+    assert local["core"] * 1024 == full["core"] * 64 and local["ffn"] == full["ffn"]
+    assert layer_flops(8192, MAVERICK, chunked=True) == layer_flops(8192, MAVERICK)
+    with pytest.raises(ValueError, match="no chunked attention"):
+        layer_flops(10, MODELS["Llama-3-8B"], chunked=True)
+
+
+def test_crossover_of_a_chunked_layer_is_the_full_one_within_a_chunk_else_never():
+    for lin, quad, chunk in [(100, 3, 40), (100, 3, 34), (100, 3, 33), (125_829_120, 20_720, 8192),
+                             (629_145_600, 20_720, 8192)]:
+        full = crossover(lin, quad)
+        cost = {n: quad * sum(len(c) ** 2 for c in torch.arange(n).split(chunk)) for n in range(1, 3 * chunk)} \
+            if chunk < 100 else None
+        expected = full if full <= chunk else None
+        assert crossover(lin, quad, chunk) == expected
+        if cost is not None:  # brute force: the first n where the chunked core reaches lin * n
+            first = next((n for n, c in cost.items() if c >= lin * n), None)
+            assert first == expected
+
+
+def test_h100_fits_more_than_the_label_says():
+    assert max_seq_len_for_scores(H100_SXM.memory, 1, 40, 2) == 32695
+    assert max_seq_len_for_scores(80 * GB, 1, 40, 2) == 31622
+    assert 80 * GB < H100_SXM.memory < score_matrix_bytes(1, 40, 32768, 2)
+
+
+def test_thread_clock_counts_no_more_than_the_wall_clock():
+    a = torch.randn(256, 256)
+    with torch_threads(1):  # the work runs on this thread, so its CPU clock sees it
+        start = time.perf_counter()
+        cpu = best_seconds(lambda: a @ a, 3, time.thread_time)
+        wall = time.perf_counter() - start  # a warm-up and 3 timed calls
+    assert 0 < cpu <= wall / 3  # the fastest of 3 is at most their mean, and CPU time <= wall time
+
+
+def test_last_level_cache_bytes_reads_sysfs_sizes(tmp_path):
+    for text, expected in [("32768K\n", 32 * 2**20), ("8M", 8 * 2**20), ("1G", 2**30), ("512", 512)]:
+        (tmp_path / "size").write_text(text)
+        assert last_level_cache_bytes(str(tmp_path / "size")) == expected
+    assert last_level_cache_bytes(str(tmp_path / "missing")) is None
 
 
 def test_score_matrix_bytes_sources():
