@@ -12,6 +12,6 @@ which makes ``import triton`` safe on a CPU in any order (``helpers.runtime``).
 
 from .runtime import install_import_hook
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 install_import_hook()

@@ -75,6 +75,18 @@ def config_values_per_token(cfg) -> int:
     return kv_values_per_token(cfg.kind, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.kv_lora_rank, cfg.rope_dim)
 
 
+def model_cache_bytes(cfg, seq_len: int, batch: int = 1, dtype_bytes: int = 2,
+                      values_per_token: int | None = None) -> int:
+    """Bytes of the K/V cache of a whole model (a :class:`helpers.configs.ModelConfig`) holding
+    ``batch`` sequences of ``seq_len`` tokens: ``B * cfg.cached_tokens(T) * values * dtype_bytes``,
+    where ``values`` is what one token caches per layer (default the model's own,
+    :func:`config_values_per_token`; pass another to price a variant). ``cached_tokens`` sums the
+    tokens each layer holds: T for a full-attention layer, at most one chunk for a chunked one
+    (Llama 4). With full attention everywhere it equals notebook 07's ``kv_cache_bytes``."""
+    values = config_values_per_token(cfg) if values_per_token is None else values_per_token
+    return batch * cfg.cached_tokens(seq_len) * values * dtype_bytes
+
+
 def kv_group_of(n_heads: int, n_kv_heads: int) -> list[int]:
     """For each query head h, the key/value head it reads: ``h // (H / H_kv)``."""
     if n_heads % n_kv_heads:

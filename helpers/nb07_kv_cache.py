@@ -11,7 +11,6 @@ import torch
 
 from .nb01_qkv_shapes import merge_heads, qkv_projection, scaled_dot_product_attention
 from .nb03_masks import causal_mask, finite_or_zero, padding_mask
-from .nb06_kv_sharing import config_values_per_token
 from .nb09_flash_attention import flash_attention_tiled
 
 __all__ = ["kv_cache_bytes", "decode_step", "prefill_decode_flops"]  # the exercises' functions
@@ -23,18 +22,6 @@ def kv_cache_bytes(batch: int, seq_len: int, n_layers: int, n_kv_heads: int, hea
     the H_kv key/value heads stores one key and one value of d_h numbers:
     ``2 * B * T * L * H_kv * d_h * dtype_bytes``."""
     return 2 * batch * seq_len * n_layers * n_kv_heads * head_dim * dtype_bytes
-
-
-def model_cache_bytes(cfg, seq_len: int, batch: int = 1, dtype_bytes: int = 2,
-                      values_per_token: int | None = None) -> int:
-    """Bytes of the K/V cache of a whole model (a :class:`helpers.configs.ModelConfig`) holding
-    ``batch`` sequences of ``seq_len`` tokens: ``B * cfg.cached_tokens(T) * values * dtype_bytes``,
-    where ``values`` is what one token caches per layer (default the model's own, notebook 06's
-    ``config_values_per_token``; pass another to price a variant). ``cached_tokens`` sums the
-    tokens each layer holds: T for a full-attention layer, at most one chunk for a chunked one
-    (Llama 4). With full attention everywhere it equals :func:`kv_cache_bytes`."""
-    values = config_values_per_token(cfg) if values_per_token is None else values_per_token
-    return batch * cfg.cached_tokens(seq_len) * values * dtype_bytes
 
 
 def sequences_that_fit(memory: int, per_sequence: int, reserved: int = 0) -> int:

@@ -18,7 +18,6 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from ipywidgets import Dropdown, IntSlider, fixed  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
 
 from helpers import explore as ex  # noqa: E402
 from helpers.tools import notebooks as nbtools  # noqa: E402

@@ -14,7 +14,7 @@ from helpers.configs import H100_SXM, MODELS
 from helpers.nb01_qkv_shapes import scaled_dot_product_attention
 from helpers.nb03_masks import causal_mask
 from helpers.nb05_multihead import multi_head_attention
-from helpers.nb06_kv_sharing import config_values_per_token, grouped_query_attention
+from helpers.nb06_kv_sharing import config_values_per_token, grouped_query_attention, model_cache_bytes
 from helpers.nb07_kv_cache import (
     KVCache,
     cached_attention,
@@ -22,7 +22,6 @@ from helpers.nb07_kv_cache import (
     empty_kv,
     kv_cache_bytes,
     merge_partials,
-    model_cache_bytes,
     prefill_decode_flops,
     sequences_that_fit,
     split_k_decode,

@@ -158,6 +158,27 @@ def test_bootstrap_does_nothing_outside_colab(monkeypatch):
     assert calls == []
 
 
+def test_bootstrap_pins_the_course_version_and_fails_in_one_line(monkeypatch):
+    """The cell installs the tag of the version the notebook came from; when pip fails (no
+    network, an unpublished address) it stops with one line saying what to do, not a
+    CalledProcessError traceback."""
+    import types
+
+    failed = subprocess.CompletedProcess([], 1, "", "ERROR: Could not find a version\nfatal: repository not found\n")
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: failed)
+    monkeypatch.setitem(sys.modules, "google", types.ModuleType("google"))
+    monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
+    with pytest.raises(SystemExit) as stop:
+        exec(nbtools.bootstrap_source(), {})
+    message = str(stop.value)
+    assert "\n" not in message and "fatal: repository not found" in message and "internet" in message
+    assert nbtools.course_version() in message and nbtools.repo_url() in message
+    assert f'"{nbtools.repo_url()}", "{nbtools.course_version()}"' in nbtools.bootstrap_source()
+    import helpers
+
+    assert helpers.__version__ == nbtools.course_version(), "helpers.__version__ and pyproject.toml differ"
+
+
 @pytest.fixture(scope="module")
 def installed_package(tmp_path_factory) -> Path:
     """The course installed as a package (`pip install --no-deps --target`), once for the tests that
@@ -183,17 +204,18 @@ def test_bootstrap_on_colab_installs_helpers_and_keeps_torch(monkeypatch, tmp_pa
     import torch
 
     calls = []
-    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: calls.append(cmd))
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: calls.append(cmd) or subprocess.CompletedProcess(cmd, 0))
     monkeypatch.setitem(sys.modules, "google", types.ModuleType("google"))
     monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
     exec(nbtools.bootstrap_source(), {})
     assert len(calls) == 1
     cmd = calls[0]
     assert cmd[:4] == [sys.executable, "-m", "pip", "install"]
-    assert f"git+{nbtools.repo_url()}" in cmd and f"torch=={torch.__version__}" in cmd
+    pinned = f"attention-course @ git+{nbtools.repo_url()}@v{nbtools.course_version()}"
+    assert pinned in cmd and f"torch=={torch.__version__}" in cmd, cmd
     monkeypatch.undo()
 
-    local = [str(ROOT) if c == f"git+{nbtools.repo_url()}" else c for c in cmd]
+    local = [str(ROOT) if c == pinned else c for c in cmd]
     report = tmp_path / "report.json"
     subprocess.run([*local, "--dry-run", "--report", str(report)], check=True, capture_output=True)
     to_install = {item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]}

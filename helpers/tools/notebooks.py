@@ -38,8 +38,8 @@ BOOTSTRAP_TAG = "colab-bootstrap"
 EMPTY_ANSWER = "**Your answer:** _double-click this cell and write it here._"
 
 BOOTSTRAP_TEMPLATE = '''\
-# Colab bootstrap (identical in every notebook): on Colab, install the course's helpers package
-# from the repository, keeping Colab's own torch; anywhere else this cell does nothing.
+# Colab bootstrap (identical in every notebook): on Colab, install the course's helpers package at
+# the version this notebook belongs to, keeping Colab's own torch; anywhere else it does nothing.
 import sys
 
 if "google.colab" in sys.modules:
@@ -47,9 +47,16 @@ if "google.colab" in sys.modules:
 
     import torch
 
-    REPO = "{repo}"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", f"git+{{REPO}}",
-                    f"torch=={{torch.__version__}}"], check=True)'''
+    REPO, VERSION = "{repo}", "{version}"
+    SOURCE = f"attention-course @ git+{{REPO}}@v{{VERSION}}"
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", SOURCE,
+                          f"torch=={{torch.__version__}}"], capture_output=True, text=True)
+    if pip.returncode:
+        said = (pip.stderr.strip().splitlines() or ["no message"])[-1]
+        raise SystemExit(
+            f"Could not install the course's helpers {{VERSION}} from {{REPO}} ({{said}}). "
+            "Check that this runtime is connected to the internet and run this cell again; "
+            "if the address is wrong, open the notebook from the course's README.")'''
 
 
 def repo_url() -> str:
@@ -58,9 +65,15 @@ def repo_url() -> str:
         return tomllib.load(f)["project"]["urls"]["Repository"]
 
 
-def bootstrap_source(repo: str | None = None) -> str:
+def course_version() -> str:
+    """The course's version from ``pyproject.toml`` (the bootstrap installs its tag, ``v<version>``)."""
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)["project"]["version"]
+
+
+def bootstrap_source(repo: str | None = None, version: str | None = None) -> str:
     """The source of the Colab bootstrap cell."""
-    return BOOTSTRAP_TEMPLATE.format(repo=repo or repo_url())
+    return BOOTSTRAP_TEMPLATE.format(repo=repo or repo_url(), version=version or course_version())
 
 
 def colab_url(path: str | Path, repo: str | None = None, branch: str = "main") -> str:
