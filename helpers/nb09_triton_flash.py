@@ -15,7 +15,10 @@ the interpreter's bf16 ``tl.dot`` is wrong), causal or not. Grouped-query attent
 kv head ``h // (H // H_kv)`` through strides: K and V are never expanded. Without a CUDA GPU the
 kernels run in Triton's interpreter (slow, for learning and tests); with one, they are autotuned.
 
-The kernels use plain pointer arithmetic and masks (no tensor descriptors), for Triton 3.6 and later.
+Loads: K and V (and the backward's streamed Q and dO) come through tensor descriptors
+(``tl.make_tensor_descriptor``, the Hopper TMA copy engine) on sm_90 and newer, through pointer
+grids and masks elsewhere (``USE_TMA``, ``_tma_for``: the one place that decides); both paths are
+exact in the interpreter. For Triton 3.6 and later.
 """
 
 from __future__ import annotations
@@ -60,24 +63,29 @@ INTERPRETER_BLOCKS = {"fwd": (32, 32), "dkdv": (32, 32), "dq": (32, 32)}
 @triton.jit
 def _fwd_inner(
     acc, l_i, m_i, q,  # running state of this query block, and the block itself
-    k_ptrs, v_ptrs, stride_kn, stride_vn,
+    k_src, v_src, stride_kn, stride_vn,  # K/V: tensor descriptors (TMA) or pointer grids
     offs_m, offs_n, lo, hi, N_K, qk_scale,
     BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     """Fold key blocks [lo, hi) into (acc, l_i, m_i). MASKED blocks mask keys j >= N_K and,
     if CAUSAL, keys j > i; unmasked blocks skip that work (and their loads need no bounds check)."""
-    k_ptrs += lo * stride_kn
-    v_ptrs += lo * stride_vn
+    if not TMA:
+        k_src += lo * stride_kn
+        v_src += lo * stride_vn
     # lesson: inner-loop
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         # -- load one key/value block [BLOCK_N, HEAD_DIM]
-        if MASKED:
-            k = tl.load(k_ptrs, mask=(cols < N_K)[:, None], other=0.0)
-            v = tl.load(v_ptrs, mask=(cols < N_K)[:, None], other=0.0)
+        if TMA:  # one copy by the tensor memory accelerator; rows past N_K arrive as zeros
+            k = k_src.load([start_n, 0])
+            v = v_src.load([start_n, 0])
+        elif MASKED:
+            k = tl.load(k_src, mask=(cols < N_K)[:, None], other=0.0)
+            v = tl.load(v_src, mask=(cols < N_K)[:, None], other=0.0)
         else:
-            k = tl.load(k_ptrs)
-            v = tl.load(v_ptrs)
+            k = tl.load(k_src)
+            v = tl.load(v_src)
         # -- scores in log2 units: s * log2(e), since qk_scale = sm_scale * log2(e)  [BLOCK_M, BLOCK_N]
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         if MASKED:
@@ -99,8 +107,9 @@ def _fwd_inner(
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
         m_i = m_ij
         # lesson: end inner-loop
-        k_ptrs += BLOCK_N * stride_kn
-        v_ptrs += BLOCK_N * stride_vn
+        if not TMA:
+            k_src += BLOCK_N * stride_kn
+            v_src += BLOCK_N * stride_vn
     return acc, l_i, m_i
 
 
@@ -113,9 +122,10 @@ def _attn_fwd(
     stride_oz, stride_oh, stride_om, stride_od,
     H, N_Q, N_K, GROUP,
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr = False,
 ):
-    """One program = BLOCK_M query rows of one (batch, head). Grid: (cdiv(N_Q, BLOCK_M), B * H)."""
+    """One program = BLOCK_M query rows of one (batch, head). Grid: (cdiv(N_Q, BLOCK_M), B * H).
+    TMA: K and V arrive through tensor descriptors (Hopper's copy engine) instead of pointer grids."""
     # -- which tile: causal blocks lower down see more keys, so launch those first (better balance)
     # lesson: program-ids
     start_m = tl.program_id(0)
@@ -130,9 +140,17 @@ def _attn_fwd(
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     q_ptrs = Q + off_z * stride_qz + off_h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
-    k_ptrs = K + off_z * stride_kz + off_hkv * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
-    v_ptrs = V + off_z * stride_vz + off_hkv * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
     # lesson: end program-ids
+    # lesson: kv-sources
+    k_base = K + off_z * stride_kz + off_hkv * stride_kh  # this (batch, kv head)'s [N_K, HEAD_DIM] keys
+    v_base = V + off_z * stride_vz + off_hkv * stride_vh
+    if TMA:  # a descriptor: base, shape, strides and tile; the hardware computes the addresses
+        k_src = tl.make_tensor_descriptor(k_base, [N_K, HEAD_DIM], [stride_kn, 1], [BLOCK_N, HEAD_DIM])
+        v_src = tl.make_tensor_descriptor(v_base, [N_K, HEAD_DIM], [stride_vn, 1], [BLOCK_N, HEAD_DIM])
+    else:  # a grid of BLOCK_N x HEAD_DIM addresses, held in registers
+        k_src = k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
+        v_src = v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
+    # lesson: end kv-sources
 
     # -- load the query block once; it stays in registers for the whole loop
     # lesson: row-mask
@@ -147,23 +165,23 @@ def _attn_fwd(
         tl.static_assert(BLOCK_M % BLOCK_N == 0, "causal: key blocks must tile the query block")
         # stage 1: key blocks left of the diagonal, all visible: no mask
         lo = start_m * BLOCK_M
-        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn,
                                    offs_m, offs_n, 0, lo, N_K, qk_scale,
-                                   BLOCK_N, False, CAUSAL, DOT_PRECISION)
+                                   BLOCK_N, False, CAUSAL, DOT_PRECISION, TMA)
         # stage 2: the diagonal block, masked; blocks right of it are never loaded
         hi = tl.minimum(lo + BLOCK_M, N_K)
-        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn,
                                    offs_m, offs_n, lo, hi, N_K, qk_scale,
-                                   BLOCK_N, True, CAUSAL, DOT_PRECISION)
+                                   BLOCK_N, True, CAUSAL, DOT_PRECISION, TMA)
     else:
         # stage 1: full key blocks, no mask; stage 2: the ragged last block (if N_K % BLOCK_N)
         n_full = (N_K // BLOCK_N) * BLOCK_N
-        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn,
                                    offs_m, offs_n, 0, n_full, N_K, qk_scale,
-                                   BLOCK_N, False, CAUSAL, DOT_PRECISION)
-        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
+                                   BLOCK_N, False, CAUSAL, DOT_PRECISION, TMA)
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_src, v_src, stride_kn, stride_vn,
                                    offs_m, offs_n, n_full, N_K, N_K, qk_scale,
-                                   BLOCK_N, True, CAUSAL, DOT_PRECISION)
+                                   BLOCK_N, True, CAUSAL, DOT_PRECISION, TMA)
 
     # lesson: epilogue
     # -- epilogue: normalise, and save the natural-log logsumexp for the backward pass
@@ -208,21 +226,26 @@ def _bwd_preprocess(
 @triton.jit
 def _bwd_dkdv_inner(
     dk, dv, k, v,  # accumulators [BLOCK_N, HEAD_DIM] (fp32) and this program's key/value block
-    q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qm, stride_dm,
+    q_src, do_src, lse_ptr, delta_ptr, stride_qm, stride_dm,  # Q/dO: descriptors (TMA) or pointers
     offs_n, offs_m, lo, hi, N_Q, qk_scale,
-    BLOCK_M: tl.constexpr, DIAGONAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, DIAGONAL: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr,
 ):
     """Add the contributions of query blocks [lo, hi) to dk, dv, working on transposed tiles
     [BLOCK_N keys, BLOCK_M queries]. DIAGONAL blocks mask keys j > i (causal). Rows i >= N_Q load
     as zeros (q, dO, lse, Delta), which makes their contribution exactly zero: no mask needed."""
-    q_ptrs += lo * stride_qm
-    do_ptrs += lo * stride_dm
+    if not TMA:
+        q_src += lo * stride_qm
+        do_src += lo * stride_dm
     for start_m in range(lo, hi, BLOCK_M):
         rows = start_m + offs_m
         row_ok = rows < N_Q
         # -- load one query block, its dO, lse and Delta
-        q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
-        do = tl.load(do_ptrs, mask=row_ok[:, None], other=0.0)
+        if TMA:
+            q = q_src.load([start_m, 0])
+            do = do_src.load([start_m, 0])
+        else:
+            q = tl.load(q_src, mask=row_ok[:, None], other=0.0)
+            do = tl.load(do_src, mask=row_ok[:, None], other=0.0)
         lse = tl.load(lse_ptr + rows, mask=row_ok, other=0.0)
         delta = tl.load(delta_ptr + rows, mask=row_ok, other=0.0)
         # -- recompute P^T = exp(S^T - lse) in log2 units  [BLOCK_N, BLOCK_M]
@@ -237,8 +260,9 @@ def _bwd_dkdv_inner(
         dsT = pT * (dpT - delta[None, :])
         dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=DOT_PRECISION)
         # lesson: end dkdv-step
-        q_ptrs += BLOCK_M * stride_qm
-        do_ptrs += BLOCK_M * stride_dm
+        if not TMA:
+            q_src += BLOCK_M * stride_qm
+            do_src += BLOCK_M * stride_dm
     return dk, dv
 
 
@@ -253,7 +277,7 @@ def _attn_bwd_dkdv(
     stride_dvz, stride_dvh, stride_dvn, stride_dvd,
     H, H_KV, N_Q, N_K, GROUP,
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr = False,
 ):
     """One program = BLOCK_N keys of one (batch, kv head); it loops over the GROUP query heads
     that share this kv head, so GQA needs no atomics. Grid: (cdiv(N_K, BLOCK_N), B * H_kv)."""
@@ -276,8 +300,14 @@ def _attn_bwd_dkdv(
 
     for g in range(GROUP):
         off_h = off_hkv * GROUP + g
-        q_ptrs = Q + off_z * stride_qz + off_h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
-        do_ptrs = DO + off_z * stride_dz + off_h * stride_dh + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd
+        q_base = Q + off_z * stride_qz + off_h * stride_qh
+        do_base = DO + off_z * stride_dz + off_h * stride_dh
+        if TMA:
+            q_src = tl.make_tensor_descriptor(q_base, [N_Q, HEAD_DIM], [stride_qm, 1], [BLOCK_M, HEAD_DIM])
+            do_src = tl.make_tensor_descriptor(do_base, [N_Q, HEAD_DIM], [stride_dm, 1], [BLOCK_M, HEAD_DIM])
+        else:
+            q_src = q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
+            do_src = do_base + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd
         lse_ptr = Lse + (off_z * H + off_h) * N_Q
         delta_ptr = Delta + (off_z * H + off_h) * N_Q
         if CAUSAL:
@@ -285,17 +315,17 @@ def _attn_bwd_dkdv(
             # stage 1: the diagonal: queries in the same rows as these keys, masked j <= i.
             # Queries above it (i < start_n * BLOCK_N) see none of these keys: skipped.
             lo = start_n * BLOCK_N
-            dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qm, stride_dm,
+            dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, lse_ptr, delta_ptr, stride_qm, stride_dm,
                                      offs_n, offs_m, lo, tl.minimum(lo + BLOCK_N, N_Q), N_Q, qk_scale,
-                                     BLOCK_M, True, DOT_PRECISION)
+                                     BLOCK_M, True, DOT_PRECISION, TMA)
             # stage 2: query blocks below the diagonal see all these keys: no mask
-            dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qm, stride_dm,
+            dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, lse_ptr, delta_ptr, stride_qm, stride_dm,
                                      offs_n, offs_m, lo + BLOCK_N, N_Q, N_Q, qk_scale,
-                                     BLOCK_M, False, DOT_PRECISION)
+                                     BLOCK_M, False, DOT_PRECISION, TMA)
         else:
-            dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qm, stride_dm,
+            dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, lse_ptr, delta_ptr, stride_qm, stride_dm,
                                      offs_n, offs_m, 0, N_Q, N_Q, qk_scale,
-                                     BLOCK_M, False, DOT_PRECISION)
+                                     BLOCK_M, False, DOT_PRECISION, TMA)
 
     dk = dk * sm_scale  # dS was taken w.r.t. the scaled scores
     dk_ptrs = DK + off_z * stride_dkz + off_hkv * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd
@@ -307,22 +337,27 @@ def _attn_bwd_dkdv(
 @triton.jit
 def _bwd_dq_inner(
     dq, q, do, m2, delta,  # accumulator [BLOCK_M, HEAD_DIM] and this program's query-side tiles
-    k_ptrs, v_ptrs, stride_kn, stride_vn,
+    k_src, v_src, stride_kn, stride_vn,  # K/V: descriptors (TMA) or pointer grids
     offs_m, offs_n, lo, hi, N_K, qk_scale,
     BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     """Add the contributions of key blocks [lo, hi) to dq. MASKED blocks mask keys j >= N_K and,
     if CAUSAL, keys j > i."""
-    k_ptrs += lo * stride_kn
-    v_ptrs += lo * stride_vn
+    if not TMA:
+        k_src += lo * stride_kn
+        v_src += lo * stride_vn
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
-        if MASKED:
-            k = tl.load(k_ptrs, mask=(cols < N_K)[:, None], other=0.0)
-            v = tl.load(v_ptrs, mask=(cols < N_K)[:, None], other=0.0)
+        if TMA:
+            k = k_src.load([start_n, 0])
+            v = v_src.load([start_n, 0])
+        elif MASKED:
+            k = tl.load(k_src, mask=(cols < N_K)[:, None], other=0.0)
+            v = tl.load(v_src, mask=(cols < N_K)[:, None], other=0.0)
         else:
-            k = tl.load(k_ptrs)
-            v = tl.load(v_ptrs)
+            k = tl.load(k_src)
+            v = tl.load(v_src)
         # -- recompute P = exp2(S * log2(e) - lse * log2(e))  [BLOCK_M, BLOCK_N]
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         p = tl.exp2(qk * qk_scale - m2[:, None])
@@ -335,8 +370,9 @@ def _bwd_dq_inner(
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
         ds = p * (dp - delta[:, None])
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)
-        k_ptrs += BLOCK_N * stride_kn
-        v_ptrs += BLOCK_N * stride_vn
+        if not TMA:
+            k_src += BLOCK_N * stride_kn
+            v_src += BLOCK_N * stride_vn
     return dq
 
 
@@ -350,7 +386,7 @@ def _attn_bwd_dq(
     stride_dqz, stride_dqh, stride_dqm, stride_dqd,
     H, N_Q, N_K, GROUP,
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr = False,
 ):
     """One program = BLOCK_M query rows of one (batch, head), like the forward. Grid: (cdiv(N_Q, BLOCK_M), B * H)."""
     start_m = tl.program_id(0)
@@ -372,26 +408,32 @@ def _attn_bwd_dq(
                  mask=row_ok[:, None], other=0.0)
     m2 = tl.load(Lse + off_hz.to(tl.int64) * N_Q + offs_m, mask=row_ok, other=0.0) * 1.4426950408889634  # log2 units
     delta = tl.load(Delta + off_hz.to(tl.int64) * N_Q + offs_m, mask=row_ok, other=0.0)
-    k_ptrs = K + off_z * stride_kz + off_hkv * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
-    v_ptrs = V + off_z * stride_vz + off_hkv * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
+    k_base = K + off_z * stride_kz + off_hkv * stride_kh
+    v_base = V + off_z * stride_vz + off_hkv * stride_vh
+    if TMA:
+        k_src = tl.make_tensor_descriptor(k_base, [N_K, HEAD_DIM], [stride_kn, 1], [BLOCK_N, HEAD_DIM])
+        v_src = tl.make_tensor_descriptor(v_base, [N_K, HEAD_DIM], [stride_vn, 1], [BLOCK_N, HEAD_DIM])
+    else:
+        k_src = k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
+        v_src = v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
 
     if CAUSAL:
         tl.static_assert(BLOCK_M % BLOCK_N == 0, "causal: key blocks must tile the query block")
         # stage 1: key blocks left of the diagonal, no mask; stage 2: the diagonal block, masked
         lo = start_m * BLOCK_M
-        dq = _bwd_dq_inner(dq, q, do, m2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
-                           offs_m, offs_n, 0, lo, N_K, qk_scale, BLOCK_N, False, CAUSAL, DOT_PRECISION)
-        dq = _bwd_dq_inner(dq, q, do, m2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
+        dq = _bwd_dq_inner(dq, q, do, m2, delta, k_src, v_src, stride_kn, stride_vn,
+                           offs_m, offs_n, 0, lo, N_K, qk_scale, BLOCK_N, False, CAUSAL, DOT_PRECISION, TMA)
+        dq = _bwd_dq_inner(dq, q, do, m2, delta, k_src, v_src, stride_kn, stride_vn,
                            offs_m, offs_n, lo, tl.minimum(lo + BLOCK_M, N_K), N_K, qk_scale,
-                           BLOCK_N, True, CAUSAL, DOT_PRECISION)
+                           BLOCK_N, True, CAUSAL, DOT_PRECISION, TMA)
     else:
         # stage 1: full key blocks, no mask; stage 2: the ragged last block
         n_full = (N_K // BLOCK_N) * BLOCK_N
-        dq = _bwd_dq_inner(dq, q, do, m2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
-                           offs_m, offs_n, 0, n_full, N_K, qk_scale, BLOCK_N, False, CAUSAL, DOT_PRECISION)
-        dq = _bwd_dq_inner(dq, q, do, m2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
-                           offs_m, offs_n, n_full, N_K, N_K, qk_scale, BLOCK_N, True, CAUSAL, DOT_PRECISION)
+        dq = _bwd_dq_inner(dq, q, do, m2, delta, k_src, v_src, stride_kn, stride_vn,
+                           offs_m, offs_n, 0, n_full, N_K, qk_scale, BLOCK_N, False, CAUSAL, DOT_PRECISION, TMA)
+        dq = _bwd_dq_inner(dq, q, do, m2, delta, k_src, v_src, stride_kn, stride_vn,
+                           offs_m, offs_n, n_full, N_K, N_K, qk_scale, BLOCK_N, True, CAUSAL, DOT_PRECISION, TMA)
 
     dq = dq * sm_scale
     dq_ptrs = DQ + off_z * stride_dqz + off_h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd
@@ -541,6 +583,39 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
         raise ValueError(f"B * H = {B * H} exceeds 65535, the limit of the kernels' second grid axis")
 
 
+# lesson: tma-dispatch
+# K and V (and the backward's streamed Q and dO) reach the kernels through tensor descriptors
+# where the GPU has a tensor memory accelerator (TMA: Hopper, sm_90, and newer) and the installed
+# Triton builds descriptors inside kernels (tl.make_tensor_descriptor); elsewhere through pointer
+# grids. USE_TMA = None decides per call; False forces pointers; True also takes descriptors in the
+# interpreter (the tests run both paths there).
+USE_TMA: bool | None = None
+
+
+def _tma_for(*tensors: torch.Tensor) -> bool:
+    """Whether this call loads through tensor descriptors: the one place that decides."""
+    if USE_TMA is False or not hasattr(tl, "make_tensor_descriptor"):
+        return False
+    if USE_TMA is None and (_INTERPRET or torch.cuda.get_device_capability(tensors[0].device)[0] < 9):
+        return False
+    # a descriptor needs a contiguous last dim, and 16-byte aligned bases and row strides
+    return all(t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+               and all(s * t.element_size() % 16 == 0 for s in t.stride()[:-1]) for t in tensors)
+# lesson: end tma-dispatch
+
+
+def _descriptor_scratch(size: int, alignment: int, stream) -> torch.Tensor:
+    """Global memory Triton asks for when a kernel builds tensor descriptors on the GPU."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _prepare(tma: bool) -> bool:
+    """Before a launch with descriptors on a GPU: give Triton an allocator for their scratch."""
+    if tma and not _INTERPRET:
+        triton.set_allocator(_descriptor_scratch)
+    return tma
+
+
 def _scale(d: int, sm_scale: float | None) -> float:
     return 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
 
@@ -570,7 +645,8 @@ def flash_attention_triton_forward(
         q, k, v, out, lse, scale * LOG2E,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         H, T_q, T_k, H // H_kv,
-        HEAD_DIM=d, CAUSAL=bool(causal), DOT_PRECISION=_dot_precision(q.dtype), **_fixed_blocks("fwd"),
+        HEAD_DIM=d, CAUSAL=bool(causal), DOT_PRECISION=_dot_precision(q.dtype), TMA=_prepare(_tma_for(k, v)),
+        **_fixed_blocks("fwd"),
     )
     return out.reshape(q_in.shape), lse.reshape(q_in.shape[:-1])
 
@@ -616,13 +692,13 @@ def flash_attention_triton_backward(
     dkdv[lambda meta: (triton.cdiv(T_k, meta["BLOCK_N"]), B * H_kv)](
         q, k, v, grad_out, dk, dv, lse, delta, scale * LOG2E, scale,
         *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dk.stride(), *dv.stride(),
-        H, H_kv, T_q, T_k, H // H_kv, **common, **_fixed_blocks("dkdv"),
+        H, H_kv, T_q, T_k, H // H_kv, **common, TMA=_prepare(_tma_for(q, grad_out)), **_fixed_blocks("dkdv"),
     )
     # 3) dQ: one program per query block and query head
     dqk[lambda meta: (triton.cdiv(T_q, meta["BLOCK_M"]), B * H)](
         q, k, v, grad_out, dq, lse, delta, scale * LOG2E, scale,
         *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dq.stride(),
-        H, T_q, T_k, H // H_kv, **common, **_fixed_blocks("dq"),
+        H, T_q, T_k, H // H_kv, **common, TMA=_prepare(_tma_for(k, v)), **_fixed_blocks("dq"),
     )
     return dq.reshape(q_in.shape), dk.reshape(k_in.shape), dv.reshape(v_in.shape)
 

@@ -147,6 +147,42 @@ def test_triton_forward_backward_match_sdpa(B, H, H_kv, T, d, causal, dtype, nan
         assert_close(got, want, dtype, "bwd", name)
 
 
+TMA_CASES = [  # GQA causal, MQA, ragged causal: the cases where loads run past the end
+    (1, 4, 2, 100, 32, True, torch.float16), (1, 4, 1, 257, 64, False, torch.float32),
+    (1, 2, 2, 257, 64, True, torch.float16),
+]
+
+
+@needs_triton
+@pytest.mark.parametrize("B, H, H_kv, T, d, causal, dtype", TMA_CASES)
+def test_tensor_descriptor_path_equals_the_pointer_path(B, H, H_kv, T, d, causal, dtype, monkeypatch):
+    """The TMA path (K/V and the backward's Q/dO through tensor descriptors) run in the interpreter:
+    rows past the end arrive as zeros instead of being masked, and the results are the same bits."""
+    q, k, v = make_qkv(B, H, H_kv, T, d, dtype=dtype)
+    grad_out = torch.randn(B, H, T, d, generator=torch.Generator().manual_seed(5)).to(DEVICE, dtype)
+    results = {}
+    for use in (False, True):
+        monkeypatch.setattr(tf, "USE_TMA", use)
+        assert tf._tma_for(k, v) is use
+        out, lse = tf.flash_attention_triton_forward(q, k, v, causal=causal)
+        results[use] = (out, lse, *tf.flash_attention_triton_backward(q, k, v, out, lse, grad_out, causal=causal))
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), results[False], results[True]):
+        assert torch.equal(a, b), f"{name}: the descriptor path differs from the pointer path"
+
+
+def test_tma_dispatch_needs_contiguous_rows_and_a_hopper(monkeypatch):
+    x = torch.zeros(1, 2, 8, 16)
+    monkeypatch.setattr(tf, "USE_TMA", None)
+    if tf._INTERPRET:
+        assert not tf._tma_for(x), "the interpreter takes pointers unless told otherwise"
+    monkeypatch.setattr(tf, "USE_TMA", True)
+    assert tf._tma_for(x)
+    assert not tf._tma_for(x.transpose(2, 3)), "a descriptor needs the last dim contiguous"
+    assert not tf._tma_for(torch.zeros(1, 2, 8, 3)[..., :2]), "rows must start 16-byte aligned"
+    monkeypatch.setattr(tf, "USE_TMA", False)
+    assert not tf._tma_for(x)
+
+
 @needs_triton
 @pytest.mark.parametrize("causal", [False, True])
 def test_triton_autograd_function(causal):
@@ -301,12 +337,14 @@ def compile_for_hopper(fn, consts):
             sig[name] = "fp32" if name.endswith("scale") else "i32"
     kernel = triton.compile(ASTSource(fn, sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
                             options={"num_warps": 4, "num_stages": 3})
-    print(fn.__name__, "shared", kernel.metadata.shared, "wgmma", "warp_group_dot" in kernel.asm["ttgir"])
+    print(fn.__name__, consts.get("TMA"), "shared", kernel.metadata.shared,
+          "tma", "cp.async.bulk.tensor" in kernel.asm["ptx"], "wgmma", "warp_group_dot" in kernel.asm["ttgir"])
 
-common = {"HEAD_DIM": 64, "CAUSAL": True, "DOT_PRECISION": "tf32"}
-compile_for_hopper(tf._attn_fwd, {**common, "BLOCK_M": 64, "BLOCK_N": 32})
-compile_for_hopper(tf._attn_bwd_dkdv, {**common, "BLOCK_M": 32, "BLOCK_N": 64})
-compile_for_hopper(tf._attn_bwd_dq, {**common, "BLOCK_M": 64, "BLOCK_N": 32})
+for tma in (False, True):
+    common = {"HEAD_DIM": 64, "CAUSAL": True, "DOT_PRECISION": "tf32", "TMA": tma}
+    compile_for_hopper(tf._attn_fwd, {**common, "BLOCK_M": 64, "BLOCK_N": 32})
+    compile_for_hopper(tf._attn_bwd_dkdv, {**common, "BLOCK_M": 32, "BLOCK_N": 64})
+    compile_for_hopper(tf._attn_bwd_dq, {**common, "BLOCK_M": 64, "BLOCK_N": 32})
 compile_for_hopper(tf._bwd_preprocess, {"HEAD_DIM": 64, "BLOCK_M": 128})
 """
 
@@ -329,7 +367,8 @@ def test_kernels_compile_for_hopper_without_a_gpu():
         pytest.skip("this Triton install has no ptxas to compile with")
     assert run.returncode == 0, run.stderr[-3000:]
     lines = run.stdout.splitlines()
-    assert len(lines) == 4 and all(line.split()[-1] == "True" for line in lines[:3]), run.stdout
+    assert len(lines) == 7 and all(line.split()[-1] == "True" for line in lines[:6]), run.stdout  # wgmma
+    assert [line.split()[-3] for line in lines[:6]] == ["False"] * 3 + ["True"] * 3, run.stdout  # TMA copies
 
 
 @needs_triton
