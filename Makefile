@@ -29,7 +29,7 @@ else
   ENV_STAMP := .venv/.stamp
 endif
 
-.PHONY: help setup lab test test-all execute exercises sync grade bench clean
+.PHONY: help setup lab test test-all execute exercises sync grade bench kernel-report clean
 
 help:
 	@echo "make lab        start JupyterLab on the course (creates the environment on first use)"
@@ -40,6 +40,7 @@ help:
 	@echo "make sync       rewrite the Colab bootstrap cells and README notebook map from pyproject.toml"
 	@echo "make grade      grade exercise notebooks (all, or NB=notebook, student folder or class folder)"
 	@echo "make bench      GPU benchmarks into bench/results/ (on CPU: a small interpreter check)"
+	@echo "make kernel-report  registers and spills of every autotuner config, compiled for sm_80/sm_90 without a GPU"
 	@echo "make clean      remove caches and the environment"
 
 setup: $(ENV_STAMP)
@@ -103,6 +104,13 @@ grade: $(ENV_STAMP)
 
 bench: $(ENV_STAMP)
 	$(PY) bench/bench_attention.py
+
+# Compiles every config the autotuner can choose for named GPUs (no GPU needed; ~400 compiles, ~30 min
+# on 2 cores; an interrupted run resumes) into bench/results/kernel_aot.{json,md}.
+# KERNEL_REPORT_ARGS: e.g. --fast (fp16 only), --targets sm_80,sm_89,sm_90, --jobs 4.
+KERNEL_REPORT_ARGS ?=
+kernel-report: $(ENV_STAMP)
+	TRITON_INTERPRET=0 $(PY) -m helpers.tools.kernel_report $(KERNEL_REPORT_ARGS)
 
 clean:
 	rm -rf .venv .env-conda.stamp .pytest_cache .ruff_cache build *.egg-info

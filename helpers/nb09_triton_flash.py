@@ -15,6 +15,14 @@ the interpreter's bf16 ``tl.dot`` is wrong), causal or not. Grouped-query attent
 kv head ``h // (H // H_kv)`` through strides: K and V are never expanded. Without a CUDA GPU the
 kernels run in Triton's interpreter (slow, for learning and tests); with one, they are autotuned.
 
+On each GPU (proved ahead of time by ``make kernel-report`` and tests/test_kernel_report.py; the
+tables are ``CONFIG_TABLES``): H100/H200 and newer (sm_90): wgmma and TMA loads, no configuration
+spills; A100 (sm_80) and L4 (sm_89, 99 KiB of shared memory): mma.sync and cp.async, no spills;
+T4 (sm_75, Colab's free GPU): it runs, with small tiles that fit 64 KiB, but Triton emits no
+tensor-core instructions there (every dot is FMA) and the backward spills at d = 128, so SDPA is
+faster. Refused with one line: bfloat16 below sm_80, dtypes other than fp16/bf16/fp32 (fp8
+included), head dims outside SUPPORTED_HEAD_DIMS.
+
 Loads: K and V (and the backward's streamed Q and dO) come through tensor descriptors
 (``tl.make_tensor_descriptor``, the Hopper TMA copy engine) on sm_90 and newer, through pointer
 grids and masks elsewhere (``USE_TMA``, ``_tma_for``: the one place that decides); both paths are
@@ -460,6 +468,62 @@ DQ_CONFIGS = [  # many queries x few keys
 ]
 
 
+# Per head dim and GPU generation, the rows of the tables above that compile without spilling
+# registers (`make kernel-report`: bench/results/kernel_aot.md; tests/test_kernel_report.py keeps
+# them clean). A table missing here falls back to the generic one.
+CONFIG_TABLES: dict[tuple[str, int, str], list[tuple[int, int, int, int]]] = {
+    # Hopper: K/V through TMA
+    ("fwd", 64, "sm_90"): FWD_CONFIGS,
+    ("fwd", 128, "sm_90"): [row for row in FWD_CONFIGS if row[:3] != (128, 64, 4)],
+    ("dkdv", 64, "sm_90"): DKDV_CONFIGS,
+    ("dkdv", 128, "sm_90"): [row for row in DKDV_CONFIGS if row[:2] != (64, 128)],
+    ("dq", 64, "sm_90"): DQ_CONFIGS,
+    ("dq", 128, "sm_90"): [row for row in DQ_CONFIGS if row != (128, 32, 4, 3)],
+    # Ampere: pointer grids
+    ("fwd", 64, "sm_80"): [(128, 64, 4, 4), (128, 64, 8, 3), (128, 64, 8, 4), (128, 32, 4, 4), (64, 64, 4, 3),
+                           (64, 32, 4, 4)],
+    ("fwd", 128, "sm_80"): [(64, 32, 4, 4), (64, 32, 4, 3), (64, 32, 8, 3), (64, 64, 8, 3), (64, 64, 8, 2),
+                            (32, 32, 4, 3)],
+    ("dkdv", 64, "sm_80"): [(32, 128, 8, 3), (16, 128, 8, 3), (32, 64, 4, 3), (32, 64, 4, 4), (32, 64, 8, 3)],
+    ("dkdv", 128, "sm_80"): [(16, 128, 8, 3), (32, 64, 4, 4), (32, 64, 8, 3), (64, 64, 8, 3)],
+    ("dq", 64, "sm_80"): DQ_CONFIGS,
+    ("dq", 128, "sm_80"): [(128, 32, 8, 3), (64, 32, 4, 3), (64, 32, 4, 4)],
+    # Turing (T4): Triton emits no tensor-core instructions (every dot is FMA) and a block has 64 KiB of
+    # shared memory: the tiles with the fewest spills that fit. The backward still spills at d = 128.
+    ("fwd", 64, "sm_75"): [(32, 32, 4, 1)],
+    ("fwd", 128, "sm_75"): [(32, 16, 4, 1)],
+    ("dkdv", 64, "sm_75"): [(16, 32, 4, 1)],
+    ("dkdv", 128, "sm_75"): [(16, 32, 4, 1)],
+    ("dq", 64, "sm_75"): [(32, 16, 4, 1)],
+    ("dq", 128, "sm_75"): [(16, 16, 4, 1)],
+    # Ada (L4): Ampere's instructions, 99 KiB of shared memory per block
+    ("fwd", 64, "sm_89"): [(128, 64, 4, 4), (128, 64, 8, 3), (128, 64, 8, 4), (64, 64, 4, 3), (64, 32, 4, 4)],
+    ("fwd", 128, "sm_89"): [(64, 32, 4, 4), (64, 32, 4, 3), (64, 32, 8, 3), (64, 64, 8, 3), (64, 64, 8, 2),
+                            (32, 32, 4, 3)],
+    ("dkdv", 64, "sm_89"): [(32, 128, 8, 3), (16, 128, 8, 3), (32, 64, 4, 3), (32, 64, 4, 4), (32, 64, 8, 3)],
+    ("dkdv", 128, "sm_89"): [(16, 128, 8, 3), (32, 64, 4, 4), (32, 64, 8, 3)],
+    ("dq", 64, "sm_89"): DQ_CONFIGS,
+    ("dq", 128, "sm_89"): [(128, 32, 8, 3), (64, 32, 4, 3), (64, 32, 4, 4)],
+}
+
+
+def gpu_target(capability: tuple[int, int]) -> str:
+    """The generation whose tables a GPU uses: "sm_90" (Hopper and newer: TMA), "sm_89" (Ada:
+    L4), "sm_80" (Ampere: A100), "sm_75" (Turing: T4), from ``torch.cuda.get_device_capability``."""
+    if capability >= (9, 0):
+        return "sm_90"
+    if capability == (8, 9):
+        return "sm_89"
+    return "sm_80" if capability >= (8, 0) else "sm_75"
+
+
+def config_table(kind: str, head_dim: int, target: str) -> list[tuple[int, int, int, int]]:
+    """The (BLOCK_M, BLOCK_N, num_warps, num_stages) rows the autotuner tries for kernel `kind` at
+    this head dim on this GPU generation (head dims below 64 use the 64 tables)."""
+    generic = {"fwd": FWD_CONFIGS, "dkdv": DKDV_CONFIGS, "dq": DQ_CONFIGS}[kind]
+    return CONFIG_TABLES.get((kind, max(head_dim, 64), target), generic)
+
+
 LESSON_MARK = "# lesson:"
 
 
@@ -522,17 +586,26 @@ def triton_configs(table: list[tuple[int, int, int, int]]) -> list[triton.Config
 
 
 @functools.cache
-def _kernels(interpret: bool):
-    """(forward, dK/dV, dQ) launchers: the plain kernels in the interpreter, autotuned ones on a GPU.
+def _kernels(interpret: bool, head_dim: int = 64, target: str = "sm_90"):
+    """(forward, dK/dV, dQ) launchers: the plain kernels in the interpreter, autotuned ones on a GPU,
+    each tuning over ``config_table(kind, head_dim, target)``.
 
     Built on first use, never at import, so importing this module touches no GPU driver."""
     if interpret:
         return _attn_fwd, _attn_bwd_dkdv, _attn_bwd_dq
-    key = ["N_Q", "N_K", "HEAD_DIM", "CAUSAL"]
-    tune = lambda table, kind, fn: triton.autotune(  # noqa: E731
-        configs=triton_configs(table), key=key, prune_configs_by={"early_config_prune": _pruner(kind)}
+    key = ["N_Q", "N_K", "HEAD_DIM", "CAUSAL", "TMA"]
+    tune = lambda kind, fn: triton.autotune(  # noqa: E731
+        configs=triton_configs(config_table(kind, head_dim, target)), key=key,
+        prune_configs_by={"early_config_prune": _pruner(kind)},
     )(fn)
-    return tune(FWD_CONFIGS, "fwd", _attn_fwd), tune(DKDV_CONFIGS, "dkdv", _attn_bwd_dkdv), tune(DQ_CONFIGS, "dq", _attn_bwd_dq)
+    return tune("fwd", _attn_fwd), tune("dkdv", _attn_bwd_dkdv), tune("dq", _attn_bwd_dq)
+
+
+def _launchers(q: torch.Tensor):
+    """The (forward, dK/dV, dQ) launchers for q's head dim and GPU generation."""
+    if _INTERPRET:
+        return _kernels(True)
+    return _kernels(False, q.shape[-1], gpu_target(torch.cuda.get_device_capability(q.device)))
 
 
 def _fixed_blocks(kind: str) -> dict:
@@ -561,6 +634,10 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
         raise ValueError(f"q, k, v must be on one device; got {q.device}, {k.device}, {v.device}")
     if _INTERPRET and q.device.type != "cpu":
         raise ValueError(f"the Triton interpreter is on (TRITON_INTERPRET=1): tensors must be on the CPU, not {q.device}")
+    if not _INTERPRET and q.device.type == "cuda" and q.dtype == torch.bfloat16 \
+            and torch.cuda.get_device_capability(q.device) < (8, 0):
+        raise ValueError("bfloat16 needs an Ampere (sm_80) or newer GPU, whose tensor cores take it; "
+                         f"this one is sm_{''.join(map(str, torch.cuda.get_device_capability(q.device)))}: use float16")
     if not _INTERPRET and q.device.type != "cuda":
         raise ValueError(
             f"tensors are on {q.device} but Triton is compiling for the GPU; move them to CUDA, or set "
@@ -639,7 +716,7 @@ def flash_attention_triton_forward(
     scale = _scale(d, sm_scale)
     out = torch.empty((B, H, T_q, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, T_q), dtype=torch.float32, device=q.device)
-    fwd, _, _ = _kernels(_INTERPRET)
+    fwd, _, _ = _launchers(q)
     grid = lambda meta: (triton.cdiv(T_q, meta["BLOCK_M"]), B * H)  # noqa: E731
     fwd[grid](
         q, k, v, out, lse, scale * LOG2E,
@@ -680,7 +757,7 @@ def flash_attention_triton_backward(
     dq = torch.empty((B, H, T_q, d), dtype=q.dtype, device=q.device)
     dk = torch.empty((B, H_kv, T_k, d), dtype=k.dtype, device=q.device)
     dv = torch.empty((B, H_kv, T_k, d), dtype=v.dtype, device=q.device)
-    _, dkdv, dqk = _kernels(_INTERPRET)
+    _, dkdv, dqk = _launchers(q)
     common = dict(HEAD_DIM=d, CAUSAL=bool(causal), DOT_PRECISION=_dot_precision(q.dtype))
 
     # 1) Delta = rowsum(dO * O)  [B, H, T_q]

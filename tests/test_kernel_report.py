@@ -1,0 +1,222 @@
+"""helpers/tools/kernel_report.py (`make kernel-report`): registers and spills of the autotuner's
+configurations, compiled ahead of time for named GPUs without one.
+
+* Reading ptxas -v and PTX, on sample text (no compiler): registers, spills (a spilling case and a
+  log with two functions), the matrix instructions and the loads; fits_shared, spilling, the
+  report's files.
+* One subprocess (TRITON_INTERPRET=0, fresh Triton) that specialises the forward kernel as the JIT
+  does on a GPU (unit strides and GROUP become constants 1, pointers and the other integers carry
+  divisibility 16) and compiles the first entry of each kernel's table for sm_90 (Hopper: wgmma).
+  A few seconds per compile, ~20 s in all on 2 cores (less once Triton's cache holds them).
+* Slow: compile_row for sm_80 from this process, whose Triton runs the interpreter: it compiles in
+  a spawned worker, and the dots become Ampere's mma.sync.
+
+No test asserts that the tables are free of spills yet: the tables are being re-tuned from the
+report (bench/results/kernel_aot.md); `spilling(read_report())` is the helper for that check.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from helpers.tools import kernel_report as kr
+
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is Linux-only")
+
+# ptxas -v as the wheel's ptxas prints it (Triton 3.9; the sm_90 forward, first FWD_CONFIGS entry at d=64)
+PTXAS_SPILL = """\
+ptxas-blackwell info    : 11 bytes gmem
+ptxas-blackwell info    : Compiling entry function '_attn_fwd' for 'sm_90a'
+ptxas-blackwell info    : Function properties for _attn_fwd
+    16 bytes stack frame, 12 bytes spill stores, 12 bytes spill loads
+ptxas-blackwell info    : Used 255 registers, used 1 barriers, 16 bytes cumulative stack size
+ptxas-blackwell info    : Compile time = 1178.582 ms
+"""
+PTXAS_CLEAN = """\
+ptxas info    : 11 bytes gmem, 8 bytes cmem[4]
+ptxas info    : Compiling entry function '_attn_bwd_dq' for 'sm_80'
+ptxas info    : Function properties for _attn_bwd_dq
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 168 registers, used 1 barriers, 472 bytes cmem[0]
+"""
+PTXAS_TWO_FUNCTIONS = """\
+ptxas info    : Function properties for helper
+    8 bytes stack frame, 4 bytes spill stores, 8 bytes spill loads
+ptxas info    : Used 40 registers
+ptxas info    : Compiling entry function 'kern' for 'sm_80'
+ptxas info    : Function properties for kern
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 96 registers, used 1 barriers, 380 bytes cmem[0]
+"""
+
+
+def test_parse_ptxas_spill():
+    assert kr.parse_ptxas(PTXAS_SPILL, entry="_attn_fwd") == {"registers": 255, "spill_stores": 12, "spill_loads": 12}
+
+
+def test_parse_ptxas_clean():
+    assert kr.parse_ptxas(PTXAS_CLEAN, entry="_attn_bwd_dq") == {"registers": 168, "spill_stores": 0, "spill_loads": 0}
+
+
+def test_parse_ptxas_picks_the_entry_function():
+    assert kr.parse_ptxas(PTXAS_TWO_FUNCTIONS, entry="kern")["registers"] == 96
+    assert kr.parse_ptxas(PTXAS_TWO_FUNCTIONS, entry="helper") == {"registers": 40, "spill_stores": 4, "spill_loads": 8}
+    assert kr.parse_ptxas(PTXAS_TWO_FUNCTIONS)["registers"] == 40  # no entry named: the first reported
+    with pytest.raises(ValueError, match="no function"):
+        kr.parse_ptxas("ptxas fatal   : Unresolved extern function 'f'")
+
+
+def test_mma_and_load_kinds():
+    assert kr.mma_kind("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {...}") == "wgmma"
+    assert kr.mma_kind("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {...}") == "mma.sync"
+    assert kr.mma_kind("fma.rn.f32 %f1, %f2, %f3, %f4;") == "fma"
+    assert kr.load_kind("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes") == "tma"
+    assert kr.load_kind("cp.async.cg.shared.global [ %r1 + 0 ], [ %rd1 + 0 ], 0x10, %r2;") == "cp.async"
+    assert kr.load_kind("ld.global.v4.b32 { %r1, %r2, %r3, %r4 }, [ %rd1 + 0 ];") == "ld.global"
+
+
+def _row(**changes):
+    row = dict(kernel="fwd", target="sm_90", dtype="fp16", head_dim=64, causal=True, block_m=128, block_n=64,
+               num_warps=4, num_stages=3, registers=255, spill_bytes=12, mma="wgmma", loads="cp.async",
+               shared_bytes=65536)
+    return {**row, **changes}
+
+
+def test_fits_shared_and_spilling():
+    assert kr.fits_shared(_row(shared_bytes=232_448)) and not kr.fits_shared(_row(shared_bytes=232_449))
+    assert kr.fits_shared(_row(target="sm_80", shared_bytes=166_912))
+    assert not kr.fits_shared(_row(target="sm_89", shared_bytes=101_377))
+    assert not kr.fits_shared(_row(target="sm_75", shared_bytes=65_537))
+    rows = [_row(), _row(spill_bytes=0, registers=168)]
+    assert kr.spilling(rows) == rows[:1]
+
+
+def test_report_files_round_trip(tmp_path):
+    rows = [_row(), _row(target="sm_80", mma="mma.sync", spill_bytes=0, registers=200)]
+    meta = {"machine": "test machine", "triton": "3.9.0", "ptxas": "release 12.9", "commit": "abc1234",
+            "kernel_source_sha256": "0123456789ab", "date": "2026-01-01", "shape": "B=4"}
+    kr.write_report(rows, meta, tmp_path)
+    assert kr.read_report(tmp_path / "kernel_aot.json") == rows
+    assert set(rows[0]) == set(kr.ROW_KEYS)
+    md = (tmp_path / "kernel_aot.md").read_text()
+    assert "test machine" in md and "Triton 3.9.0" in md and "abc1234" in md
+    assert "| fwd | sm_90 | 64 | 1 | 255-255 | 1 | 12 |" in md and "## Spilling configurations" in md
+
+
+AOT_SCRIPT = """
+import json
+from helpers.tools import kernel_report as kr
+import helpers.nb09_triton_flash as tf
+from triton.backends.compiler import GPUTarget
+
+fn = tf._attn_fwd
+consts = dict(HEAD_DIM=64, CAUSAL=True, DOT_PRECISION="tf32", BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3)
+signature, constexprs, attrs, options = kr.specialise(fn, GPUTarget("cuda", 90, 32),
+                                                      kr.launch_arguments(fn, "fp16", 64), consts)
+names = fn.arg_names
+spec = {"signature": signature,
+        "constexprs": {names[k[0]]: v for k, v in constexprs.items()},
+        "divisible": sorted(names[k[0]] for k, v in attrs.items() if ["tt.divisibility", 16] in v)}
+specs = [dict(kernel=kind, target=target, dtype="fp16", head_dim=128, causal=True,
+              **dict(zip(("block_m", "block_n", "num_warps", "num_stages"), kr.config_table(kind, 128, target)[0])))
+         for target in ("sm_90", "sm_80") for kind in kr.KERNELS]
+print(json.dumps({"spec": spec, "rows": kr.compile_rows(specs, jobs=1)}))
+"""
+
+
+# Registers per thread of the first entry of each table (d = 128, causal: the hardest case) may not
+# exceed these, per Triton version and target (what Triton 3.9 gives, plus a margin); an unknown
+# Triton version is held to the hardware's 255 and to no spill.
+REGISTER_CEILING = {"3.9": {"sm_90": 232, "sm_80": 255}}
+
+
+@needs_triton
+def test_first_configs_compile_without_spilling():
+    """The first entry of each table (the one a first launch tries) for sm_90 and sm_80 at d = 128,
+    causal: no spill, Hopper's wgmma and TMA loads on sm_90, registers under the ceiling."""
+    import triton
+    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
+    run = subprocess.run([sys.executable, "-c", AOT_SCRIPT], capture_output=True, text=True, env=env, cwd=kr.ROOT,
+                         timeout=300)
+    if run.returncode and "ptxas" in run.stderr and ("not found" in run.stderr or "No such file" in run.stderr):
+        pytest.skip("this Triton install has no ptxas to compile with")
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.splitlines()[-1])
+    spec = out["spec"]
+    # the JIT's specialisation for B=4, H=H_kv=32, T=4096, d=64, contiguous
+    for name in ("stride_qd", "stride_kd", "stride_vd", "stride_od", "GROUP"):
+        assert spec["signature"][name] == "constexpr" and spec["constexprs"][name] == 1, name
+    assert spec["constexprs"]["BLOCK_M"] == 128 and spec["constexprs"]["HEAD_DIM"] == 64
+    assert spec["signature"]["Q"] == "*fp16" and spec["signature"]["Lse"] == "*fp32"
+    assert spec["signature"]["qk_scale"] == "fp32" and spec["signature"]["N_Q"] == "i32"
+    assert {"Q", "K", "V", "Out", "Lse", "stride_qz", "stride_qh", "stride_qm", "H", "N_Q", "N_K"} <= set(spec["divisible"])
+    assert "qk_scale" not in spec["divisible"]
+    rows = out["rows"]
+    assert [(r["target"], r["kernel"]) for r in rows] == [(t, k) for t in ("sm_90", "sm_80") for k in kr.KERNELS]
+    ceiling = REGISTER_CEILING.get(".".join(triton.__version__.split(".")[:2]), {})
+    for row in rows:
+        assert set(row) == set(kr.ROW_KEYS), row
+        assert row["spill_bytes"] == 0, f"the first entry spills: {row}"
+        assert 0 < row["registers"] <= ceiling.get(row["target"], 255), row
+        assert (row["mma"], row["loads"]) == (("wgmma", "tma") if row["target"] == "sm_90" else ("mma.sync", "cp.async")), row
+        assert row["shared_bytes"] > 0 and kr.fits_shared(row), row
+
+
+def test_the_committed_report_covers_every_choosable_config_and_none_spills():
+    """bench/results/kernel_aot.json (make kernel-report) holds one row per configuration the
+    autotuner can choose on sm_80 and sm_90 (fp16, bf16; d = 64, 128; causal or not), and none of
+    them spills; on sm_90 every one uses wgmma and TMA loads."""
+    rows = kr.read_report(kr.ROOT / "bench" / "results" / "kernel_aot.json")
+    key = lambda r: (r["kernel"], r["target"], r["dtype"], r["head_dim"], r["causal"],  # noqa: E731
+                     r["block_m"], r["block_n"], r["num_warps"], r["num_stages"])
+    assert sorted(map(key, rows)) == sorted(map(key, kr.report_specs())), "make kernel-report: the tables changed"
+    assert not kr.spilling(rows), kr.spilling(rows)[:3]
+    assert all((r["mma"], r["loads"]) == ("wgmma", "tma") for r in rows if r["target"] == "sm_90")
+    assert all(r["mma"] == "mma.sync" and kr.fits_shared(r) for r in rows if r["target"] == "sm_80")
+
+
+def test_t4_and_l4_figures_match_their_tables():
+    """bench/results/kernel_aot_t4_l4.json: the T4 (sm_75) runs with tiles that fit its 64 KiB but
+    no tensor cores (every dot is FMA in Triton 3.9); the L4 (sm_89) tables fit 99 KiB, spill-free."""
+    rows = kr.read_report(kr.ROOT / "bench" / "results" / "kernel_aot_t4_l4.json")
+    key = lambda r: (r["kernel"], r["target"], r["head_dim"], r["causal"], r["block_m"], r["block_n"],  # noqa: E731
+                     r["num_warps"], r["num_stages"])
+    want = kr.report_specs(targets=("sm_75", "sm_89"), dtypes=("fp16",))
+    assert sorted(map(key, rows)) == sorted(map(key, want)), "rerun: python -m helpers.tools.kernel_report --targets sm_75,sm_89 --fast"
+    assert all(kr.fits_shared(r) for r in rows)
+    assert all(r["mma"] == "fma" for r in rows if r["target"] == "sm_75")
+    assert not kr.spilling([r for r in rows if r["target"] == "sm_89"])
+
+
+@needs_triton
+@pytest.mark.slow
+def test_compile_row_for_ampere_from_an_interpreter_process():
+    """This test process runs Triton's interpreter: compile_row compiles in a spawned worker."""
+    try:
+        row = kr.compile_row("dq", "sm_80", "fp16", 64, False, 64, 32, 4, 3)
+    except RuntimeError as exc:
+        if "ptxas" in str(exc) and ("not found" in str(exc) or "No such file" in str(exc)):
+            pytest.skip("this Triton install has no ptxas to compile with")
+        raise
+    assert row["mma"] == "mma.sync" and row["loads"] == "cp.async", row
+    assert 0 < row["registers"] <= 255 and row["shared_bytes"] > 0 and kr.fits_shared(row), row
+
+
+@needs_triton
+@pytest.mark.slow
+def test_t4_backward_at_d128_compiles_to_fit_64_kib_without_tensor_cores():
+    """Recompiled here (not read from the committed figures): the T4's dK/dV tile at d = 128 fits
+    its 64 KiB of shared memory, and Triton makes its dots plain FMA on sm_75."""
+    try:
+        row = kr.compile_row("dkdv", "sm_75", "fp16", 128, True, *kr.config_table("dkdv", 128, "sm_75")[0])
+    except RuntimeError as exc:
+        if "ptxas" in str(exc) and ("not found" in str(exc) or "No such file" in str(exc)):
+            pytest.skip("this Triton install has no ptxas to compile with")
+        raise
+    assert kr.fits_shared(row) and row["mma"] == "fma", row
