@@ -39,8 +39,34 @@ def qkv_projection(x: torch.Tensor, w_qkv: torch.Tensor, n_heads: int) -> tuple[
     return split_heads(q, n_heads), split_heads(k, n_heads), split_heads(v, n_heads)
 
 
+def layer_costs(n: int, d: int, k: int = 3) -> dict[str, dict[str, int]]:
+    """Vaswani et al. (2017), Table 1, as numbers: for one layer over ``n`` tokens of width ``d``
+    (kernel width ``k`` for convolutions), by layer type, ``flops`` (the layer's work, a
+    multiply-add = 2 FLOPs), ``sequential`` (operations that must run one after another) and
+    ``path`` (layers a signal crosses between the first and the last token).
 
-
+    Counted: self-attention, ``Q K^T`` and ``P V`` (2 n^2 d multiply-adds; projections and softmax
+    left out, as in the table); recurrent, ``x_t W`` and ``h_{t-1} U`` for each of the n steps
+    (2 n d^2); convolutional, k taps of a ``d x d`` matrix at each position (k n d^2). The
+    convolutional path is given twice: ``path`` for dilated kernels (dilation k^l, so the smallest
+    L with k^L >= n, i.e. ceil(log_k n)) and ``path_contiguous`` for plain ones (each layer widens
+    the receptive field by k - 1: ceil((n - 1) / (k - 1)), the table's O(n/k)).
+    """
+    if n < 1 or d < 1 or k < 2:
+        raise ValueError(f"need n >= 1, d >= 1, k >= 2; got n={n}, d={d}, k={k}")
+    dilated = 0
+    while k**dilated < n:
+        dilated += 1
+    return {
+        "self-attention": {"flops": 2 * 2 * n * n * d, "sequential": 1, "path": 1},
+        "recurrent": {"flops": 2 * 2 * n * d * d, "sequential": n, "path": n},
+        "convolutional": {
+            "flops": 2 * k * n * d * d,
+            "sequential": 1,
+            "path": dilated,
+            "path_contiguous": -(-(n - 1) // (k - 1)),
+        },
+    }
 
 
 def attention_weights(q: torch.Tensor, k: torch.Tensor, allowed: torch.Tensor | None = None) -> torch.Tensor:

@@ -31,6 +31,25 @@ def test_split_is_a_view_and_merge_inverts_it():
         A.split_heads(x, 5)
 
 
+def test_layer_costs_table_1_by_hand_and_the_crossover_at_n_equals_d():
+    """n = 4, d = 2, k = 2: attention 2 products of n*n*d = 64 multiply-adds, 128 FLOPs; recurrence
+    2 products of d*d per step, 4 steps = 32 multiply-adds, 64 FLOPs; convolution k*d*d per token,
+    32 multiply-adds. Paths: dilated 2 (2**2 = 4 >= n), contiguous 3 (receptive field 1 + 3*(k-1))."""
+    c = A.layer_costs(4, 2, k=2)
+    assert c["self-attention"] == {"flops": 128, "sequential": 1, "path": 1}
+    assert c["recurrent"] == {"flops": 64, "sequential": 4, "path": 4}
+    assert c["convolutional"] == {"flops": 64, "sequential": 1, "path": 2, "path_contiguous": 3}
+    big = A.layer_costs(512, 512, 3)
+    assert big["convolutional"]["path"] == 6 and big["convolutional"]["path_contiguous"] == 256
+    for d in (16, 64, 100):
+        att = [A.layer_costs(n, d)["self-attention"]["flops"] for n in range(1, 3 * d)]
+        rec = [A.layer_costs(n, d)["recurrent"]["flops"] for n in range(1, 3 * d)]
+        assert next(n for n, (a, r) in enumerate(zip(att, rec), start=1) if a >= r) == d
+        assert att[d - 1] == rec[d - 1] == 4 * d**3
+    with pytest.raises(ValueError):
+        A.layer_costs(8, 4, k=1)
+
+
 def test_sdpa_matches_torch_with_and_without_mask():
     q, k, v = torch.randn(2, 3, 6, 4), torch.randn(2, 3, 6, 4), torch.randn(2, 3, 6, 5)
     assert torch.allclose(A.scaled_dot_product_attention(q, k, v), F.scaled_dot_product_attention(q, k, v), atol=1e-6)
