@@ -88,6 +88,11 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
         return False
 
 
+def _values(widgets: dict) -> dict[str, Any]:
+    """The current value of each control, by name (what ``draw`` is called with)."""
+    return {name: w.get_interact_value() for name, w in widgets.items()}
+
+
 def _show_only_if(widgets: dict, shown_if: dict[str, Callable[[dict], bool]]) -> None:
     """Hide each control named in ``shown_if`` while its predicate of the current values is false."""
     unknown = sorted(set(shown_if) - set(widgets))
@@ -95,7 +100,7 @@ def _show_only_if(widgets: dict, shown_if: dict[str, Callable[[dict], bool]]) ->
         raise TypeError(f"explore(): shown_if names {unknown}, which are not controls ({sorted(widgets)})")
 
     def update(_change=None) -> None:
-        values = {name: w.get_interact_value() for name, w in widgets.items()}
+        values = _values(widgets)
         for name, predicate in shown_if.items():
             widgets[name].layout.display = None if predicate(values) else "none"
 
@@ -139,9 +144,6 @@ def explore(draw: Callable[..., Any], shown_if: dict[str, Callable[[dict], bool]
     if shown_if:
         _show_only_if(widgets, shown_if)
 
-    def values() -> dict[str, Any]:
-        return {name: w.get_interact_value() for name, w in widgets.items()}
-
     def png_of(setting: dict[str, Any]) -> bytes:
         with plt.ioff():
             fig = _draw(draw, setting)
@@ -151,24 +153,22 @@ def explore(draw: Callable[..., Any], shown_if: dict[str, Callable[[dict], bool]
                 plt.close(fig)
 
     message = HTML("", layout={"margin": "0 0 0 8px"})
-    shown = [values()]  # the setting whose picture is on screen
+    shown = [_values(widgets)]  # the setting whose picture is on screen
 
     def redraw(_change=None) -> None:
         with _DRAWING:
-            setting = values()  # the latest values: moves that came while waiting are drawn once
+            setting = _values(widgets)  # the latest values: moves that came while waiting are drawn once
             if _same(setting, shown[0]):
                 return
-            draw_latest(setting)
-
-    def draw_latest(setting: dict[str, Any]) -> None:
-        try:
-            png = png_of(setting)
-        except Exception as error:  # one line for the learner, not a traceback from matplotlib
-            message.value = f"<code>cannot draw this setting: {type(error).__name__}: {html.escape(str(error))}</code>"
-            return
-        message.value = ""
-        shown[0] = setting
-        picture.update(_picture_bundle(png, title), raw=True)
+            try:
+                png = png_of(setting)
+            except Exception as error:  # one line for the learner, not a traceback from matplotlib
+                message.value = (f"<code>cannot draw this setting: {type(error).__name__}: "
+                                 f"{html.escape(str(error))}</code>")
+                return
+            message.value = ""
+            shown[0] = setting
+            picture.update(_picture_bundle(png, title), raw=True)
 
     with _DRAWING:
         first = png_of(shown[0])

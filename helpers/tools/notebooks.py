@@ -59,16 +59,20 @@ if "google.colab" in sys.modules:
             "if the address is wrong, open the notebook from the course's README.")'''
 
 
+def _project() -> dict:
+    """The ``[project]`` table of ``pyproject.toml``."""
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)["project"]
+
+
 def repo_url() -> str:
     """The repository URL from ``pyproject.toml`` ([project.urls] Repository)."""
-    with open(ROOT / "pyproject.toml", "rb") as f:
-        return tomllib.load(f)["project"]["urls"]["Repository"]
+    return _project()["urls"]["Repository"]
 
 
 def course_version() -> str:
     """The course's version from ``pyproject.toml`` (the bootstrap installs its tag, ``v<version>``)."""
-    with open(ROOT / "pyproject.toml", "rb") as f:
-        return tomllib.load(f)["project"]["version"]
+    return _project()["version"]
 
 
 def bootstrap_source(repo: str | None = None, version: str | None = None) -> str:
