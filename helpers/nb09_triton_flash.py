@@ -69,6 +69,18 @@ INTERPRETER_BLOCKS = {"fwd": (32, 32), "dkdv": (32, 32), "dq": (32, 32)}
 
 
 @triton.jit
+def _tile_source(base, n_rows, stride_row, stride_col, offs_rows, offs_d,
+                 BLOCK_ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, TMA: tl.constexpr):
+    """Where a kernel reads [BLOCK_ROWS, HEAD_DIM] tiles of one head's [n_rows, HEAD_DIM] rows at
+    `base`: a tensor descriptor (TMA: the hardware computes the addresses; rows past n_rows read as
+    zeros), or the grid of the first tile's addresses, held in registers and advanced by the caller."""
+    if TMA:
+        return tl.make_tensor_descriptor(base, [n_rows, HEAD_DIM], [stride_row, 1], [BLOCK_ROWS, HEAD_DIM])
+    else:
+        return base + offs_rows[:, None] * stride_row + offs_d[None, :] * stride_col
+
+
+@triton.jit
 def _fwd_inner(
     acc, l_i, m_i, q,  # running state of this query block, and the block itself
     k_src, v_src, stride_kn, stride_vn,  # K/V: tensor descriptors (TMA) or pointer grids
@@ -150,14 +162,11 @@ def _attn_fwd(
     q_ptrs = Q + off_z * stride_qz + off_h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
     # lesson: end program-ids
     # lesson: kv-sources
-    k_base = K + off_z * stride_kz + off_hkv * stride_kh  # this (batch, kv head)'s [N_K, HEAD_DIM] keys
-    v_base = V + off_z * stride_vz + off_hkv * stride_vh
-    if TMA:  # a descriptor: base, shape, strides and tile; the hardware computes the addresses
-        k_src = tl.make_tensor_descriptor(k_base, [N_K, HEAD_DIM], [stride_kn, 1], [BLOCK_N, HEAD_DIM])
-        v_src = tl.make_tensor_descriptor(v_base, [N_K, HEAD_DIM], [stride_vn, 1], [BLOCK_N, HEAD_DIM])
-    else:  # a grid of BLOCK_N x HEAD_DIM addresses, held in registers
-        k_src = k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
-        v_src = v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
+    # this (batch, kv head)'s [N_K, HEAD_DIM] keys and values: descriptors (TMA) or address grids
+    k_src = _tile_source(K + off_z * stride_kz + off_hkv * stride_kh, N_K, stride_kn, stride_kd, offs_n, offs_d,
+                         BLOCK_N, HEAD_DIM, TMA)
+    v_src = _tile_source(V + off_z * stride_vz + off_hkv * stride_vh, N_K, stride_vn, stride_vd, offs_n, offs_d,
+                         BLOCK_N, HEAD_DIM, TMA)
     # lesson: end kv-sources
 
     # -- load the query block once; it stays in registers for the whole loop
@@ -308,14 +317,10 @@ def _attn_bwd_dkdv(
 
     for g in range(GROUP):
         off_h = off_hkv * GROUP + g
-        q_base = Q + off_z * stride_qz + off_h * stride_qh
-        do_base = DO + off_z * stride_dz + off_h * stride_dh
-        if TMA:
-            q_src = tl.make_tensor_descriptor(q_base, [N_Q, HEAD_DIM], [stride_qm, 1], [BLOCK_M, HEAD_DIM])
-            do_src = tl.make_tensor_descriptor(do_base, [N_Q, HEAD_DIM], [stride_dm, 1], [BLOCK_M, HEAD_DIM])
-        else:
-            q_src = q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
-            do_src = do_base + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd
+        q_src = _tile_source(Q + off_z * stride_qz + off_h * stride_qh, N_Q, stride_qm, stride_qd, offs_m, offs_d,
+                             BLOCK_M, HEAD_DIM, TMA)
+        do_src = _tile_source(DO + off_z * stride_dz + off_h * stride_dh, N_Q, stride_dm, stride_dd, offs_m, offs_d,
+                              BLOCK_M, HEAD_DIM, TMA)
         lse_ptr = Lse + (off_z * H + off_h) * N_Q
         delta_ptr = Delta + (off_z * H + off_h) * N_Q
         if CAUSAL:
@@ -416,14 +421,10 @@ def _attn_bwd_dq(
                  mask=row_ok[:, None], other=0.0)
     m2 = tl.load(Lse + off_hz.to(tl.int64) * N_Q + offs_m, mask=row_ok, other=0.0) * 1.4426950408889634  # log2 units
     delta = tl.load(Delta + off_hz.to(tl.int64) * N_Q + offs_m, mask=row_ok, other=0.0)
-    k_base = K + off_z * stride_kz + off_hkv * stride_kh
-    v_base = V + off_z * stride_vz + off_hkv * stride_vh
-    if TMA:
-        k_src = tl.make_tensor_descriptor(k_base, [N_K, HEAD_DIM], [stride_kn, 1], [BLOCK_N, HEAD_DIM])
-        v_src = tl.make_tensor_descriptor(v_base, [N_K, HEAD_DIM], [stride_vn, 1], [BLOCK_N, HEAD_DIM])
-    else:
-        k_src = k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
-        v_src = v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
+    k_src = _tile_source(K + off_z * stride_kz + off_hkv * stride_kh, N_K, stride_kn, stride_kd, offs_n, offs_d,
+                         BLOCK_N, HEAD_DIM, TMA)
+    v_src = _tile_source(V + off_z * stride_vz + off_hkv * stride_vh, N_K, stride_vn, stride_vd, offs_n, offs_d,
+                         BLOCK_N, HEAD_DIM, TMA)
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
 
     if CAUSAL:
@@ -669,11 +670,16 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
 USE_TMA: bool | None = None
 
 
-def _tma_for(*tensors: torch.Tensor) -> bool:
-    """Whether this call loads through tensor descriptors: the one place that decides."""
+def _tma_allowed(capability: tuple[int, int] | None) -> bool:
+    """Whether descriptors may be used on a GPU of this compute capability (None: the interpreter)."""
     if USE_TMA is False or not hasattr(tl, "make_tensor_descriptor"):
         return False
-    if USE_TMA is None and (_INTERPRET or torch.cuda.get_device_capability(tensors[0].device)[0] < 9):
+    return USE_TMA is True or (capability is not None and capability >= (9, 0))
+
+
+def _tma_for(*tensors: torch.Tensor) -> bool:
+    """Whether this call loads through tensor descriptors: the one place that decides."""
+    if not _tma_allowed(None if _INTERPRET else torch.cuda.get_device_capability(tensors[0].device)):
         return False
     # a descriptor needs a contiguous last dim, and 16-byte aligned bases and row strides
     return all(t.stride(-1) == 1 and t.data_ptr() % 16 == 0

@@ -88,6 +88,16 @@ def _row(**changes):
     return {**row, **changes}
 
 
+@needs_triton
+def test_the_report_takes_the_kernels_own_tma_decision():
+    """uses_tma asks helpers/nb09_triton_flash's _tma_allowed, with the target's capability."""
+    import triton.language as tl
+
+    has_descriptors = hasattr(tl, "make_tensor_descriptor")
+    assert kr.uses_tma("sm_90", "fp16", 64) is has_descriptors
+    assert not kr.uses_tma("sm_80", "fp16", 128) and not kr.uses_tma("sm_89", "bf16", 64)
+
+
 def test_fits_shared_and_spilling():
     assert kr.fits_shared(_row(shared_bytes=232_448)) and not kr.fits_shared(_row(shared_bytes=232_449))
     assert kr.fits_shared(_row(target="sm_80", shared_bytes=166_912))

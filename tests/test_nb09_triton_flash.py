@@ -173,6 +173,9 @@ def test_tensor_descriptor_path_equals_the_pointer_path(B, H, H_kv, T, d, causal
 def test_tma_dispatch_needs_contiguous_rows_and_a_hopper(monkeypatch):
     x = torch.zeros(1, 2, 8, 16)
     monkeypatch.setattr(tf, "USE_TMA", None)
+    if hasattr(tf.tl, "make_tensor_descriptor"):
+        assert tf._tma_allowed((9, 0)) and tf._tma_allowed((10, 0)), "Hopper and newer take descriptors"
+    assert not tf._tma_allowed((8, 0)) and not tf._tma_allowed((8, 9)) and not tf._tma_allowed(None)
     if tf._INTERPRET:
         assert not tf._tma_for(x), "the interpreter takes pointers unless told otherwise"
     monkeypatch.setattr(tf, "USE_TMA", True)

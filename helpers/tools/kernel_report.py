@@ -152,7 +152,7 @@ def launch_arguments(fn, dtype: str, head_dim: int) -> list:
     from triton.runtime.jit import MockTensor
 
     B, H, T = SHAPE["B"], SHAPE["H"], SHAPE["T"]
-    torch_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
+    torch_dtype = _torch_dtype(dtype)
     shape = [B, H, T, head_dim]
     strides = MockTensor(torch_dtype, shape).stride()
     sm_scale = 1.0 / math.sqrt(head_dim)
@@ -258,15 +258,10 @@ def compile_kernel(kernel: str, target: str, dtype: str, head_dim: int, causal: 
 
 def uses_tma(target: str, dtype: str, head_dim: int) -> bool:
     """Whether a launch on `target` takes the tensor-descriptor (TMA) path for SHAPE's contiguous
-    tensors: ``_tma_for``'s decision in helpers/nb09_triton_flash.py (USE_TMA, Triton's
-    tl.make_tensor_descriptor, sm_90 or newer, a unit last stride and 16-byte aligned rows), with
-    the target's capability in place of the current GPU's."""
-    import triton.language as tl
-
-    use = getattr(_flash(), "USE_TMA", False)
-    if use is False or not hasattr(tl, "make_tensor_descriptor"):
-        return False
-    if use is None and TARGETS[target] < 90:
+    tensors: ``_tma_for``'s decision in helpers/nb09_triton_flash.py (its ``_tma_allowed`` for the
+    target's capability in place of the current GPU's, then 16-byte aligned rows)."""
+    capability = TARGETS[target]
+    if not _flash()._tma_allowed((capability // 10, capability % 10)):
         return False
     element_size = _torch_dtype(dtype).itemsize
     return head_dim * element_size % 16 == 0  # data_ptr() and the other strides are multiples of this
