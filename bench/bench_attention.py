@@ -4,22 +4,33 @@ On a CUDA GPU: forward and forward+backward, fp16, B=4, H=32, T in {1k..16k}, d 
 causal and not. Reports TFLOPS (forward FLOPs = 4*B*H*T^2*d, half when causal; backward = 2.5x
 forward, so forward+backward = 3.5x) and the peak extra memory of one call, and writes
 ``<out>/<gpu>.csv``, ``.md`` (tables and a summary that checks the course's performance goals) and
-``.png``. The course kernel is first checked against SDPA at one shape; a wrong kernel is not timed.
+``.png``. On Hopper (sm_90) the course kernel is timed twice: "course" (K/V through TMA tensor
+descriptors, the default there) and "course-pointers" (pointer grids, as on older GPUs).
+
+Before timing, the course kernel is checked against SDPA over many cases, both load paths, with its
+outputs poisoned (helpers/tools/kernel_gpu.py); a wrong kernel is not timed. Every configuration
+the autotuner will try is compiled first, in parallel processes. After timing, the autotuner's
+choices, with the registers and spills of each on this GPU and in the ahead-of-time report
+(kernel_aot.json), go to ``<out>/<gpu>-kernels.md`` and ``.json``.
 
 Without CUDA: prints that there is nothing to time, runs a few-second correctness check of the
 kernels in Triton's interpreter, and exits 0.
 
-    python bench/bench_attention.py [--quick] [--out DIR]
+    python bench/bench_attention.py [--quick] [--out DIR] [--seqs 1024,4096] [--impls course,sdpa-flash]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import datetime
 import gc
+import json
 import math
+import os
 import re
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -50,6 +61,7 @@ IMPLS = {
     "sdpa-efficient": "EFFICIENT_ATTENTION",
     "sdpa-math": "MATH",
     "course": None,
+    "course-pointers": None,  # sm_90 only: the course kernel with TMA off
 }
 # Rough peak extra bytes of the T x T implementations, in units of one fp16 [B, H, T, T] tensor
 # (naive: scores, masked scores, probabilities; backward adds their gradients; the math backend
@@ -74,7 +86,7 @@ def attention_fn(impl: str, causal: bool):
     """A callable (q, k, v) -> out ``[B, H, T, d]`` for implementation ``impl``."""
     if impl == "naive":
         return lambda q, k, v: naive_attention(q, k, v, causal)
-    if impl == "course":
+    if impl.startswith("course"):
         return lambda q, k, v: tf.flash_attention_triton(q, k, v, causal=causal)
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -85,6 +97,17 @@ def attention_fn(impl: str, causal: bool):
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
     return run
+
+
+@contextlib.contextmanager
+def load_path(impl: str):
+    """While timing "course-pointers", the course kernel loads K/V through pointer grids."""
+    saved = tf.USE_TMA
+    tf.USE_TMA = False if impl == "course-pointers" else saved
+    try:
+        yield
+    finally:
+        tf.USE_TMA = saved
 
 
 def model_flops(T: int, d: int, causal: bool, mode: str) -> float:
@@ -114,8 +137,6 @@ def _reason(exc: BaseException, caught: list) -> str:
 def measure(impl: str, mode: str, T: int, d: int, causal: bool, rep: int) -> dict:
     """Time one (implementation, mode, shape) with triton.testing.do_bench and measure its peak
     extra memory. Returns a row: ms, tflops, peak_extra_gib, status ("ok" or why not)."""
-    import triton.testing
-
     row = {"impl": impl, "mode": mode, "T": T, "d": d, "causal": causal, "ms": None, "tflops": None,
            "peak_extra_gib": None, "status": "ok"}
     units = TXT_TENSORS.get((impl, mode))
@@ -141,6 +162,14 @@ def measure(impl: str, mode: str, T: int, d: int, causal: bool, rep: int) -> dic
             with torch.no_grad():
                 fn(x["q"], x["k"], x["v"])
 
+    with load_path(impl):
+        return _measure(row, step, x, rep, model_flops(T, d, causal, mode))
+
+
+def _measure(row: dict, step, x: dict, rep: int, flops: float) -> dict:
+    import triton.testing
+
+    impl = row["impl"]
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -154,7 +183,7 @@ def measure(impl: str, mode: str, T: int, d: int, causal: bool, rep: int) -> dic
         qkv = [x["q"], x["k"], x["v"]]
         row["ms"] = triton.testing.do_bench(step, warmup=max(5, rep // 4), rep=rep, grad_to_none=qkv,
                                             return_mode="median")
-        row["tflops"] = model_flops(T, d, causal, mode) / (row["ms"] * 1e-3) / 1e12
+        row["tflops"] = flops / (row["ms"] * 1e-3) / 1e12
         for t in qkv:
             t.grad = None
         _free_cuda()
@@ -169,33 +198,6 @@ def measure(impl: str, mode: str, T: int, d: int, causal: bool, rep: int) -> dic
         x.clear()
         _free_cuda()
     return row
-
-
-def check_course_kernel() -> None:
-    """Compare the course kernel with SDPA (fp32 math reference) on a ragged shape, forward and
-    backward, fp16, causal and not, d = 64 and 128. Exits 1 with the errors if it is wrong."""
-    failures = []
-    for d in HEAD_DIMS:
-        for causal in (False, True):
-            g = torch.Generator(device="cuda").manual_seed(1)
-            q, k, v, grad_out = (torch.randn(2, 8, 1000, d, device="cuda", dtype=torch.float16, generator=g)
-                                 for _ in range(4))
-            q, k, v = (t.requires_grad_() for t in (q, k, v))
-            out = tf.flash_attention_triton(q, k, v, causal=causal)
-            out.backward(grad_out)
-            q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
-            ref = F.scaled_dot_product_attention(q32, k32, v32, is_causal=causal)
-            ref.backward(grad_out.float())
-            # fp16 storage and fp16 P / dS against an fp32 reference (see tests/test_nb09_triton_flash.py)
-            for name, got, want, tol in (("out", out, ref, 5e-3), ("dq", q.grad, q32.grad, 2e-2),
-                                         ("dk", k.grad, k32.grad, 2e-2), ("dv", v.grad, v32.grad, 2e-2)):
-                err = ((got.float() - want).abs() - tol * want.abs()).max().item()
-                if not err <= tol:  # also catches NaN
-                    failures.append(f"d={d} causal={causal} {name}: max |err| beyond tolerance by {err - tol:.3g}")
-    if failures:
-        print("The course kernel disagrees with SDPA; not timing it:\n  " + "\n  ".join(failures))
-        sys.exit(1)
-    print("Course kernel matches SDPA (B=2, H=8, T=1000, d=64/128, fp16, causal and not, forward and backward).")
 
 
 def interpreter_check() -> bool:
@@ -225,11 +227,23 @@ def interpreter_check() -> bool:
 # --------------------------------------------------------------------------------------------
 
 
-def machine() -> dict:
+def _command(args: list[str]) -> str:
+    try:
+        return subprocess.run(args, capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def machine(commit: str | None = None) -> dict:
+    """The GPU, its driver, torch, Triton and CUDA versions, and the course's commit (from
+    ``commit``, $COURSE_COMMIT or git: a copy of the tree without .git names it from outside)."""
     import triton
 
-    return {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-            "cuda": torch.version.cuda}
+    driver = _command(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]).splitlines()
+    commit = commit or os.environ.get("COURSE_COMMIT") or _command(["git", "rev-parse", "--short", "HEAD"])
+    return {"gpu": torch.cuda.get_device_name(), "driver": driver[0] if driver else "unknown",
+            "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
+            "commit": commit or "unknown"}
 
 
 def slug(name: str) -> str:
@@ -238,7 +252,7 @@ def slug(name: str) -> str:
 
 
 def write_csv(rows: list[dict], info: dict, path: Path) -> None:
-    fields = ["gpu", "torch", "triton", "cuda", "impl", "mode", "T", "d", "causal", "ms", "tflops",
+    fields = ["gpu", "driver", "torch", "triton", "cuda", "commit", "impl", "mode", "T", "d", "causal", "ms", "tflops",
               "peak_extra_gib", "status"]
     with path.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields)
@@ -313,8 +327,8 @@ def write_markdown(rows: list[dict], info: dict, seqs: tuple, path: Path) -> Non
     t = _lookup(rows)
     impls = [i for i in IMPLS if any(r["impl"] == i for r in rows)]
     out = [f"# Attention benchmark: {info['gpu']}", "",
-           f"torch {info['torch']} (CUDA {info['cuda']}), triton {info['triton']}, "
-           f"{datetime.date.today().isoformat()}. B={BATCH}, H={HEADS}, fp16, `[B, H, T, d]` inputs. "
+           f"torch {info['torch']} (CUDA {info['cuda']}), triton {info['triton']}, driver "
+           f"{info.get('driver', '?')}, commit {info.get('commit', '?')}, {datetime.date.today().isoformat()}. B={BATCH}, H={HEADS}, fp16, `[B, H, T, d]` inputs. "
            "TFLOPS use 4·B·H·T²·d forward FLOPs (half when causal), backward 2.5x forward. "
            "Peak extra memory: `torch.cuda.max_memory_allocated()` during one call minus what was allocated "
            "before it (the inputs). Generated by `bench/bench_attention.py`.", ""]
@@ -381,6 +395,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help=f"T in {QUICK_T} and shorter timing runs")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results",
                         help="directory for <gpu>.csv/.md/.png (default: bench/results)")
+    parser.add_argument("--seqs", help="comma-separated sequence lengths (default: by --quick)")
+    parser.add_argument("--impls", help=f"comma-separated subset of {','.join(IMPLS)}")
+    parser.add_argument("--commit", help="the course's commit, for the results (default: git)")
     args = parser.parse_args(argv)
 
     if tf is None:
@@ -394,15 +411,31 @@ def main(argv: list[str] | None = None) -> int:
 
     from tqdm import tqdm
 
-    info = machine()
-    print(f"{info['gpu']}, torch {info['torch']} (CUDA {info['cuda']}), triton {info['triton']}")
-    check_course_kernel()
-    seqs = QUICK_T if args.quick else FULL_T
+    from helpers.tools import kernel_gpu
+
+    info = machine(args.commit)
+    print(", ".join(f"{k} {v}" for k, v in info.items()), flush=True)
+    hopper = torch.cuda.get_device_capability() >= (9, 0)
+    impls = [i for i in (args.impls.split(",") if args.impls else IMPLS) if hopper or i != "course-pointers"]
+    unknown = set(impls) - set(IMPLS)
+    if unknown:
+        parser.error(f"unknown --impls {sorted(unknown)}; choose from {list(IMPLS)}")
+    seqs = tuple(int(t) for t in args.seqs.split(",")) if args.seqs else (QUICK_T if args.quick else FULL_T)
     rep = 30 if args.quick else 100
+
+    paths = [p for impl, p in (("course", None), ("course-pointers", False)) if impl in impls]
+    if paths:  # every config the autotuner will try, compiled in parallel (the check reuses some)
+        kernel_gpu.precompile(1, HEADS, seqs, HEAD_DIMS, [hopper if p is None else p for p in paths])
+    print("Checking the course kernel against SDPA (outputs poisoned with NaN first):", flush=True)
+    failures = kernel_gpu.check_kernels((True, False) if hopper else (False,))
+    if failures:
+        print("The course kernel disagrees with SDPA; not timing it:\n  " + "\n  ".join(failures))
+        return 1
+
     jobs = [(T, d, c, mode, impl) for T in seqs for d in HEAD_DIMS for c in (False, True) for mode in MODES
-            for impl in IMPLS]
+            for impl in impls]
     rows = []
-    for T, d, c, mode, impl in tqdm(jobs, desc="benchmark", unit="run"):
+    for T, d, c, mode, impl in tqdm(jobs, desc="benchmark", unit="run", mininterval=10):
         rows.append(measure(impl, mode, T, d, c, rep))
 
     args.out.mkdir(parents=True, exist_ok=True)
@@ -411,7 +444,16 @@ def main(argv: list[str] | None = None) -> int:
     write_markdown(rows, info, seqs, stem.with_suffix(".md"))
     plot(rows, info, seqs, stem.with_suffix(".png"))
     print("\n".join(goal_checks(rows)))
-    print(f"Wrote {stem}.csv, .md and .png")
+    if paths:
+        choices = kernel_gpu.autotune_choices(HEAD_DIMS, Path(__file__).resolve().parent / "results" / "kernel_aot.json")
+        (stem.parent / f"{stem.name}-kernels.json").write_text(json.dumps(choices, indent=1))
+        table = kernel_gpu.choices_markdown(choices)
+        (stem.parent / f"{stem.name}-kernels.md").write_text("\n".join(
+            [f"# The autotuner's choices on {info['gpu']}", "",
+             ", ".join(f"{k} {v}" for k, v in info.items()) + ". registers / spill_bytes: this GPU's compile; "
+             "aot_*: bench/results/kernel_aot.json (make kernel-report, Triton on a CPU).", ""] + table) + "\n")
+        print("\n".join(table))
+    print(f"Wrote {stem}.csv, .md and .png, and {stem.name}-kernels.md/.json")
     return 0
 
 
