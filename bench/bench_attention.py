@@ -397,6 +397,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="directory for <gpu>.csv/.md/.png (default: bench/results)")
     parser.add_argument("--seqs", help="comma-separated sequence lengths (default: by --quick)")
     parser.add_argument("--impls", help=f"comma-separated subset of {','.join(IMPLS)}")
+    parser.add_argument("--rep", type=int, help="milliseconds of timed runs per measurement (default: by --quick)")
     parser.add_argument("--commit", help="the course's commit, for the results (default: git)")
     args = parser.parse_args(argv)
 
@@ -421,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown --impls {sorted(unknown)}; choose from {list(IMPLS)}")
     seqs = tuple(int(t) for t in args.seqs.split(",")) if args.seqs else (QUICK_T if args.quick else FULL_T)
-    rep = 30 if args.quick else 100
+    rep = args.rep or (30 if args.quick else 100)
 
     paths = [p for impl, p in (("course", None), ("course-pointers", False)) if impl in impls]
     if paths:  # every config the autotuner will try, compiled in parallel (the check reuses some)
@@ -434,13 +435,13 @@ def main(argv: list[str] | None = None) -> int:
 
     jobs = [(T, d, c, mode, impl) for T in seqs for d in HEAD_DIMS for c in (False, True) for mode in MODES
             for impl in impls]
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = args.out / slug(info["gpu"])
     rows = []
     for T, d, c, mode, impl in tqdm(jobs, desc="benchmark", unit="run", mininterval=10):
         rows.append(measure(impl, mode, T, d, c, rep))
-
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / slug(info["gpu"])
-    write_csv(rows, info, stem.with_suffix(".csv"))
+        if rows[-1]["T"] != (jobs[len(rows)][0] if len(rows) < len(jobs) else None):
+            write_csv(rows, info, stem.with_suffix(".csv"))  # each length's rows as soon as they exist
     write_markdown(rows, info, seqs, stem.with_suffix(".md"))
     plot(rows, info, seqs, stem.with_suffix(".png"))
     print("\n".join(goal_checks(rows)))

@@ -16,6 +16,6 @@ triton.__version__, 'capability', torch.cuda.get_device_capability(), 'cpus', __
   time $PY bench/bench_attention.py --out "$OUT" ${BENCH_ARGS:-}
 } 2>&1 | tee "$OUT/bench.log"
 if [ "${TEST_S:-120}" -gt 0 ]; then
-  timeout "${TEST_S:-120}" $PY -m pytest -q -n 8 -m "not slow" -p no:cacheprovider tests/test_nb09_triton_flash.py 2>&1 \
+  timeout "${TEST_S:-120}" $PY -m pytest -q -n 8 -m "not slow" -p no:cacheprovider ${TESTS:+-k "$TESTS"} tests/test_nb09_triton_flash.py 2>&1 \
     | tail -60 | tee "$OUT/pytest.log"
 fi

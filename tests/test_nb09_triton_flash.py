@@ -171,7 +171,7 @@ def test_tensor_descriptor_path_equals_the_pointer_path(B, H, H_kv, T, d, causal
 
 
 def test_tma_dispatch_needs_contiguous_rows_and_a_hopper(monkeypatch):
-    x = torch.zeros(1, 2, 8, 16)
+    x = torch.zeros(1, 2, 8, 16, device=DEVICE)
     monkeypatch.setattr(tf, "USE_TMA", None)
     if hasattr(tf.tl, "make_tensor_descriptor"):
         assert tf._tma_allowed((9, 0)) and tf._tma_allowed((10, 0)), "Hopper and newer take descriptors"
@@ -181,7 +181,7 @@ def test_tma_dispatch_needs_contiguous_rows_and_a_hopper(monkeypatch):
     monkeypatch.setattr(tf, "USE_TMA", True)
     assert tf._tma_for(x)
     assert not tf._tma_for(x.transpose(2, 3)), "a descriptor needs the last dim contiguous"
-    assert not tf._tma_for(torch.zeros(1, 2, 8, 3)[..., :2]), "rows must start 16-byte aligned"
+    assert not tf._tma_for(torch.zeros(1, 2, 8, 3, device=DEVICE)[..., :2]), "rows must start 16-byte aligned"
     monkeypatch.setattr(tf, "USE_TMA", False)
     assert not tf._tma_for(x)
 
