@@ -221,12 +221,15 @@ def test_triton_non_contiguous_and_cross_attention():
 
 @needs_triton
 @pytest.mark.slow
+@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_triton_every_gpu_tile_shape(causal, monkeypatch):
+def test_triton_every_gpu_tile_shape(causal, tma, monkeypatch):
     """Run each tile shape the GPU autotuner may pick (one per config table row, in turn) in the
-    interpreter, on a ragged length, so the staged loops are right for every BLOCK_M/BLOCK_N ratio."""
+    interpreter, on a ragged length, so the staged loops are right for every BLOCK_M/BLOCK_N ratio,
+    through pointer grids and through tensor descriptors (TMA)."""
     if not tf._INTERPRET:
         pytest.skip("the autotuner chooses tiles on a GPU (see test_autotuned_kernels_on_gpu)")
+    monkeypatch.setattr(tf, "USE_TMA", tma)
     shapes = {kind: sorted({(m, n) for m, n, _, _ in table if tf.valid_config(kind, m, n, causal, 4096, 4096)})
               for kind, table in (("fwd", tf.FWD_CONFIGS), ("dkdv", tf.DKDV_CONFIGS), ("dq", tf.DQ_CONFIGS))}
     q, k, v = make_qkv(1, 2, 1, 300, 16)
