@@ -374,13 +374,37 @@ def readme_map(repo: str | None = None) -> str:
     return "\n".join(rows)
 
 
+def readme_exercises() -> str:
+    """The README's exercise table, from the checks' registry (``helpers.checks.EXERCISES``)."""
+    from helpers.checks import EXERCISES
+
+    exercises = sorted(EXERCISES.values(), key=lambda e: tuple(int(p) for p in e.id.split(".")))
+    graded = [e for e in exercises if not e.bonus]
+    rows = [f"{len(graded)} graded exercises worth {sum(e.points for e in graded)} points, and "
+            f"{len(exercises) - len(graded)} bonus; ★ marks difficulty, one point per star.", "",
+            "| # | exercise | your function | ★ | the teaching section it builds on |",
+            "|---|---|---|---|---|"]
+    for e in exercises:
+        bonus = " (bonus)" if e.bonus else ""
+        rows.append(f"| {e.id} | {e.title}{bonus} | `{e.name}` | {'★' * e.stars} | "
+                    f"[{e.notebook}](notebooks/{e.notebook}.ipynb) § {e.section or ''} |")
+    return "\n".join(rows)
+
+
 MAP_START, MAP_END = "<!-- notebook-map:start -->", "<!-- notebook-map:end -->"
+EXERCISES_START, EXERCISES_END = "<!-- exercise-map:start -->", "<!-- exercise-map:end -->"
+
+
+def _between(text: str, start: str, end: str, body: str) -> str:
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{start}\n{body}\n{end}{tail}"
 
 
 def readme_with_map(text: str, repo: str | None = None) -> str:
-    head, rest = text.split(MAP_START, 1)
-    _, tail = rest.split(MAP_END, 1)
-    return f"{head}{MAP_START}\n{readme_map(repo)}\n{MAP_END}{tail}"
+    """The README with its notebook table and its exercise table made anew."""
+    text = _between(text, MAP_START, MAP_END, readme_map(repo))
+    return _between(text, EXERCISES_START, EXERCISES_END, readme_exercises())
 
 
 def sync() -> None:
@@ -395,7 +419,7 @@ def sync() -> None:
     write_exercises()
     readme = ROOT / "README.md"
     readme.write_text(readme_with_map(readme.read_text(encoding="utf-8")), encoding="utf-8")
-    print("README notebook map updated")
+    print("README notebook and exercise tables updated")
 
 
 # --------------------------------------------------------------------------- execute
