@@ -17,7 +17,8 @@ kernels run in Triton's interpreter (slow, for learning and tests); with one, th
 
 On each GPU (proved ahead of time by ``make kernel-report`` and tests/test_kernel_report.py; the
 tables are ``CONFIG_TABLES``): H100/H200 and newer (sm_90): wgmma and TMA loads, no configuration
-spills; A100 (sm_80) and L4 (sm_89, 99 KiB of shared memory): mma.sync and cp.async, no spills;
+spills (nor on the pointer path a tensor with unaligned rows falls back to, which has its own
+tables); A100 (sm_80) and L4 (sm_89, 99 KiB of shared memory): mma.sync and cp.async, no spills;
 T4 (sm_75, Colab's free GPU): it runs, with small tiles that fit 64 KiB, but Triton emits no
 tensor-core instructions there (every dot is FMA) and the backward spills at d = 128, so SDPA is
 faster. Refused with one line: bfloat16 below sm_80, dtypes other than fp16/bf16/fp32 (fp8
@@ -480,6 +481,17 @@ CONFIG_TABLES: dict[tuple[str, int, str], list[tuple[int, int, int, int]]] = {
     ("dkdv", 128, "sm_90"): [row for row in DKDV_CONFIGS if row[:2] != (64, 128)],
     ("dq", 64, "sm_90"): DQ_CONFIGS,
     ("dq", 128, "sm_90"): [row for row in DQ_CONFIGS if row != (128, 32, 4, 3)],
+    # Hopper without descriptors (a tensor whose rows are not 16-byte aligned, or a Triton without
+    # tl.make_tensor_descriptor): pointer grids, Ampere's rows less those that spill with wgmma
+    ("fwd", 64, "sm_90-pointers"): [(128, 64, 8, 3), (128, 64, 8, 4), (128, 32, 4, 4), (64, 64, 4, 3),
+                                    (64, 32, 4, 4)],
+    ("fwd", 128, "sm_90-pointers"): [(64, 32, 4, 4), (64, 32, 4, 3), (64, 32, 8, 3), (64, 64, 8, 3),
+                                     (64, 64, 8, 2)],  # not 32x32 with 4 warps: too few rows for wgmma
+    ("dkdv", 64, "sm_90-pointers"): [(32, 128, 8, 3), (16, 128, 8, 3), (32, 64, 4, 3), (32, 64, 4, 4),
+                                     (32, 64, 8, 3)],
+    ("dkdv", 128, "sm_90-pointers"): [(16, 128, 8, 3), (32, 64, 8, 3)],
+    ("dq", 64, "sm_90-pointers"): DQ_CONFIGS,
+    ("dq", 128, "sm_90-pointers"): [(128, 32, 8, 3), (64, 32, 4, 3), (64, 32, 4, 4)],
     # Ampere: pointer grids
     ("fwd", 64, "sm_80"): [(128, 64, 4, 4), (128, 64, 8, 3), (128, 64, 8, 4), (128, 32, 4, 4), (64, 64, 4, 3),
                            (64, 32, 4, 4)],
@@ -518,9 +530,16 @@ def gpu_target(capability: tuple[int, int]) -> str:
     return "sm_80" if capability >= (8, 0) else "sm_75"
 
 
+def table_name(target: str, tma: bool) -> str:
+    """Which tables a launch tunes over: the generation's ("sm_90", "sm_80", ...), except on Hopper
+    without descriptors, whose pointer path has its own ("sm_90-pointers")."""
+    return "sm_90-pointers" if target == "sm_90" and not tma else target
+
+
 def config_table(kind: str, head_dim: int, target: str) -> list[tuple[int, int, int, int]]:
     """The (BLOCK_M, BLOCK_N, num_warps, num_stages) rows the autotuner tries for kernel `kind` at
-    this head dim on this GPU generation (head dims below 64 use the 64 tables)."""
+    this head dim on this GPU generation, ``target`` as :func:`table_name` gives it (head dims
+    below 64 use the 64 tables)."""
     generic = {"fwd": FWD_CONFIGS, "dkdv": DKDV_CONFIGS, "dq": DQ_CONFIGS}[kind]
     return CONFIG_TABLES.get((kind, max(head_dim, 64), target), generic)
 
@@ -602,11 +621,12 @@ def _kernels(interpret: bool, head_dim: int = 64, target: str = "sm_90"):
     return tune("fwd", _attn_fwd), tune("dkdv", _attn_bwd_dkdv), tune("dq", _attn_bwd_dq)
 
 
-def _launchers(q: torch.Tensor):
-    """The (forward, dK/dV, dQ) launchers for q's head dim and GPU generation."""
+def _launchers(q: torch.Tensor, tma: bool):
+    """The (forward, dK/dV, dQ) launchers for q's head dim, GPU generation and load path."""
     if _INTERPRET:
         return _kernels(True)
-    return _kernels(False, q.shape[-1], gpu_target(torch.cuda.get_device_capability(q.device)))
+    target = gpu_target(torch.cuda.get_device_capability(q.device))
+    return _kernels(False, q.shape[-1], table_name(target, tma))
 
 
 def _fixed_blocks(kind: str) -> dict:
@@ -722,13 +742,14 @@ def flash_attention_triton_forward(
     scale = _scale(d, sm_scale)
     out = torch.empty((B, H, T_q, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, T_q), dtype=torch.float32, device=q.device)
-    fwd, _, _ = _launchers(q)
+    tma = _prepare(_tma_for(k, v))
+    fwd = _launchers(q, tma)[0]
     grid = lambda meta: (triton.cdiv(T_q, meta["BLOCK_M"]), B * H)  # noqa: E731
     fwd[grid](
         q, k, v, out, lse, scale * LOG2E,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         H, T_q, T_k, H // H_kv,
-        HEAD_DIM=d, CAUSAL=bool(causal), DOT_PRECISION=_dot_precision(q.dtype), TMA=_prepare(_tma_for(k, v)),
+        HEAD_DIM=d, CAUSAL=bool(causal), DOT_PRECISION=_dot_precision(q.dtype), TMA=tma,
         **_fixed_blocks("fwd"),
     )
     return out.reshape(q_in.shape), lse.reshape(q_in.shape[:-1])
@@ -763,7 +784,8 @@ def flash_attention_triton_backward(
     dq = torch.empty((B, H, T_q, d), dtype=q.dtype, device=q.device)
     dk = torch.empty((B, H_kv, T_k, d), dtype=k.dtype, device=q.device)
     dv = torch.empty((B, H_kv, T_k, d), dtype=v.dtype, device=q.device)
-    _, dkdv, dqk = _launchers(q)
+    tma_dkdv, tma_dq = _prepare(_tma_for(q, grad_out)), _prepare(_tma_for(k, v))
+    dkdv, dqk = _launchers(q, tma_dkdv)[1], _launchers(q, tma_dq)[2]
     common = dict(HEAD_DIM=d, CAUSAL=bool(causal), DOT_PRECISION=_dot_precision(q.dtype))
 
     # 1) Delta = rowsum(dO * O)  [B, H, T_q]
@@ -775,13 +797,13 @@ def flash_attention_triton_backward(
     dkdv[lambda meta: (triton.cdiv(T_k, meta["BLOCK_N"]), B * H_kv)](
         q, k, v, grad_out, dk, dv, lse, delta, scale * LOG2E, scale,
         *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dk.stride(), *dv.stride(),
-        H, H_kv, T_q, T_k, H // H_kv, **common, TMA=_prepare(_tma_for(q, grad_out)), **_fixed_blocks("dkdv"),
+        H, H_kv, T_q, T_k, H // H_kv, **common, TMA=tma_dkdv, **_fixed_blocks("dkdv"),
     )
     # 3) dQ: one program per query block and query head
     dqk[lambda meta: (triton.cdiv(T_q, meta["BLOCK_M"]), B * H)](
         q, k, v, grad_out, dq, lse, delta, scale * LOG2E, scale,
         *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dq.stride(),
-        H, T_q, T_k, H // H_kv, **common, TMA=_prepare(_tma_for(k, v)), **_fixed_blocks("dq"),
+        H, T_q, T_k, H // H_kv, **common, TMA=tma_dq, **_fixed_blocks("dq"),
     )
     return dq.reshape(q_in.shape), dk.reshape(k_in.shape), dv.reshape(v_in.shape)
 

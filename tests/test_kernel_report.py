@@ -86,7 +86,7 @@ def test_mma_and_load_kinds():
 
 
 def _row(**changes):
-    row = dict(kernel="fwd", target="sm_90", dtype="fp16", head_dim=64, causal=True, block_m=128, block_n=64,
+    row = dict(kernel="fwd", target="sm_90", tma=False, dtype="fp16", head_dim=64, causal=True, block_m=128, block_n=64,
                num_warps=4, num_stages=3, registers=255, spill_bytes=12, mma="wgmma", loads="cp.async",
                shared_bytes=65536)
     return {**row, **changes}
@@ -120,7 +120,7 @@ def test_report_files_round_trip(tmp_path):
     assert set(rows[0]) == set(kr.ROW_KEYS)
     md = (tmp_path / "kernel_aot.md").read_text()
     assert "test machine" in md and "Triton 3.9.0" in md and "abc1234" in md
-    assert "| fwd | sm_90 | 64 | 1 | 255-255 | 1 | 12 |" in md and "## Spilling configurations" in md
+    assert "| fwd | sm_90 | cp.async | 64 | 1 | 255-255 | 1 | 12 |" in md and "## Spilling configurations" in md
 
 
 AOT_SCRIPT = """
@@ -137,9 +137,10 @@ names = fn.arg_names
 spec = {"signature": signature,
         "constexprs": {names[k[0]]: v for k, v in constexprs.items()},
         "divisible": sorted(names[k[0]] for k, v in attrs.items() if ["tt.divisibility", 16] in v)}
-specs = [dict(kernel=kind, target=target, dtype="fp16", head_dim=128, causal=True,
-              **dict(zip(("block_m", "block_n", "num_warps", "num_stages"), kr.config_table(kind, 128, target)[0])))
-         for target in ("sm_90", "sm_80") for kind in kr.KERNELS]
+specs = [dict(kernel=kind, target=target, tma=tma, dtype="fp16", head_dim=128, causal=True,
+              **dict(zip(("block_m", "block_n", "num_warps", "num_stages"),
+                         kr.config_table(kind, 128, tf.table_name(target, tma))[0])))
+         for target, tma in (("sm_90", True), ("sm_90", False), ("sm_80", False)) for kind in kr.KERNELS]
 print(json.dumps({"spec": spec, "rows": kr.compile_rows(specs, jobs=1)}))
 """
 
@@ -152,8 +153,9 @@ REGISTER_CEILING = {"3.9": {"sm_90": 232, "sm_80": 255}}
 
 @needs_triton
 def test_first_configs_compile_without_spilling():
-    """The first entry of each table (the one a first launch tries) for sm_90 and sm_80 at d = 128,
-    causal: no spill, Hopper's wgmma and TMA loads on sm_90, registers under the ceiling."""
+    """The first entry of each table (the one a first launch tries) for sm_90 (both load paths) and
+    sm_80 at d = 128, causal: no spill, Hopper's wgmma (and TMA loads on its descriptor path),
+    registers under the ceiling."""
     import triton
     env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
     run = subprocess.run([sys.executable, "-c", AOT_SCRIPT], capture_output=True, text=True, env=env, cwd=kr.ROOT,
@@ -172,13 +174,16 @@ def test_first_configs_compile_without_spilling():
     assert {"Q", "K", "V", "Out", "Lse", "stride_qz", "stride_qh", "stride_qm", "H", "N_Q", "N_K"} <= set(spec["divisible"])
     assert "qk_scale" not in spec["divisible"]
     rows = out["rows"]
-    assert [(r["target"], r["kernel"]) for r in rows] == [(t, k) for t in ("sm_90", "sm_80") for k in kr.KERNELS]
+    assert [(r["target"], r["tma"], r["kernel"]) for r in rows] == [
+        (t, tma, k) for t, tma in (("sm_90", True), ("sm_90", False), ("sm_80", False)) for k in kr.KERNELS]
     ceiling = REGISTER_CEILING.get(".".join(triton.__version__.split(".")[:2]), {})
     for row in rows:
         assert set(row) == set(kr.ROW_KEYS), row
         assert row["spill_bytes"] == 0, f"the first entry spills: {row}"
-        assert 0 < row["registers"] <= ceiling.get(row["target"], 255), row
-        assert (row["mma"], row["loads"]) == (("wgmma", "tma") if row["target"] == "sm_90" else ("mma.sync", "cp.async")), row
+        table = row["target"] if row["tma"] or row["target"] != "sm_90" else "sm_90-pointers"
+        assert 0 < row["registers"] <= ceiling.get(table, 255), row
+        assert row["mma"] == ("wgmma" if row["target"] == "sm_90" else "mma.sync"), row
+        assert row["loads"] == ("tma" if row["tma"] else "cp.async"), row
         assert row["shared_bytes"] > 0 and kr.fits_shared(row), row
 
 
@@ -187,11 +192,13 @@ def test_the_committed_report_covers_every_choosable_config_and_none_spills():
     autotuner can choose on sm_80 and sm_90 (fp16, bf16; d = 64, 128; causal or not), and none of
     them spills; on sm_90 every one uses wgmma and TMA loads."""
     rows = kr.read_report(kr.ROOT / "bench" / "results" / "kernel_aot.json")
-    key = lambda r: (r["kernel"], r["target"], r["dtype"], r["head_dim"], r["causal"],  # noqa: E731
+    key = lambda r: (r["kernel"], r["target"], r["tma"], r["dtype"], r["head_dim"], r["causal"],  # noqa: E731
                      r["block_m"], r["block_n"], r["num_warps"], r["num_stages"])
     assert sorted(map(key, rows)) == sorted(map(key, kr.report_specs())), "make kernel-report: the tables changed"
     assert not kr.spilling(rows), kr.spilling(rows)[:3]
-    assert all((r["mma"], r["loads"]) == ("wgmma", "tma") for r in rows if r["target"] == "sm_90")
+    assert all(r["mma"] == "wgmma" and r["loads"] == ("tma" if r["tma"] else "cp.async")
+               for r in rows if r["target"] == "sm_90")
+    assert {r["tma"] for r in rows if r["target"] == "sm_90"} == {True, False}, "both Hopper load paths"
     assert all(r["mma"] == "mma.sync" and kr.fits_shared(r) for r in rows if r["target"] == "sm_80")
 
 
@@ -243,8 +250,9 @@ H200 = kr.ROOT / "bench" / "results" / "nvidia-h200"
 
 def test_the_h200_autotuner_chose_table_rows_and_the_tma_ones_never_spilled():
     """nvidia-h200-kernels.json: each shape's pick is a row of the sm_90 table for its kernel and
-    head dim; with TMA, the GPU's own compile (Triton 3.6) spilled nothing, used wgmma and TMA
-    copies, and the ahead-of-time report has the same row, spill-free."""
+    head dim (the record predates the pointer path's own tables: both paths tuned over these);
+    with TMA, the GPU's own compile (Triton 3.6) spilled nothing, used wgmma and TMA copies, and
+    the ahead-of-time report has the same row, spill-free."""
     from helpers import nb09_triton_flash as tf
 
     rows = json.loads(H200.with_name(H200.name + "-kernels.json").read_text())

@@ -395,7 +395,7 @@ def test_bf16_on_gpu():
 @needs_cuda
 def test_autotuned_kernels_on_gpu():
     q, k, v = make_qkv(1, 4, 4, 1024, 128, dtype=torch.float16)
-    fwd, dkdv, dq = tf._launchers(q)  # this head dim's and this GPU's tables
+    fwd, dkdv, dq = tf._launchers(q, tf._tma_for(k, v))  # this head dim's, GPU's and load path's tables
     assert all(hasattr(kernel, "configs") for kernel in (fwd, dkdv, dq)), "expected triton Autotuner objects"
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     out = tf.flash_attention_triton(q, k, v, causal=True)

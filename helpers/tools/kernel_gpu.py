@@ -165,11 +165,11 @@ def precompile_one(job: tuple) -> tuple[tuple, str]:
     B, H, T, d, causal, tma, kind, row = job
     tf.USE_TMA = tma
     q, k, v, grad_out = (torch.randn(B, H, T, d, device="cuda", dtype=torch.float16) for _ in range(4))
-    tuners = tf._launchers(q)
+    tuners = tf._launchers(q, tma)
     configs = tf.triton_configs([row])
     warm = tuple(_WarmOnly(t, configs if name == kind else []) for name, t in zip(KINDS, tuners))
     real = tf._launchers
-    tf._launchers = lambda _q: warm
+    tf._launchers = lambda _q, _tma: warm
     try:
         out, lse = tf.flash_attention_triton_forward(q, k, v, causal=causal)
         if kind != "fwd":
@@ -198,7 +198,7 @@ def precompile(B: int, H: int, seqs, head_dims, tma_paths, workers: int | None =
             for causal in (False, True):
                 for tma in tma_paths:
                     for kind in KINDS:
-                        for row in tf.config_table(kind, d, target):
+                        for row in tf.config_table(kind, d, tf.table_name(target, tma)):
                             if tf.valid_config(kind, row[0], row[1], causal, T, T):
                                 jobs.append((B, H, T, d, causal, tma, kind, row))
     start = time.perf_counter()
@@ -249,8 +249,8 @@ def _report_rows(path: Path) -> dict:
     if not path.exists():
         return {}
     rows = json.loads(path.read_text())
-    return {(r["kernel"], r["target"], r["dtype"], r["head_dim"], r["causal"], r["block_m"], r["block_n"],
-             r["num_warps"], r["num_stages"]): r for r in rows}
+    return {(r["kernel"], r["target"], r["loads"] == "tma", r["dtype"], r["head_dim"], r["causal"], r["block_m"],
+             r["block_n"], r["num_warps"], r["num_stages"]): r for r in rows}
 
 
 def autotune_choices(head_dims, report: Path) -> list[dict]:
@@ -265,22 +265,23 @@ def autotune_choices(head_dims, report: Path) -> list[dict]:
     compiled = {(r["kernel"], r["dtype"], r["head_dim"], r["causal"], r["tma"], r["block_m"], r["block_n"],
                  r["num_warps"], r["num_stages"]): r for r in compiled_kernels() if "error" not in r}
     rows = []
-    for d in head_dims:
-        for kind, tuner in zip(KINDS, tf._kernels(False, d, target)):
-            for key, config in getattr(tuner, "cache", {}).items():
-                n_q, n_k, head_dim, causal, tma = key[:5]
-                dtype = next((str(x) for x in key[5:] if "float" in str(x)), "torch.float16")
-                short = {"torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float32": "fp32"}.get(dtype, dtype)
-                bm, bn = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]
-                w, s = config.num_warps, config.num_stages
-                gpu = compiled.get((kind, short, head_dim, bool(causal), bool(tma), bm, bn, w, s), {})
-                aot = predicted.get((kind, target, short, head_dim, bool(causal), bm, bn, w, s), {}) if tma or \
-                    target != "sm_90" else {}
-                rows.append({"kernel": kind, "T_q": n_q, "T_k": n_k, "head_dim": head_dim, "causal": bool(causal),
-                             "dtype": short, "tma": bool(tma), "block_m": bm, "block_n": bn, "num_warps": w,
-                             "num_stages": s, "registers": gpu.get("registers"), "spill_bytes": gpu.get("spill_bytes"),
-                             "aot_registers": aot.get("registers"), "aot_spill_bytes": aot.get("spill_bytes"),
-                             "wgmma": gpu.get("wgmma"), "tma_copies": gpu.get("tma_copies")})
+    tuners = [(kind, tuner) for d in head_dims for table in dict.fromkeys([tf.table_name(target, True),
+                                                                           tf.table_name(target, False)])
+              for kind, tuner in zip(KINDS, tf._kernels(False, d, table))]
+    for kind, tuner in tuners:
+        for key, config in getattr(tuner, "cache", {}).items():
+            n_q, n_k, head_dim, causal, tma = key[:5]
+            dtype = next((str(x) for x in key[5:] if "float" in str(x)), "torch.float16")
+            short = {"torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float32": "fp32"}.get(dtype, dtype)
+            bm, bn = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]
+            w, s = config.num_warps, config.num_stages
+            gpu = compiled.get((kind, short, head_dim, bool(causal), bool(tma), bm, bn, w, s), {})
+            aot = predicted.get((kind, target, bool(tma), short, head_dim, bool(causal), bm, bn, w, s), {})
+            rows.append({"kernel": kind, "T_q": n_q, "T_k": n_k, "head_dim": head_dim, "causal": bool(causal),
+                         "dtype": short, "tma": bool(tma), "block_m": bm, "block_n": bn, "num_warps": w,
+                         "num_stages": s, "registers": gpu.get("registers"), "spill_bytes": gpu.get("spill_bytes"),
+                         "aot_registers": aot.get("registers"), "aot_spill_bytes": aot.get("spill_bytes"),
+                         "wgmma": gpu.get("wgmma"), "tma_copies": gpu.get("tma_copies")})
     return rows
 
 

@@ -76,7 +76,7 @@ SHARED_LIMIT = {
     "sm_90": 227 * 1024,  # 232,448
 }
 
-ROW_KEYS = ("kernel", "target", "dtype", "head_dim", "causal", "block_m", "block_n", "num_warps",
+ROW_KEYS = ("kernel", "target", "tma", "dtype", "head_dim", "causal", "block_m", "block_n", "num_warps",
             "num_stages", "registers", "spill_bytes", "mma", "loads", "shared_bytes")
 
 POINTERS = ("Q", "K", "V", "Out", "DO", "DK", "DV", "DQ")  # take the inputs' dtype
@@ -110,17 +110,27 @@ def choosable_configs(kind: str, head_dim: int, causal: bool, target: str) -> li
     return [row for row in config_table(kind, head_dim, target) if tf.valid_config(kind, row[0], row[1], causal, T, T)]
 
 
+def load_paths(target: str, dtype: str, head_dim: int) -> tuple[bool, ...]:
+    """The load paths a launch on `target` can take: descriptors (True) where ``uses_tma`` says a
+    contiguous launch takes them, and then also pointer grids (the fallback for unaligned rows)."""
+    return (True, False) if uses_tma(target, dtype, head_dim) else (False,)
+
+
 def report_specs(targets=REPORT_TARGETS, dtypes=DTYPES, head_dims=HEAD_DIMS, kernels=tuple(KERNELS)) -> list[dict]:
-    """Every (kernel, target, dtype, head_dim, causal, config) the report compiles, as compile_row's kwargs."""
+    """Every (kernel, target, tma, dtype, head_dim, causal, config) the report compiles, as
+    compile_row's kwargs; each load path tunes over its own table (``table_name``)."""
     specs = []
     for kernel in kernels:
         for target in targets:
             for dtype in dtypes:
                 for head_dim in head_dims:
-                    for causal in (False, True):
-                        for bm, bn, w, s in choosable_configs(kernel, head_dim, causal, target):
-                            specs.append(dict(kernel=kernel, target=target, dtype=dtype, head_dim=head_dim,
-                                              causal=causal, block_m=bm, block_n=bn, num_warps=w, num_stages=s))
+                    for tma in load_paths(target, dtype, head_dim):
+                        table = _flash().table_name(target, tma)
+                        for causal in (False, True):
+                            for bm, bn, w, s in choosable_configs(kernel, head_dim, causal, table):
+                                specs.append(dict(kernel=kernel, target=target, tma=tma, dtype=dtype,
+                                                  head_dim=head_dim, causal=causal, block_m=bm, block_n=bn,
+                                                  num_warps=w, num_stages=s))
     return specs
 
 
@@ -227,8 +237,9 @@ def run_ptxas(ptx: str, capability: int, options) -> str:
 
 
 def compile_kernel(kernel: str, target: str, dtype: str, head_dim: int, causal: bool,
-                   block_m: int, block_n: int, num_warps: int, num_stages: int):
-    """(CompiledKernel, ptxas -v log, options) of one configuration, specialised as on the GPU."""
+                   block_m: int, block_n: int, num_warps: int, num_stages: int, tma: bool | None = None):
+    """(CompiledKernel, ptxas -v log, options) of one configuration, specialised as on the GPU;
+    ``tma`` None: the load path a contiguous launch takes there (``uses_tma``)."""
     import triton
     from triton import knobs
     from triton.backends.compiler import GPUTarget
@@ -244,7 +255,7 @@ def compile_kernel(kernel: str, target: str, dtype: str, head_dim: int, causal: 
     constexprs = dict(HEAD_DIM=head_dim, CAUSAL=bool(causal), DOT_PRECISION=tf._dot_precision(_torch_dtype(dtype)),
                       BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages)
     if "TMA" in fn.arg_names:
-        constexprs["TMA"] = uses_tma(target, dtype, head_dim)
+        constexprs["TMA"] = uses_tma(target, dtype, head_dim) if tma is None else bool(tma)
     signature, consts, attrs, options = specialise(fn, gpu, launch_arguments(fn, dtype, head_dim), constexprs)
     log = io.StringIO()
     knobs.nvidia.dump_ptxas_log = True  # Triton prints its own ptxas -v log when it assembles
@@ -357,14 +368,15 @@ def compile_rows(specs: list[dict], jobs: int | None = None, on_row=None) -> lis
 
 
 def compile_row(kernel: str, target: str, dtype: str, head_dim: int, causal: bool,
-                block_m: int, block_n: int, num_warps: int, num_stages: int) -> dict:
+                block_m: int, block_n: int, num_warps: int, num_stages: int, tma: bool | None = None) -> dict:
     """One report row: compile `kernel` ("fwd", "dkdv", "dq") for `target` (a key of TARGETS) with
     this configuration, specialised for SHAPE, and read its registers, spills, matrix instructions,
     loads and shared memory. Compiles in this process when it runs with TRITON_INTERPRET=0, else in
     a fresh one (a notebook with the interpreter on, a test). Seconds per call."""
     if target not in TARGETS:
         raise ValueError(f"target {target!r}: use one of {sorted(TARGETS)}")
-    spec = dict(kernel=kernel, target=target, dtype=dtype, head_dim=head_dim, causal=bool(causal),
+    tma = uses_tma(target, dtype, head_dim) if tma is None else bool(tma)
+    spec = dict(kernel=kernel, target=target, tma=tma, dtype=dtype, head_dim=head_dim, causal=bool(causal),
                 block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages)
     return compile_rows([spec], jobs=1)[0]
 
@@ -440,19 +452,20 @@ def summary_markdown(rows: list[dict], meta: dict) -> str:
         f"kernels sha256 {meta['kernel_source_sha256']}, {meta['date']}. No GPU ran: registers and "
         "spills are ptxas -v's for the named architecture. `make kernel-report` writes this file.",
         "",
-        "| kernel | target | d | configs | registers | spilling | worst spill (bytes) | max shared (KiB) | all fit |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| kernel | target | loads | d | configs | registers | spilling | worst spill (bytes) | max shared (KiB) "
+        "| all fit |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
-        groups.setdefault((row["kernel"], row["target"], row["head_dim"]), []).append(row)
-    for (kernel, target, d), group in groups.items():
+        groups.setdefault((row["kernel"], row["target"], row["loads"], row["head_dim"]), []).append(row)
+    for (kernel, target, loads, d), group in groups.items():
         regs = [r["registers"] for r in group]
         spills = spilling(group)
         worst = max((r["spill_bytes"] for r in spills), default=0)
         shared = max(r["shared_bytes"] for r in group) / 1024
         fit = "yes" if all(fits_shared(r) for r in group) else "no"
-        lines.append(f"| {kernel} | {target} | {d} | {len(group)} | {min(regs)}-{max(regs)} | {len(spills)} | "
+        lines.append(f"| {kernel} | {target} | {loads} | {d} | {len(group)} | {min(regs)}-{max(regs)} | {len(spills)} | "
                      f"{worst} | {shared:.0f} | {fit} |")
     dtypes = ", ".join(sorted({row["dtype"] for row in rows}))
     lines += ["", f"Configurations are counted over dtypes ({dtypes}) and causal/non-causal.", ""]
@@ -481,7 +494,7 @@ def write_report(rows: list[dict], meta: dict, out: Path) -> None:
 
 def _spec_key(spec: dict) -> tuple:
     """The configuration part of a row (what identifies it)."""
-    return tuple(spec[k] for k in ROW_KEYS[:9])
+    return tuple(spec.get(k) for k in ROW_KEYS[:10])
 
 
 def _load_partial(path: Path, stamp: dict) -> dict[tuple, dict]:
