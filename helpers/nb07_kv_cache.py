@@ -7,13 +7,18 @@ of notebook 05). ``w_qkv`` ``[D, 3D]`` (columns Q, K, V) and ``w_o`` ``[D, D]`` 
 
 from __future__ import annotations
 
-import torch
+from dataclasses import dataclass
 
+import torch
+import torch.nn.functional as F
+
+from .configs import ModelConfig
 from .nb01_qkv_shapes import merge_heads, qkv_projection, scaled_dot_product_attention
 from .nb03_masks import causal_mask, finite_or_zero, padding_mask
 from .nb09_flash_attention import flash_attention_tiled
 
-__all__ = ["kv_cache_bytes", "decode_step", "prefill_decode_flops"]  # the exercises' functions
+# the exercises' functions
+__all__ = ["kv_cache_bytes", "decode_step", "prefill_decode_flops", "ring_buffer_decode_step"]
 
 
 def kv_cache_bytes(batch: int, seq_len: int, n_layers: int, n_kv_heads: int, head_dim: int,
@@ -171,3 +176,101 @@ def split_k_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     parts = [flash_attention_tiled(q, k, v, block_size=max(k.shape[2], 1)) for k, v in chunks]
     out, _ = merge_partials(torch.stack([o.float() for o, _ in parts]), torch.stack([lse for _, lse in parts]))
     return out.to(q.dtype)
+
+
+# --------------------------------------------------------------------------- sliding windows: a ring buffer
+
+
+def ring_buffer_decode_step(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_buf: torch.Tensor,
+                            v_buf: torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One decode step of sliding-window attention with a ring-buffer cache (exercise 7.4).
+
+    q ``[B, H, 1, d]``: the query of the token at position ``t`` (0, 1, 2, ...); k_new, v_new
+    ``[B, H_kv, 1, d]``: its key and value; k_buf, v_buf ``[B, H_kv, W, d]``: the ring buffers of
+    a window of W tokens, token p in slot ``p % W`` (slots not written yet hold anything). Query
+    head h reads key/value head ``h // (H / H_kv)`` (GQA, notebook 06; PyTorch's ``enable_gqa``
+    arranges them so, and notebook 06 imports notebook 10, which imports this module, so its
+    ``grouped_query_attention`` is not imported here). -> ``(o [B, H, 1, d],
+    k_buf, v_buf)``: the new key and value written to slot ``t % W`` of copies of the buffers (the
+    arguments are not modified), and the query attending, with scale ``1/sqrt(d)``, to the
+    ``min(t + 1, W)`` written slots: the W tokens ``t - W + 1 .. t`` (fewer at the start). The
+    order of the slots does not matter: attention sums over a set of (key, value) pairs."""
+    B, H_kv, W, d = k_buf.shape
+    if not isinstance(t, int) or isinstance(t, bool) or t < 0:
+        raise ValueError(f"t is the new token's position, an int >= 0; got {t!r}")
+    if v_buf.shape != k_buf.shape or k_new.shape != (B, H_kv, 1, d) or v_new.shape != k_new.shape:
+        raise ValueError(f"k_buf, v_buf must be [B, H_kv, W, d] and k_new, v_new [B, H_kv, 1, d]; got "
+                         f"{list(k_buf.shape)}, {list(v_buf.shape)}, {list(k_new.shape)}, {list(v_new.shape)}")
+    if q.shape[0] != B or q.shape[2:] != (1, d):
+        raise ValueError(f"q must be [B={B}, H, 1, d={d}], got {list(q.shape)}")
+    if q.shape[1] % H_kv:
+        raise ValueError(f"query heads H={q.shape[1]} must be a multiple of key/value heads H_kv={H_kv}")
+    k_buf, v_buf = k_buf.clone(), v_buf.clone()           # an engine writes in place; see the docstring
+    k_buf[:, :, t % W] = k_new[:, :, 0]
+    v_buf[:, :, t % W] = v_new[:, :, 0]
+    n = min(t + 1, W)                                      # slots written so far: 0..n-1
+    o = F.scaled_dot_product_attention(q, k_buf[:, :, :n], v_buf[:, :, :n], enable_gqa=True)
+    return o, k_buf, v_buf
+
+
+@dataclass(frozen=True)
+class WindowedModel:
+    """A model whose layers attend within a sliding window of ``window`` tokens, except every
+    ``global_every``-th layer (1-based), which attends to the whole context (0: no such layer).
+    ``cfg`` holds the sizes, ``context`` the longest context it was released for. These models are
+    not in :data:`helpers.configs.MODELS` (which has no sliding-window fields yet)."""
+
+    cfg: ModelConfig
+    window: int
+    global_every: int
+    context: int
+    source: str
+
+    @property
+    def name(self) -> str:
+        return self.cfg.name
+
+    def layer_windows(self) -> list[int]:
+        """Per layer, its window in tokens, 0 for a layer that attends to the whole context (the
+        layout of Hugging Face's ``layer_types``: layer i is global iff ``(i + 1) % global_every == 0``)."""
+        every = self.global_every
+        return [0 if every and (i + 1) % every == 0 else self.window for i in range(self.cfg.n_layers)]
+
+
+def _sizes(name: str, d_model: int, n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int, d_ff: int,
+           vocab: int, source: str) -> ModelConfig:
+    return ModelConfig(name, "gqa", d_model, n_layers, n_heads, n_kv_heads, head_dim, d_ff, vocab, source)
+
+
+WINDOWED: dict[str, WindowedModel] = {m.name: m for m in [
+    WindowedModel(_sizes("Mistral-7B-v0.1", 4096, 32, 32, 8, 128, 14336, 32000, "Mistral-7B-v0.1 config.json"),
+                  4096, 0, 32768, "config.json: sliding_window 4096 in every layer, max_position_embeddings "
+                  "32768; Jiang et al. 2023 (arXiv:2310.06825), the rolling buffer cache"),
+    WindowedModel(_sizes("Gemma-2-9B", 3584, 42, 16, 8, 256, 14336, 256000, "gemma-2-9b config.json"),
+                  4096, 2, 8192, "config.json: sliding_window 4096, max_position_embeddings 8192; Gemma 2 "
+                  "report (arXiv:2408.00118): local and global layers alternate"),
+    WindowedModel(_sizes("Gemma-3-27B", 5376, 62, 32, 16, 128, 21504, 262208, "gemma-3-27b text_config"),
+                  1024, 6, 131072, "text_config: sliding_window 1024, sliding_window_pattern 6, "
+                  "max_position_embeddings 131072; Gemma 3 report (arXiv:2503.19786): 5 local layers per global one"),
+]}
+
+
+def layered_cache_bytes(cfg: ModelConfig, seq_len: int, windows: list[int], batch: int = 1, dtype_bytes: int = 2,
+                        layers_per_kv: int = 1) -> int:
+    """Bytes of the K/V cache of a model whose layer i attends within ``windows[i]`` tokens (0: the
+    whole context), holding ``batch`` sequences of ``seq_len`` tokens: each cached layer is
+    :func:`kv_cache_bytes` (exercise 7.1) of its own number of tokens, ``min(T, W)`` for a windowed
+    layer's ring buffer, T for a full one (GQA, MQA, MHA models; not MLA). ``layers_per_kv`` = s > 1:
+    cross-layer attention (CLA), each group of s adjacent layers uses the K/V of its first layer,
+    which alone is cached (the layers of a group must have the same window)."""
+    if len(windows) != cfg.n_layers:
+        raise ValueError(f"windows must give one window per layer ({cfg.n_layers}), got {len(windows)}")
+    if cfg.kind == "mla":
+        raise ValueError("layered_cache_bytes counts key/value heads; an MLA model caches a latent")
+    if layers_per_kv < 1:
+        raise ValueError(f"layers_per_kv must be at least 1, got {layers_per_kv}")
+    groups = [windows[i:i + layers_per_kv] for i in range(0, len(windows), layers_per_kv)]
+    if any(len(set(group)) > 1 for group in groups):
+        raise ValueError("layers that share one K/V must have the same window")
+    return sum(kv_cache_bytes(batch, min(seq_len, group[0]) if group[0] else seq_len, 1, cfg.n_kv_heads,
+                              cfg.head_dim, dtype_bytes) for group in groups)

@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
+import sys
 import time
 import weakref
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-__all__ = ["attention_flops", "score_matrix_bytes", "max_seq_len_for_scores"]
+__all__ = ["attention_flops", "score_matrix_bytes", "max_seq_len_for_scores", "training_memory"]
 
 GB, GiB = 10**9, 2**30
 TB, TiB = 10**12, 2**40
@@ -266,3 +270,269 @@ class PeakMemory(TorchDispatchMode):
                 self.live[key][0] += 1
                 weakref.finalize(t, self._release, key)
         return out
+
+
+# --------------------------------------------------------------------------- a training step's memory
+
+# The convention (mixed precision, as in Megatron-LM and DeepSpeed): weights and gradients in
+# bf16 (2 + 2 bytes per parameter); the optimizer keeps an fp32 master copy of the weights and
+# AdamW's two fp32 moments (4 + 4 + 4). 16 bytes per parameter, as fp32 throughout (4 + 4 + 4 + 4).
+STATE_BYTES = {"weights": 2, "gradients": 2, "optimizer": 12}
+ACTIVATION_BYTES = 2  # bf16 activations
+STRATEGIES = ("naive", "flash", "recompute")
+
+
+def layer_activation_numbers(cfg, seq_len: int, attention: str) -> dict[str, int]:
+    """Numbers one layer of a Llama-style decoder (RMSNorm, GQA attention, SwiGLU MLP) saves for
+    backward, **per token**, by tensor: each operation's saved inputs, counted once per tensor.
+
+    ``attn_norm_in`` x (d; the norm saves it), ``attn_norm_out`` (d; the input of W_Q, W_K, W_V),
+    ``q`` (H d_h), ``k``, ``v`` (H_kv d_h each), ``attn_out`` (H d_h; the input of W_O),
+    ``probs`` P (H * seq_len: one row of T per query head; only with ``attention="naive"``),
+    ``mlp_norm_in``, ``mlp_norm_out`` (d each), ``gate`` (d_ff; the input of SiLU), ``silu_gate``,
+    ``up`` (d_ff each; the inputs of the product), ``gated`` (d_ff; the input of W_down).
+    ``attention="recompute"``: only ``layer_in`` (d), the layer's input; the rest is recomputed.
+    Left out: one number per token per norm (1/rms), FlashAttention's log-sum-exp (H per token)."""
+    if attention not in STRATEGIES:
+        raise ValueError(f"attention must be one of {STRATEGIES}, got {attention!r}")
+    d, dh, f = cfg.d_model, cfg.head_dim, cfg.d_ff
+    if attention == "recompute":
+        return {"layer_in": d}
+    return {"attn_norm_in": d, "attn_norm_out": d, "q": cfg.n_heads * dh, "k": cfg.n_kv_heads * dh,
+            "v": cfg.n_kv_heads * dh, "attn_out": cfg.n_heads * dh,
+            "probs": cfg.n_heads * seq_len if attention == "naive" else 0,
+            "mlp_norm_in": d, "mlp_norm_out": d, "gate": f, "silu_gate": f, "up": f, "gated": f}
+
+
+def head_activation_numbers(cfg) -> dict[str, int]:
+    """Numbers per token that the top of the model saves for backward: the final norm's input and
+    output (d each; the output is the input of the unembedding) and the log-probabilities that
+    the cross-entropy keeps (vocab). The embedding saves only the token ids."""
+    return {"final_norm_in": cfg.d_model, "final_norm_out": cfg.d_model, "log_probs": cfg.vocab}
+
+
+def activation_numbers(cfg, batch: int, seq_len: int, attention: str) -> int:
+    """Numbers of the activations saved for backward, for ``batch`` sequences of ``seq_len``
+    tokens: ``batch * seq_len * (L * one layer + the head)`` (:func:`layer_activation_numbers`,
+    :func:`head_activation_numbers`). With ``"recompute"`` the backward pass recomputes one layer
+    at a time (with FlashAttention), so one layer's activations less its input (already kept) come
+    back on top: a bound, since the head's are freed before the first layer is recomputed."""
+    recomputed = 0
+    if attention == "recompute":
+        recomputed = sum(layer_activation_numbers(cfg, seq_len, "flash").values()) - cfg.d_model
+    return saved_numbers(cfg, batch, seq_len, attention) + batch * seq_len * recomputed
+
+
+def saved_numbers(cfg, batch: int, seq_len: int, attention: str) -> int:
+    """Numbers saved for backward when the forward pass ends: ``batch * seq_len * (L * one layer
+    + the head)``, one layer's input per layer with ``"recompute"``."""
+    per_token = cfg.n_layers * sum(layer_activation_numbers(cfg, seq_len, attention).values())
+    return batch * seq_len * (per_token + sum(head_activation_numbers(cfg).values()))
+
+
+def training_memory(cfg, batch: int, seq_len: int, attention: str) -> dict[str, int]:
+    """Bytes of one training step of a dense Llama-style model (exercise 8.4), under the
+    convention of ``STATE_BYTES``: ``weights`` 2N (bf16), ``gradients`` 2N (bf16), ``optimizer``
+    12N (fp32 master weights, AdamW's m and v), with N = :func:`dense_param_count` (untied
+    embeddings), and ``activations``: 2 bytes (bf16) per number saved for backward
+    (:func:`activation_numbers`) for ``batch`` sequences of ``seq_len`` tokens; ``attention`` is
+    ``"naive"``, ``"flash"`` or ``"recompute"``. ``total`` is the sum of the four, all alive at
+    once when gradient buffers are kept between steps. Ints, bytes."""
+    if batch < 0 or seq_len < 0:
+        raise ValueError(f"batch and seq_len count sequences and tokens: got {batch} and {seq_len}")
+    n = dense_param_count(cfg)
+    out = {part: n * nbytes for part, nbytes in STATE_BYTES.items()}
+    out["activations"] = ACTIVATION_BYTES * activation_numbers(cfg, batch, seq_len, attention)
+    out["total"] = sum(out.values())
+    return out
+
+
+def max_batch(cfg, seq_len: int, attention: str, budget_bytes: int) -> int:
+    """The most sequences of ``seq_len`` tokens whose :func:`training_memory` total fits
+    ``budget_bytes`` (0 when the weights and optimizer alone do not fit): the activations are
+    linear in the batch, so it is one integer division."""
+    fixed = training_memory(cfg, 0, seq_len, attention)["total"]
+    per_sequence = training_memory(cfg, 1, seq_len, attention)["total"] - fixed
+    return max(0, (budget_bytes - fixed) // per_sequence)
+
+
+def training_flops_per_token(cfg, seq_len: int) -> dict[str, int]:
+    """Training FLOPs per token (forward + backward = 3 x forward): ``dense`` 6N (N =
+    :func:`dense_param_count`: every weight does a multiply-add forward and two backward) and
+    ``attention``, 3 x the core (scores, softmax, weighted values) of :func:`layer_flops` at
+    ``seq_len`` per token, over the L layers; no causal halving."""
+    core = cfg.n_layers * layer_flops(seq_len, cfg)["core"] // seq_len
+    return {"dense": 6 * dense_param_count(cfg), "attention": 3 * core}
+
+
+# --------------------------------------------------------------------------- a model that matches the count
+
+
+class RMSNormFunction(torch.autograd.Function):
+    """RMSNorm ``x / rms(x) * w`` as a fused kernel does it: it saves its input x and 1/rms (one
+    number per row), not ``x / rms(x)`` (PyTorch's composite ``F.rms_norm`` keeps that too).
+    x ``[..., D]``, w ``[D]`` -> ``[..., D]``."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+        r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, r, w)
+        return x * r * w
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, r, w = ctx.saved_tensors
+        x_hat = x * r
+        grad_w = (grad * x_hat).reshape(-1, x.shape[-1]).sum(0)
+        g = grad * w
+        return r * (g - x_hat * (g * x_hat).mean(-1, keepdim=True)), grad_w, None
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """:class:`RMSNormFunction`: x ``[..., D]``, w ``[D]`` -> ``[..., D]``."""
+    return RMSNormFunction.apply(x, w, eps)
+
+
+def naive_gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention that forms P: q ``[B, T, H, d_h]``, k, v ``[B, T, H_kv, d_h]`` ->
+    ``[B, T, H * d_h]``. The G = H / H_kv query heads of a group are stacked as G*T rows against
+    their shared keys, so K and V are never repeated; it saves q, k, v, P ``[B, H_kv, G*T, T]``."""
+    B, T, H, d_h = q.shape
+    H_kv = k.shape[2]
+    G = H // H_kv
+    q = q.reshape(B, T, H_kv, G, d_h).permute(0, 2, 3, 1, 4).reshape(B, H_kv, G * T, d_h)
+    k, v = k.transpose(1, 2), v.transpose(1, 2)  # [B, H_kv, T, d_h]
+    above = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+    bias = torch.zeros(T, T, dtype=q.dtype, device=q.device).masked_fill(above, -math.inf)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(d_h) + bias.repeat(G, 1)  # adding saves nothing
+    out = torch.softmax(scores, dim=-1) @ v  # [B, H_kv, G*T, d_h]
+    return out.reshape(B, H_kv, G, T, d_h).permute(0, 3, 1, 2, 4).reshape(B, T, H * d_h)
+
+
+class CountedDecoder(torch.nn.Module):
+    """A Llama-style decoder (no RoPE, whose tables are shared by the batch) built so that what it
+    saves for backward is exactly :func:`activation_numbers`' terms, plus the small ones that
+    count leaves out. Its parameters are :func:`dense_param_count`'s (untied embeddings).
+    ``forward(tokens [B, T], targets [B, T])`` -> the mean cross-entropy (0-dim). ``attention``:
+    ``"naive"`` (:func:`naive_gqa_attention`), ``"flash"`` (``F.scaled_dot_product_attention``,
+    which on a CPU saves q, k, v, the output and the log-sum-exp), ``"recompute"`` (flash inside
+    ``torch.utils.checkpoint``: each layer keeps only its input)."""
+
+    def __init__(self, cfg, attention: str = "flash", generator: torch.Generator | None = None):
+        super().__init__()
+        if attention not in STRATEGIES:
+            raise ValueError(f"attention must be one of {STRATEGIES}, got {attention!r}")
+        self.cfg, self.attention = cfg, attention
+        d, f, q_width, kv_width = cfg.d_model, cfg.d_ff, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+
+        def weight(rows: int, cols: int) -> torch.nn.Parameter:
+            return torch.nn.Parameter(torch.randn(rows, cols, generator=generator) * rows**-0.5)
+
+        self.embed = weight(cfg.vocab, d)
+        self.layers = torch.nn.ModuleList()
+        for _ in range(cfg.n_layers):
+            layer = torch.nn.Module()
+            layer.attn_norm, layer.mlp_norm = torch.nn.Parameter(torch.ones(d)), torch.nn.Parameter(torch.ones(d))
+            layer.w_q, layer.w_k, layer.w_v = weight(d, q_width), weight(d, kv_width), weight(d, kv_width)
+            layer.w_o = weight(q_width, d)
+            layer.w_gate, layer.w_up, layer.w_down = weight(d, f), weight(d, f), weight(f, d)
+            self.layers.append(layer)
+        self.final_norm = torch.nn.Parameter(torch.ones(d))
+        self.unembed = weight(d, cfg.vocab)
+
+    def block(self, x: torch.Tensor, layer: torch.nn.Module) -> torch.Tensor:
+        """One layer: x ``[B, T, D]`` -> ``[B, T, D]``."""
+        B, T, _ = x.shape
+        cfg = self.cfg
+        h = rms_norm(x, layer.attn_norm)
+        q = (h @ layer.w_q).view(B, T, cfg.n_heads, cfg.head_dim)
+        k = (h @ layer.w_k).view(B, T, cfg.n_kv_heads, cfg.head_dim)
+        v = (h @ layer.w_v).view(B, T, cfg.n_kv_heads, cfg.head_dim)
+        if self.attention == "naive":
+            o = naive_gqa_attention(q, k, v)
+        else:  # the output's memory is [B, T, H, d_h]: merging the heads is a view, not a copy
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                               is_causal=True, enable_gqa=True)
+            o = o.transpose(1, 2).reshape(B, T, -1)
+        x = x + o @ layer.w_o
+        h = rms_norm(x, layer.mlp_norm)
+        gate = h @ layer.w_gate
+        return x + (F.silu(gate) * (h @ layer.w_up)) @ layer.w_down
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        x = F.embedding(tokens, self.embed)
+        for layer in self.layers:
+            if self.attention == "recompute":
+                x = torch.utils.checkpoint.checkpoint(self.block, x, layer, use_reentrant=False)
+            else:
+                x = self.block(x, layer)
+        logits = rms_norm(x, self.final_norm) @ self.unembed
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def uncounted_saved_bytes(cfg, batch: int, seq_len: int, attention: str, dtype_bytes: int) -> int:
+    """Bytes :class:`CountedDecoder` saves for backward beyond :func:`saved_numbers`: 1/rms of
+    every norm (one number per token; 2L + 1 norms, the final one only with ``"recompute"``),
+    FlashAttention's log-sum-exp (H fp32 numbers per token per layer, ``"flash"`` only), the token
+    ids and the targets (int64, 8 bytes each per token), and the cross-entropy's 0-dim weight."""
+    norms = 1 if attention == "recompute" else 2 * cfg.n_layers + 1
+    lse = 4 * cfg.n_layers * cfg.n_heads if attention == "flash" else 0
+    return batch * seq_len * (norms * dtype_bytes + lse + 2 * 8) + dtype_bytes
+
+
+def saved_for_backward(fn, exclude=()) -> tuple[object, dict[int, tuple[list[int], torch.dtype, int]]]:
+    """Run ``fn()`` and return ``(its result, what autograd saved for backward)``: storage address
+    -> ``(shape, dtype, bytes of the storage)``, each storage once; storages of ``exclude`` (the
+    parameters) left out. ``torch.autograd.graph.saved_tensors_hooks`` passes every saved tensor
+    to its pack function: the exact list, however the tensors were made."""
+    skip = {t.untyped_storage().data_ptr() for t in exclude}
+    saved: dict[int, tuple[list[int], torch.dtype, int]] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        key = t.untyped_storage().data_ptr()
+        if key not in skip:
+            saved.setdefault(key, (list(t.shape), t.dtype, t.untyped_storage().nbytes()))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        result = fn()
+    return result, saved
+
+
+@contextlib.contextmanager
+def _stderr_discarded():
+    """Point file descriptor 2 at /dev/null for the block: Kineto, the profiler's back end, writes
+    one line there when it starts and one when it stops, below Python's ``sys.stderr``."""
+    sys.stderr.flush()
+    kept, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    try:
+        yield
+    finally:
+        os.dup2(kept, 2)
+        os.close(kept)
+        os.close(null)
+
+
+def allocation_peak(fn) -> int:
+    """Peak bytes that ``fn()``'s allocations hold at once on the CPU, above what was alive
+    before: ``torch.profiler`` with ``profile_memory=True`` records every allocation (+bytes) and
+    free (-bytes) of the CPU allocator in time order (backward and optimizer included); the
+    running sum's maximum is the peak."""
+    from torch.profiler import ProfilerActivity, profile
+
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    with _stderr_discarded():
+        prof.start()
+    try:
+        fn()
+    finally:
+        with _stderr_discarded():
+            prof.stop()
+    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns())
+    live = peak = 0
+    for e in events:
+        live += e.nbytes()
+        peak = max(peak, live)
+    return peak

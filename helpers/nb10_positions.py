@@ -6,9 +6,18 @@ with feature ``i + d/2`` and the pair turns by the angle ``m * theta_i``, with
 ``theta_i = base^(-2i/d)`` for ``i = 0 .. d/2 - 1``. The original paper (RoFormer) pairs
 neighbours ``(2i, 2i + 1)`` instead (:func:`rope_interleaved`); the two are the same rotation up
 to a fixed permutation of the features (:func:`interleave_permutation`).
+
+Context extension rescales the d/2 inverse frequencies ``inv_freq`` ``[d/2]`` (``theta_i``, radians
+per position) of a model trained on ``original_max_len`` tokens so that it reads ``factor`` times
+more: position interpolation (:func:`position_interpolation_frequencies`), NTK-aware scaling
+(:func:`ntk_aware_base`), YaRN (:func:`yarn_frequencies`, :func:`yarn_attention_factor`) and Llama
+3's scaling (:func:`llama3_rope_frequencies`). Each takes and returns inverse frequencies; a pair's
+wavelength is ``2 pi / theta_i`` tokens (:func:`rope_wavelengths`).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -16,7 +25,7 @@ from .nb01_qkv_shapes import merge_heads, qkv_projection, scaled_dot_product_att
 from .nb03_masks import causal_mask, masked_softmax
 from .nb07_kv_cache import decode_step
 
-__all__ = ["rope", "alibi_bias"]
+__all__ = ["rope", "alibi_bias", "llama3_rope_frequencies"]
 
 
 def _check_even(d: int) -> None:
@@ -168,3 +177,110 @@ def alibi_attention_weights(scores: torch.Tensor, n_heads: int) -> torch.Tensor:
     ``softmax(scores + bias)`` under the causal mask."""
     T = scores.shape[-1]
     return masked_softmax(scores + alibi_bias(n_heads, T).to(scores), causal_mask(T, device=scores.device))
+
+
+# --------------------------------------------------------------------------- context extension
+
+
+def rope_wavelengths(inv_freq: torch.Tensor) -> torch.Tensor:
+    """inv_freq ``[d/2]`` (radians per position) -> ``[d/2]``: ``2 pi / theta_i``, the number of
+    positions in which pair i turns once."""
+    return 2 * math.pi / inv_freq
+
+
+def rotations(inv_freq: torch.Tensor, original_max_len: int) -> torch.Tensor:
+    """inv_freq ``[d/2]`` -> ``[d/2]``: ``r_i = original_max_len / wavelength_i``, the number of
+    turns pair i makes over the original context (YaRN's r)."""
+    return original_max_len / rope_wavelengths(inv_freq)
+
+
+def _check_scaling(inv_freq: torch.Tensor, factor: float) -> None:
+    if inv_freq.dim() != 1 or not inv_freq.is_floating_point():
+        raise ValueError(f"inv_freq must be a 1-D float tensor [d/2], got {inv_freq.dtype} {list(inv_freq.shape)}")
+    if not factor >= 1:
+        raise ValueError(f"factor must be >= 1 (the context grows factor times), got {factor}")
+
+
+def position_interpolation_frequencies(inv_freq: torch.Tensor, factor: float) -> torch.Tensor:
+    """Position interpolation (Chen et al. 2023): position m is read as m / factor, which is the
+    same as dividing every inverse frequency by ``factor``. inv_freq ``[d/2]`` -> ``[d/2]``."""
+    _check_scaling(inv_freq, factor)
+    return inv_freq / factor
+
+
+def ntk_aware_base(base: float, factor: float, d: int) -> float:
+    """NTK-aware scaling: the RoPE base multiplied by ``factor^(d / (d - 2))``. Pair 0 keeps its
+    frequency (``theta_0 = 1`` for any base) and the last pair's, ``base^(-(d-2)/d)``, is divided
+    by exactly ``factor``; pair i's by ``factor^(2i / (d - 2))`` in between. Hugging Face's
+    "dynamic" NTK applies this with the factor grown to the current length."""
+    _check_even(d)
+    if d < 4 or not factor >= 1:
+        raise ValueError(f"need d >= 4 and factor >= 1, got d = {d}, factor = {factor}")
+    return base * factor ** (d / (d - 2))
+
+
+def llama3_rope_frequencies(inv_freq: torch.Tensor, factor: float, low_freq_factor: float,
+                            high_freq_factor: float, original_max_len: int) -> torch.Tensor:
+    """Llama 3's RoPE scaling (exercise 10.3), Meta's ``apply_scaling`` and Hugging Face's
+    ``_compute_llama3_parameters``.
+
+    inv_freq ``[d/2]`` -> ``[d/2]`` in inv_freq's dtype. With the wavelength
+    ``w = 2 pi / inv_freq``: pairs with ``w < original_max_len / high_freq_factor`` (many turns
+    within the original context) are left as they are; pairs with
+    ``w > original_max_len / low_freq_factor`` (less than low_freq_factor turns) are divided by
+    ``factor``; in between, with ``smooth = (original_max_len / w - low_freq_factor) /
+    (high_freq_factor - low_freq_factor)`` (0 at the long end, 1 at the short end), the result is
+    ``(1 - smooth) * inv_freq / factor + smooth * inv_freq``. Llama 3.1: factor 8,
+    low_freq_factor 1, high_freq_factor 4, original_max_len 8192."""
+    _check_scaling(inv_freq, factor)
+    if not high_freq_factor > low_freq_factor > 0:
+        raise ValueError(f"need high_freq_factor > low_freq_factor > 0, got {high_freq_factor}, {low_freq_factor}")
+    theta = inv_freq.double()
+    wavelength = rope_wavelengths(theta)
+    smooth = (original_max_len / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * theta / factor + smooth * theta
+    out = torch.where(wavelength > original_max_len / low_freq_factor, theta / factor, smoothed)
+    out = torch.where(wavelength < original_max_len / high_freq_factor, theta, out)
+    return out.to(inv_freq.dtype)
+
+
+def yarn_ramp(r: torch.Tensor, alpha: float = 1.0, beta: float = 32.0) -> torch.Tensor:
+    """YaRN's gamma: ``[d/2]`` turns r -> ``[d/2]`` in [0, 1], 0 below ``alpha`` turns, 1 above
+    ``beta``, linear in r in between."""
+    return ((r - alpha) / (beta - alpha)).clamp(0.0, 1.0)
+
+
+def yarn_frequencies(inv_freq: torch.Tensor, factor: float, original_max_len: int, alpha: float = 1.0,
+                     beta: float = 32.0) -> torch.Tensor:
+    """YaRN's frequencies ("NTK-by-parts", Peng et al. 2023, section 3): with ``r_i`` the turns of
+    pair i over the original context (:func:`rotations`) and ``gamma = yarn_ramp(r, alpha, beta)``,
+    ``theta_i' = (1 - gamma) * theta_i / factor + gamma * theta_i``: untouched above ``beta``
+    turns, divided by ``factor`` below ``alpha``. inv_freq ``[d/2]`` -> ``[d/2]``, its dtype. YaRN
+    also sharpens the softmax: :func:`yarn_attention_factor`."""
+    _check_scaling(inv_freq, factor)
+    theta = inv_freq.double()
+    gamma = yarn_ramp(rotations(theta, original_max_len), alpha, beta)
+    return ((1 - gamma) * theta / factor + gamma * theta).to(inv_freq.dtype)
+
+
+def yarn_index_ramp_frequencies(d: int, base: float, factor: float, original_max_len: int, alpha: float = 1.0,
+                                beta: float = 32.0) -> torch.Tensor:
+    """YaRN as its authors' code and Hugging Face's ``_compute_yarn_parameters`` (truncate on)
+    compute it: the pair indices where r = beta and r = alpha, rounded outwards (floor, ceil), and
+    a ramp *linear in the pair index* between them, instead of linear in r. ``[d/2]`` float64."""
+    _check_even(d)
+
+    def index_of(turns: float) -> float:  # the (fractional) pair i at which r_i = turns
+        return d * math.log(original_max_len / (turns * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = max(math.floor(index_of(beta)), 0), min(math.ceil(index_of(alpha)), d - 1)
+    high = high + 0.001 if high == low else high
+    keep = 1 - ((torch.arange(d // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)  # 1: untouched
+    theta = rope_frequencies(d, base)
+    return theta / factor * (1 - keep) + theta * keep
+
+
+def yarn_attention_factor(factor: float) -> float:
+    """YaRN's ``sqrt(1/t) = 0.1 ln(factor) + 1`` (1 for factor <= 1): q and k are both multiplied
+    by it (Hugging Face multiplies cos and sin), so the logits by its square, ``1/t``."""
+    return 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0

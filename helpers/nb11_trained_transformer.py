@@ -3,6 +3,8 @@
 Built from the course's own pieces: head split and merge, the causal mask and masked softmax
 (:mod:`helpers.nb01_qkv_shapes`), RoPE (:mod:`helpers.nb10_positions`), and grouped-query attention's
 ``repeat_kv`` (:mod:`helpers.nb06_kv_sharing`) when there are fewer key/value heads than query heads.
+The circuits section reads it: each head's direct logit attribution, and the Q-, K- and
+V-composition scores of its heads' weights (Elhage et al., 2021) against random matrices.
 Shapes: B batch, T sequence length, D = d_model, V vocabulary, H heads, d_k = D / H, L layers.
 """
 
@@ -21,7 +23,7 @@ from .nb03_masks import causal_mask
 from .nb06_kv_sharing import repeat_kv
 from .nb10_positions import apply_rope, rope_cos_sin
 
-__all__ = ["swiglu", "causal_lm_loss", "induction_scores"]
+__all__ = ["swiglu", "causal_lm_loss", "induction_scores", "k_composition_score"]
 
 
 # --------------------------------------------------------------------------- graded pieces
@@ -54,6 +56,36 @@ def induction_scores(attn: torch.Tensor) -> torch.Tensor:
     m = T // 2
     queries = torch.arange(m, T, device=attn.device)
     return attn[..., queries, queries - m + 1].mean(dim=-1)
+
+
+def composition_score(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``||a @ b||_F / (||a||_F ||b||_F)`` over the last two axes (the others broadcast):
+    a ``[..., D, D]``, b ``[..., D, D]`` -> ``[...]``. Between 0 and 1 (Cauchy-Schwarz)."""
+    norm = torch.linalg.matrix_norm  # Frobenius by default
+    return norm(a @ b) / (norm(a) * norm(b))
+
+
+def k_composition_score(w_qk: torch.Tensor, w_ov: torch.Tensor) -> float:
+    """K-composition score of an earlier head's OV circuit into a later head's QK circuit
+    (Elhage et al., 2021), in row-vector form (exercise 11.4).
+
+    w_qk ``[D, D]``: the later head's query-key circuit, ``score(i, j) = x_i @ w_qk @ x_j.T`` for
+    residual rows x_i (query) and x_j (key), i.e. ``W_Q @ W_K.T``; w_ov ``[D, D]``: the earlier
+    head's output-value circuit, the head writes ``x @ w_ov`` (``W_V @ W_O``) into the residual.
+    The keys read ``x_j + x_src @ w_ov``, so the part of the score that goes through the earlier
+    head is ``x_i @ w_qk @ w_ov.T @ x_src.T``: returns ``||w_qk @ w_ov.T||_F / (||w_qk||_F
+    ||w_ov||_F)`` as a Python float in [0, 1]."""
+    for name, w in (("w_qk", w_qk), ("w_ov", w_ov)):
+        if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.shape[0] != w.shape[1]:
+            raise ValueError(f"{name} must be a square [D, D] tensor, got {_shape_of(w)}")
+    if w_qk.shape != w_ov.shape:
+        raise ValueError(f"w_qk and w_ov must have the same shape [D, D], got {list(w_qk.shape)} "
+                         f"and {list(w_ov.shape)}")
+    return composition_score(w_qk, w_ov.T).item()
+
+
+def _shape_of(w) -> str:
+    return f"shape {list(w.shape)}" if isinstance(w, torch.Tensor) else f"a {type(w).__name__}"
 
 
 # --------------------------------------------------------------------------- other diagnostics
@@ -169,15 +201,17 @@ class TinyTransformer(nn.Module):
     """Token embedding -> L x (RMSNorm, attention with RoPE, residual; RMSNorm, SwiGLU MLP,
     residual) -> RMSNorm -> unembedding. No position embedding: RoPE carries order.
 
-    ``forward(tokens, record=None, ablate=(), allowed=None, paths=())``: tokens ``[B, T]`` -> logits
+    ``forward(tokens, record=None, ablate=(), allowed=None, paths=(), record_heads=None)``: tokens ``[B, T]`` -> logits
     ``[B, T, V]``. A list passed as ``record`` receives each layer's attention weights
     ``[B, H, T, T]`` (the hook that notebook 11 reads heads with); ``ablate`` is a collection of
     ``(layer, head)`` pairs whose output is zeroed before W_O; ``allowed`` ``[T, T]`` replaces the
     causal mask (to test what a broken mask does); ``paths`` is a collection of
     ``(kind, layer, head)``, kind one of ``"q", "k", "v"``: that head's output is left out of the
     residual stream from which every later layer computes its queries, keys or values, and only
-    those (a path ablation: the rest of the model still sees it). :meth:`from_embeddings` starts
-    from x ``[B, T, D]``.
+    those (a path ablation: the rest of the model still sees it). A list passed as ``record_heads``
+    receives each layer's head outputs ``[B, H, T, D]``: head h's output through its rows of W_O
+    (the H of them sum to what the layer adds to the residual stream). :meth:`from_embeddings`
+    starts from x ``[B, T, D]``.
     """
 
     def __init__(self, cfg: TinyConfig, generator: torch.Generator | None = None):
@@ -208,12 +242,14 @@ class TinyTransformer(nn.Module):
         self.unembed = param(D, cfg.vocab, std=D**-0.5)
 
     def forward(self, tokens: torch.Tensor, record: list | None = None, ablate: Iterable[tuple[int, int]] = (),
-                allowed: torch.Tensor | None = None, paths: Iterable[tuple[str, int, int]] = ()) -> torch.Tensor:
-        return self.from_embeddings(self.embed[tokens], record, ablate, allowed, paths)
+                allowed: torch.Tensor | None = None, paths: Iterable[tuple[str, int, int]] = (),
+                record_heads: list | None = None) -> torch.Tensor:
+        return self.from_embeddings(self.embed[tokens], record, ablate, allowed, paths, record_heads)
 
     def from_embeddings(self, x: torch.Tensor, record: list | None = None, ablate: Iterable[tuple[int, int]] = (),
                         allowed: torch.Tensor | None = None,
-                        paths: Iterable[tuple[str, int, int]] = ()) -> torch.Tensor:
+                        paths: Iterable[tuple[str, int, int]] = (),
+                        record_heads: list | None = None) -> torch.Tensor:
         """x ``[B, T, D]`` (token embeddings) -> logits ``[B, T, V]``; arguments as :meth:`forward`."""
         cfg = self.cfg
         T = x.shape[1]
@@ -243,6 +279,11 @@ class TinyTransformer(nn.Module):
                     missing[kind] = (missing[kind] + y_cut) if kind in missing else y_cut
             if record is not None:
                 record.append(weights.detach())
+            if record_heads is not None:  # one head at a time: the others' keep set to 0
+                ones = torch.ones(cfg.n_heads, dtype=x.dtype, device=x.device) if keep is None else keep
+                one_hot = torch.eye(cfg.n_heads, dtype=x.dtype, device=x.device) * ones
+                record_heads.append(torch.stack([attention_block(h_q, *args, one_hot[j], *k_v)[0]
+                                                 for j in range(cfg.n_heads)], dim=1).detach())
             x = x + y
             if cfg.d_ff:
                 h = F.rms_norm(x, (cfg.d_model,), layer.mlp_norm)
@@ -305,3 +346,91 @@ def train(model: TinyTransformer, steps: int = 250, batch: int = 64, m_range: tu
     if eval_tokens is not None:
         evaluate(steps)
     return hist
+
+
+# --------------------------------------------------------------------------- circuits
+
+
+def rope_rotation(offset: int, d: int, base: float = 10000.0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``[d, d]``: the matrix R with ``rope(q, i) @ rope(k, j).T = q @ R @ k.T`` when i - j = offset
+    (rows q, k ``[d]``): RoPE's rotation by the query's position times the inverse of the key's."""
+    cos, sin = rope_cos_sin(torch.tensor([offset, 0]), d, base, torch.float64)
+    eye = torch.eye(d, dtype=torch.float64)
+    rot_q, rot_k = apply_rope(eye, cos[:1], sin[:1]), apply_rope(eye, cos[1:], sin[1:])
+    return (rot_q @ rot_k.T).to(dtype)
+
+
+def circuit_matrices(model: TinyTransformer, layer: int, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer's circuits, in row-vector form, with the layer's RMSNorm scale g folded in:
+    ``(w_qk [H, D, D], w_ov [H, D, D])``. Head h's ``w_qk = diag(g) W_Q^h R(offset) W_K^h.T diag(g)``
+    (``score(i, j) = x_i @ w_qk @ x_j.T`` up to the 1/sqrt(d_k) and the norms' 1/rms, for i - j =
+    offset), ``w_ov = diag(g) W_V^h W_O^h`` (the head writes ``x @ w_ov`` where it attends);
+    W_Q^h, W_K^h, W_V^h ``[D, d_k]`` (GQA: query head h reads key/value head h // (H / H_kv)),
+    W_O^h ``[d_k, D]``, R ``[d_k, d_k]`` from :func:`rope_rotation`."""
+    cfg = model.cfg
+    lay = model.layers[layer]
+    H, H_kv, d_k = cfg.n_heads, cfg.kv_heads, cfg.head_dim
+    with torch.no_grad():
+        w = lay.attn_norm[:, None] * lay.w_qkv  # [D, (H + 2 H_kv) d_k]: the norm's scale folded in
+        w_q, w_k, w_v = w.split([H * d_k, H_kv * d_k, H_kv * d_k], dim=1)
+        kv = torch.arange(H) // (H // H_kv)  # [H]: the key/value head each query head reads
+        w_q = w_q.view(-1, H, d_k).transpose(0, 1)  # [H, D, d_k]
+        w_k, w_v = (m.view(-1, H_kv, d_k).transpose(0, 1)[kv] for m in (w_k, w_v))
+        w_o = lay.w_o.view(H, d_k, -1)  # [H, d_k, D]
+        rot = rope_rotation(offset, d_k, cfg.rope_base, w.dtype)
+        return w_q @ rot @ w_k.transpose(1, 2), w_v @ w_o
+
+
+def composition_scores(model: TinyTransformer, offsets: Iterable[int] = (0,), writer: int = 0,
+                       reader: int = 1) -> dict[str, torch.Tensor]:
+    """Q-, K- and V-composition scores of every head of layer ``writer`` (its OV circuit) into
+    every head of layer ``reader``: ``{"q", "k", "v": [H, H]}``, entry [i, j] for writer head i
+    and reader head j. K: ``||w_qk_j @ w_ov_i.T||`` (:func:`k_composition_score`), Q: ``||w_ov_i
+    @ w_qk_j||``, V: ``||w_ov_i @ w_ov_j||``, each over the product of the two norms. Q and K are
+    averaged over the relative ``offsets`` (query position - key position) of the reader's RoPE."""
+    _, w_ov = circuit_matrices(model, writer)
+    _, w_ov_reader = circuit_matrices(model, reader)
+    a = w_ov[:, None]  # [H, 1, D, D]: writer heads along the rows
+    q, k = [], []
+    for offset in offsets:
+        w_qk = circuit_matrices(model, reader, offset)[0][None]  # [1, H, D, D]
+        q.append(composition_score(a, w_qk))
+        k.append(composition_score(w_qk, a.transpose(-1, -2)))
+    return {"q": torch.stack(q).mean(0), "k": torch.stack(k).mean(0),
+            "v": composition_score(a, w_ov_reader[None])}
+
+
+def random_composition_scores(d_model: int, d_head: int, n: int, generator: torch.Generator) -> torch.Tensor:
+    """``[n]``: :func:`k_composition_score` of n pairs of random matrices shaped like one head's:
+    ``w_qk = A @ B.T`` and ``w_ov = C @ E``, A, B, C ``[D, d_k]`` and E ``[d_k, D]`` standard
+    Gaussian (rank d_k like a head's; the score does not depend on the matrices' scale)."""
+    a, b, c = torch.randn(3, n, d_model, d_head, generator=generator, dtype=torch.float64)
+    e = torch.randn(n, d_head, d_model, generator=generator, dtype=torch.float64)
+    return composition_score(a @ b.transpose(1, 2), (c @ e).transpose(1, 2)).float()
+
+
+def direct_logit_attribution(model: TinyTransformer, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each component's direct contribution to the logit of the right next token, at every
+    position: tokens ``[B, T]`` -> ``(embedding [B, T-1], heads [L, H, B, T-1])``.
+
+    The final residual stream is the embedding plus every head's output (no MLPs here). Its
+    RMSNorm divides by the stream's rms at each position: that divisor is frozen at its value in the
+    real forward pass, so the norm is linear and the logits split into one term per component:
+    ``(component / rms * g) @ U_c[:, next token]``. ``U_c`` is the unembedding with its mean over the
+    vocabulary removed from each row, so that the terms add up to the logit minus the mean logit
+    (softmax cannot tell the two apart; TransformerLens's ``center_unembed``)."""
+    if model.cfg.d_ff:
+        raise ValueError("direct_logit_attribution handles attention-only models (d_ff = 0)")
+    heads: list[torch.Tensor] = []
+    with torch.no_grad():
+        model(tokens, record_heads=heads)
+        by_head = torch.stack(heads).transpose(1, 2).flatten(0, 1)  # [L H, B, T, D], layer-major
+        parts = torch.cat([model.embed[tokens][None], by_head])  # [1 + L H, B, T, D]
+        x = parts.sum(dim=0)  # [B, T, D]: the final residual stream
+        eps = torch.finfo(x.dtype).eps  # F.rms_norm's default
+        inv_rms = torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)  # [B, T, 1], frozen
+        u = model.unembed - model.unembed.mean(dim=1, keepdim=True)  # [D, V]
+        direction = u.T[tokens[:, 1:]] * model.final_norm  # [B, T-1, D]: g * U_c[:, next token]
+        dla = ((parts[:, :, :-1] * inv_rms[:, :-1]) * direction).sum(dim=-1)  # [C, B, T-1]
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    return dla[0], dla[1:].view(L, H, *dla.shape[1:])

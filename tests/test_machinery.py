@@ -111,12 +111,12 @@ CONTRACT = {
     "4.1": "softmax_jacobian", "4.2": "softmax_backward", "4.3": "attention_backward",
     "5.1": "multi_head_attention", "5.2": "mha_param_count", "5.3": "ablate_head",
     "6.1": "repeat_kv", "6.2": "grouped_query_attention", "6.3": "kv_values_per_token", "6.4": "mla_absorbed_scores",
-    "7.1": "kv_cache_bytes", "7.2": "decode_step", "7.3": "prefill_decode_flops",
-    "8.1": "attention_flops", "8.2": "score_matrix_bytes", "8.3": "max_seq_len_for_scores",
+    "7.1": "kv_cache_bytes", "7.2": "decode_step", "7.3": "prefill_decode_flops", "7.4": "ring_buffer_decode_step",
+    "8.1": "attention_flops", "8.2": "score_matrix_bytes", "8.3": "max_seq_len_for_scores", "8.4": "training_memory",
     "9.1": "online_softmax", "9.2": "flash_attention_tiled", "9.3": "flash_attention_triton",
     "9.4": "flash_attention_triton_backward",
-    "10.1": "rope", "10.2": "alibi_bias",
-    "11.1": "swiglu", "11.2": "causal_lm_loss", "11.3": "induction_scores",
+    "10.1": "rope", "10.2": "alibi_bias", "10.3": "llama3_rope_frequencies",
+    "11.1": "swiglu", "11.2": "causal_lm_loss", "11.3": "induction_scores", "11.4": "k_composition_score",
 }
 
 

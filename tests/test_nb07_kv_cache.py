@@ -1,6 +1,7 @@
 """Notebook 07, the KV cache (helpers/nb07_kv_cache.py): decoding with a cache equals attention over
 the whole sequence; the preallocated cache, its reset and mixed lengths; split-K decoding; then
-exercises 7.1-7.3: learner-style wrong implementations their checks must reject, with the hint each
+the ring-buffer cache of a sliding window and the memory of windowed and layer-sharing models; then
+exercises 7.1-7.4: learner-style wrong implementations their checks must reject, with the hint each
 must give (WRONG), and correct ones in other styles they must accept (RIGHT)."""
 
 import math
@@ -12,21 +13,30 @@ from torch.nn.attention.bias import causal_lower_right
 
 from helpers.configs import H100_SXM, MODELS
 from helpers.nb01_qkv_shapes import scaled_dot_product_attention
-from helpers.nb03_masks import causal_mask
+from helpers.nb03_masks import causal_mask, sliding_window_mask
 from helpers.nb05_multihead import multi_head_attention
-from helpers.nb06_kv_sharing import config_values_per_token, grouped_query_attention, model_cache_bytes
+from helpers.nb06_kv_sharing import (
+    config_values_per_token,
+    grouped_query_attention,
+    model_cache_bytes,
+    repeat_kv,
+)
 from helpers.nb07_kv_cache import (
+    WINDOWED,
     KVCache,
     cached_attention,
     decode_step,
     empty_kv,
     kv_cache_bytes,
+    layered_cache_bytes,
     merge_partials,
     prefill_decode_flops,
+    ring_buffer_decode_step,
     sequences_that_fit,
     split_k_decode,
 )
 from helpers.nb08_flops_memory import dense_param_count
+from helpers.nb10_positions import rope
 from tests.exercise_cases import assert_accepted, assert_rejected, right_cases, wrong_cases
 
 # ============================================================ the lesson code
@@ -201,6 +211,97 @@ def test_merge_partials_gives_empty_chunks_no_weight():
     lses = torch.tensor([[0.0], [-math.inf]])
     out, lse = merge_partials(outs, lses)
     assert torch.equal(out, torch.tensor([[1.0, 2.0]])) and lse.item() == 0.0
+
+
+# --------------------------------------------------------------------------- sliding windows: the ring buffer
+
+
+def _window_reference(q, k, v, W):
+    """Attention over the whole sequence with notebook 03's sliding-window mask, GQA: [B, H, T, d]."""
+    g = q.shape[1] // k.shape[1]
+    return scaled_dot_product_attention(q, repeat_kv(k, g), repeat_kv(v, g), sliding_window_mask(q.shape[2], W))
+
+
+@pytest.mark.parametrize("W", [1, 3, 5])
+def test_ring_buffer_generation_equals_sliding_window_attention_with_rope(W):
+    g = torch.Generator().manual_seed(5)
+    B, H, H_kv, T, d = 2, 6, 2, 17, 8                      # T > 3 W: the buffer wraps several times
+    pos = torch.arange(T)
+    q = rope(torch.randn(B, H, T, d, generator=g, dtype=torch.float64), pos)
+    k = rope(torch.randn(B, H_kv, T, d, generator=g, dtype=torch.float64), pos)   # cached already rotated
+    v = torch.randn(B, H_kv, T, d, generator=g, dtype=torch.float64)
+    full = _window_reference(q, k, v, W)
+    k_buf = torch.full((B, H_kv, W, d), 7.0, dtype=torch.float64)               # leftovers, never read
+    v_buf = k_buf.clone()
+    for t in range(T):
+        o, k_buf, v_buf = ring_buffer_decode_step(q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1], k_buf, v_buf, t)
+        assert (o - full[:, :, t:t + 1]).abs().max() < 1e-12
+        assert torch.equal(k_buf[:, :, t % W], k[:, :, t])
+    assert torch.equal(k_buf, k[:, :, [T - W + ((s - (T - W)) % W) for s in range(W)]])  # slot s: last p = s mod W
+
+
+def test_ring_buffer_slot_order_does_not_matter():
+    g = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(1, 4, n, 8, generator=g, dtype=torch.float64) for n in (1, 5, 5))
+    perm = torch.randperm(5, generator=g)
+    assert torch.allclose(grouped_query_attention(q, k, v), grouped_query_attention(q, k[:, :, perm], v[:, :, perm]),
+                          atol=1e-14)
+    assert not torch.allclose(grouped_query_attention(q, k, v), grouped_query_attention(q, k[:, :, perm], v), atol=1e-3)
+
+
+def test_ring_buffer_decode_step_keeps_its_arguments_and_refuses_bad_input():
+    g = torch.Generator().manual_seed(7)
+    q, k_new, v_new = torch.randn(1, 4, 1, 3, generator=g), torch.randn(1, 2, 1, 3, generator=g), torch.zeros(1, 2, 1, 3)
+    k_buf, v_buf = torch.randn(1, 2, 4, 3, generator=g), torch.randn(1, 2, 4, 3, generator=g)
+    k0 = k_buf.clone()
+    _, k2, _ = ring_buffer_decode_step(q, k_new, v_new, k_buf, v_buf, 6)
+    assert torch.equal(k_buf, k0) and torch.equal(k2[:, :, 2], k_new[:, :, 0]) and torch.equal(k2[:, :, [0, 1, 3]], k0[:, :, [0, 1, 3]])
+    with pytest.raises(ValueError, match="position, an int >= 0"):
+        ring_buffer_decode_step(q, k_new, v_new, k_buf, v_buf, -1)
+    with pytest.raises(ValueError, match="position, an int >= 0"):
+        ring_buffer_decode_step(q, k_new, v_new, k_buf, v_buf, torch.tensor(3))
+    with pytest.raises(ValueError, match=r"k_new, v_new \[B, H_kv, 1, d\]"):
+        ring_buffer_decode_step(q, k_new[:, :1], v_new, k_buf, v_buf, 0)
+    with pytest.raises(ValueError, match="q must be"):
+        ring_buffer_decode_step(q[..., :2], k_new, v_new, k_buf, v_buf, 0)
+    with pytest.raises(ValueError, match="multiple of key/value heads"):
+        ring_buffer_decode_step(torch.randn(1, 3, 1, 3), k_new, v_new, k_buf, v_buf, 0)
+
+
+def test_windowed_models_layers():
+    counts = {name: (m.layer_windows().count(0), m.cfg.n_layers) for name, m in WINDOWED.items()}
+    assert counts == {"Mistral-7B-v0.1": (0, 32), "Gemma-2-9B": (21, 42), "Gemma-3-27B": (10, 62)}
+    gemma3 = WINDOWED["Gemma-3-27B"].layer_windows()
+    assert gemma3[:6] == [1024] * 5 + [0] and gemma3[-2:] == [1024, 1024]   # starts local; 62 = 10 x 6 + 2
+    assert WINDOWED["Gemma-2-9B"].layer_windows()[:2] == [4096, 0]
+
+
+def test_layered_cache_bytes():
+    llama = MODELS["Llama-3-8B"]
+    full = [0] * llama.n_layers
+    for T in (1, 100, 5000):
+        assert layered_cache_bytes(llama, T, full, batch=3, dtype_bytes=4) == kv_cache_bytes(
+            3, T, llama.n_layers, llama.n_kv_heads, llama.head_dim, 4)
+        assert 2 * layered_cache_bytes(llama, T, full, layers_per_kv=2) == layered_cache_bytes(llama, T, full)
+    assert layered_cache_bytes(llama, 10, full, layers_per_kv=3) * 32 == layered_cache_bytes(llama, 10, full) * 11
+    mav = MODELS["Llama-4-Maverick"]                  # a chunked layer holds at most one chunk, as a window
+    windows = [0 if (i + 1) % 4 == 0 else mav.attention_chunk_size for i in range(mav.n_layers)]
+    for T in (100, 8192, 131072):
+        assert layered_cache_bytes(mav, T, windows) == model_cache_bytes(mav, T)
+    mistral = WINDOWED["Mistral-7B-v0.1"]
+    w = mistral.layer_windows()
+    assert layered_cache_bytes(mistral.cfg, 32768, [0] * 32) == 8 * layered_cache_bytes(mistral.cfg, 32768, w)
+    assert layered_cache_bytes(mistral.cfg, 4096, w) == layered_cache_bytes(mistral.cfg, 10**6, w) == 2**29  # 0.5 GiB
+    gemma = WINDOWED["Gemma-3-27B"]
+    per_token_layer = 2 * 16 * 128 * 2
+    assert layered_cache_bytes(gemma.cfg, 131072, gemma.layer_windows()) == (
+        10 * 131072 + 52 * 1024) * per_token_layer
+    with pytest.raises(ValueError, match="same window"):
+        layered_cache_bytes(gemma.cfg, 10, gemma.layer_windows(), layers_per_kv=2)
+    with pytest.raises(ValueError, match="one window per layer"):
+        layered_cache_bytes(gemma.cfg, 10, [0] * 3)
+    with pytest.raises(ValueError, match="MLA"):
+        layered_cache_bytes(MODELS["DeepSeek-V3"], 10, [0] * 61)
 
 
 # ============================================================ 7.1 kv_cache_bytes
@@ -531,6 +632,186 @@ def flops_layer_by_layer(prompt_len, new_tokens, d_model, n_layers, use_cache):
     return total
 
 
+# ============================================================ 7.4 ring_buffer_decode_step
+
+# wrong: what a learner might write
+def _heads(q, k, v):  # repeat the H_kv heads of k, v for the H query heads (grouped)
+    g = q.shape[1] // k.shape[1]
+    return k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+
+
+def _softmax_attend(q, k, v):
+    k, v = _heads(q, k, v)
+    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1) @ v
+
+
+def _write(k_buf, v_buf, k_new, v_new, slot):
+    k_buf, v_buf = k_buf.clone(), v_buf.clone()
+    k_buf[:, :, slot], v_buf[:, :, slot] = k_new[:, :, 0], v_new[:, :, 0]
+    return k_buf, v_buf
+
+
+def ring_slot_t(q, k_new, v_new, k_buf, v_buf, t):
+    k_buf, v_buf = _write(k_buf, v_buf, k_new, v_new, t)  # forgot the modulo
+    n = min(t + 1, k_buf.shape[2])
+    return _softmax_attend(q, k_buf[:, :, :n], v_buf[:, :, :n]), k_buf, v_buf
+
+
+def ring_all_slots(q, k_new, v_new, k_buf, v_buf, t):
+    k_buf, v_buf = _write(k_buf, v_buf, k_new, v_new, t % k_buf.shape[2])
+    return _softmax_attend(q, k_buf, v_buf), k_buf, v_buf  # the whole buffer, even before it is full
+
+
+def ring_w_plus_1(q, k_new, v_new, k_buf, v_buf, t):
+    W = k_buf.shape[2]
+    n_old = min(t, W)  # attend first, to the old buffer and the new key, then store
+    o = _softmax_attend(q, torch.cat([k_buf[:, :, :n_old], k_new], 2), torch.cat([v_buf[:, :, :n_old], v_new], 2))
+    return (o, *_write(k_buf, v_buf, k_new, v_new, t % W))
+
+
+def ring_w_minus_1(q, k_new, v_new, k_buf, v_buf, t):
+    W = k_buf.shape[2]
+    k_buf, v_buf = _write(k_buf, v_buf, k_new, v_new, t % W)
+    slot_pos = t - (t - torch.arange(W)) % W                  # the position each slot holds
+    allowed = (slot_pos > t - W + 1) & (slot_pos >= 0)        # should be >= t - W + 1
+    k, v = _heads(q, k_buf, v_buf)
+    s = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(~allowed, float("-inf"))
+    return torch.softmax(s, dim=-1) @ v, k_buf, v_buf
+
+
+def ring_new_not_seen(q, k_new, v_new, k_buf, v_buf, t):
+    W = k_buf.shape[2]
+    n = min(t, W)  # "the tokens so far"
+    o = _softmax_attend(q, k_buf[:, :, :n], v_buf[:, :, :n])
+    return (o, *_write(k_buf, v_buf, k_new, v_new, t % W))
+
+
+def ring_no_scale(q, k_new, v_new, k_buf, v_buf, t):
+    W = k_buf.shape[2]
+    k_buf, v_buf = _write(k_buf, v_buf, k_new, v_new, t % W)
+    k, v = _heads(q, k_buf[:, :, :min(t + 1, W)], v_buf[:, :, :min(t + 1, W)])
+    return torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v, k_buf, v_buf
+
+
+def ring_tiled_heads(q, k_new, v_new, k_buf, v_buf, t):
+    W = k_buf.shape[2]
+    k_buf, v_buf = _write(k_buf, v_buf, k_new, v_new, t % W)
+    g, n = q.shape[1] // k_buf.shape[1], min(t + 1, W)
+    k, v = k_buf[:, :, :n].repeat(1, g, 1, 1), v_buf[:, :, :n].repeat(1, g, 1, 1)
+    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1) @ v, k_buf, v_buf
+
+
+def ring_heads_not_repeated(q, k_new, v_new, k_buf, v_buf, t):
+    W = k_buf.shape[2]
+    k_buf, v_buf = _write(k_buf, v_buf, k_new, v_new, t % W)
+    k, v = k_buf[:, :, :min(t + 1, W)], v_buf[:, :, :min(t + 1, W)]
+    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1) @ v, k_buf, v_buf
+
+
+def ring_in_place(q, k_new, v_new, k_buf, v_buf, t):
+    W = k_buf.shape[2]
+    k_buf[:, :, t % W], v_buf[:, :, t % W] = k_new[:, :, 0], v_new[:, :, 0]  # as an engine would
+    n = min(t + 1, W)
+    return _softmax_attend(q, k_buf[:, :, :n], v_buf[:, :, :n]), k_buf, v_buf
+
+
+def ring_slot_t_minus_1(q, k_new, v_new, k_buf, v_buf, t):
+    W = k_buf.shape[2]
+    k_buf, v_buf = _write(k_buf, v_buf, k_new, v_new, (t - 1) % W)  # "the t-th token"
+    n = min(t + 1, W)
+    return _softmax_attend(q, k_buf[:, :, :n], v_buf[:, :, :n]), k_buf, v_buf
+
+
+def ring_last_slot_when_full(q, k_new, v_new, k_buf, v_buf, t):
+    W = k_buf.shape[2]
+    k_buf, v_buf = _write(k_buf, v_buf, k_new, v_new, min(t, W - 1))
+    n = min(t + 1, W)
+    return _softmax_attend(q, k_buf[:, :, :n], v_buf[:, :, :n]), k_buf, v_buf
+
+
+def ring_shifted(q, k_new, v_new, k_buf, v_buf, t):
+    W = k_buf.shape[2]
+    k_buf, v_buf = torch.roll(k_buf, -1, dims=2), torch.roll(v_buf, -1, dims=2)  # oldest out, newest at the end
+    k_buf[:, :, -1], v_buf[:, :, -1] = k_new[:, :, 0], v_new[:, :, 0]
+    n = min(t + 1, W)
+    return _softmax_attend(q, k_buf[:, :, W - n:], v_buf[:, :, W - n:]), k_buf, v_buf
+
+
+def ring_returns_given_buffers(q, k_new, v_new, k_buf, v_buf, t):
+    W = k_buf.shape[2]
+    k2, v2 = _write(k_buf, v_buf, k_new, v_new, t % W)
+    n = min(t + 1, W)
+    return _softmax_attend(q, k2[:, :, :n], v2[:, :, :n]), k_buf, v_buf
+
+
+def ring_appends(q, k_new, v_new, k_buf, v_buf, t):
+    k_buf, v_buf = torch.cat([k_buf, k_new], dim=2), torch.cat([v_buf, v_new], dim=2)  # as in 7.2
+    n = min(t + 1, k_buf.shape[2] - 1)
+    return _softmax_attend(q, k_buf[:, :, -n:], v_buf[:, :, -n:]), k_buf, v_buf
+
+
+def ring_swapped(q, k_new, v_new, k_buf, v_buf, t):
+    W = k_buf.shape[2]
+    k_buf, v_buf = _write(k_buf, v_buf, k_new, v_new, t % W)
+    n = min(t + 1, W)
+    return _softmax_attend(q, k_buf[:, :, :n], v_buf[:, :, :n]), v_buf, k_buf
+
+
+def ring_float32(q, k_new, v_new, k_buf, v_buf, t):
+    W = k_buf.shape[2]
+    k_buf, v_buf = _write(k_buf.float(), v_buf.float(), k_new.float(), v_new.float(), t % W)
+    n = min(t + 1, W)
+    return _softmax_attend(q.float(), k_buf[:, :, :n], v_buf[:, :, :n]), k_buf, v_buf
+
+
+def ring_with_window_argument(q, k_new, v_new, k_buf, v_buf, t, window):
+    k_buf, v_buf = _write(k_buf, v_buf, k_new, v_new, t % window)
+    n = min(t + 1, window)
+    return _softmax_attend(q, k_buf[:, :, :n], v_buf[:, :, :n]), k_buf, v_buf
+
+
+# right: other styles than the reference
+def ring_einsum(q, k_new, v_new, k_buf, v_buf, t):
+    B, H_kv, W, d = k_buf.shape
+    k_buf, v_buf = k_buf.clone(), v_buf.clone()
+    k_buf[:, :, t % W], v_buf[:, :, t % W] = k_new[:, :, 0], v_new[:, :, 0]
+    n = min(t + 1, W)
+    qg = q.reshape(B, H_kv, q.shape[1] // H_kv, d)                          # [B, H_kv, g, d]
+    s = torch.einsum("bkgd,bknd->bkgn", qg, k_buf[:, :, :n]) / math.sqrt(d)
+    o = torch.einsum("bkgn,bknd->bkgd", s.softmax(-1), v_buf[:, :, :n])
+    return o.reshape(B, -1, 1, d), k_buf, v_buf
+
+
+def ring_sdpa_mask(q, k_new, v_new, k_buf, v_buf, t):
+    W = k_buf.shape[2]
+    slot = torch.arange(W) == t % W
+    k_buf = torch.where(slot[:, None], k_new, k_buf)                        # new tensors, no clone needed
+    v_buf = torch.where(slot[:, None], v_new, v_buf)
+    allowed = (torch.arange(W) <= t)[None, :]                               # [1, W]: the written slots
+    o = F.scaled_dot_product_attention(q, k_buf, v_buf, attn_mask=allowed, enable_gqa=True)
+    return o, k_buf, v_buf
+
+
+def ring_float64_minus_1e9(q, k_new, v_new, k_buf, v_buf, t):
+    W = k_buf.shape[2]
+    k_buf = k_buf.index_copy(2, torch.tensor([t % W]), k_new)
+    v_buf = v_buf.index_copy(2, torch.tensor([t % W]), v_new)
+    k, v = _heads(q, k_buf.double(), v_buf.double())
+    s = q.double() @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+    s = s.masked_fill(torch.arange(W) > t, -1e9)
+    return (torch.softmax(s, dim=-1) @ v).to(q.dtype), k_buf, v_buf
+
+
+def ring_chronological_gather(q, k_new, v_new, k_buf, v_buf, t):
+    W = k_buf.shape[2]
+    k_buf, v_buf = k_buf.clone(), v_buf.clone()
+    k_buf[:, :, t % W], v_buf[:, :, t % W] = k_new[:, :, 0], v_new[:, :, 0]
+    slots = [p % W for p in range(max(0, t - W + 1), t + 1)]               # oldest to newest
+    k = repeat_kv(k_buf[:, :, slots], q.shape[1] // k_buf.shape[1])
+    v = repeat_kv(v_buf[:, :, slots], q.shape[1] // k_buf.shape[1])
+    return scaled_dot_product_attention(q, k, v), k_buf, v_buf
+
+
 # ============================================================ the exercises' cases
 
 def cache_head_dim_for_heads(batch, seq_len, n_layers, n_kv_heads, head_dim, dtype_bytes):
@@ -591,6 +872,25 @@ WRONG = {
         (flops_cache_quadratic, "not 4*d*L^2"),
         (flops_without_w_o, "you left out W_O"),
     ],
+    "ring_buffer_decode_step": [
+        (ring_slot_t, "token t goes to slot t % W, which wraps around"),
+        (ring_all_slots, "never written in this sequence"),
+        (ring_w_plus_1, "W + 1 keys"),
+        (ring_w_minus_1, "W - 1 keys"),
+        (ring_new_not_seen, "new token's own key and value were not attended"),
+        (ring_no_scale, "sqrt(d)"),
+        (ring_tiled_heads, "GQA heads in the wrong order"),
+        (ring_heads_not_repeated, "repeat each key/value head"),
+        (ring_in_place, "modified one of its input tensors in place"),
+        (ring_slot_t_minus_1, "slot (t - 1) % W"),
+        (ring_last_slot_when_full, "kept overwriting its last slot"),
+        (ring_shifted, "your buffers are shifted"),
+        (ring_returns_given_buffers, "returned the buffers you were given"),
+        (ring_appends, "buffer grew by one slot"),
+        (ring_swapped, "buffers swapped"),
+        (ring_float32, "expected dtype torch.float64"),
+        (ring_with_window_argument, "the window W is the buffers' length"),
+    ],
 }
 
 
@@ -599,6 +899,7 @@ RIGHT = {
     "decode_step": [decode_einsum, decode_loops_over_heads, decode_sdpa_bottom_right, decode_explicit_mask_minus_1e9,
                     decode_float64_inside, decode_preallocated],
     "prefill_decode_flops": [flops_closed_form, flops_layer_by_layer],
+    "ring_buffer_decode_step": [ring_einsum, ring_sdpa_mask, ring_float64_minus_1e9, ring_chronological_gather],
 }
 
 

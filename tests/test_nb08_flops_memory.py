@@ -1,5 +1,6 @@
 """Notebook 08, FLOPs and memory (helpers/nb08_flops_memory.py): the FLOP and byte formulas against
-a FLOP counter and the sources' figures, and the memory meter; then exercises 8.1-8.3: learner-style
+a FLOP counter and the sources' figures, the memory meter, and the memory of a training step against
+what a model saves and allocates; then exercises 8.1-8.4: learner-style
 wrong implementations their checks must reject, with the hint each must give (WRONG), and correct
 ones in other styles they must accept (RIGHT)."""
 
@@ -12,13 +13,17 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from helpers.configs import H100_SXM, MODELS
+from helpers.configs import H100_SXM, MODELS, ModelConfig
 from helpers.nb01_qkv_shapes import merge_heads, scaled_dot_product_attention, split_heads
 from helpers.nb06_kv_sharing import repeat_kv
 from helpers.nb08_flops_memory import (
     GB,
+    STRATEGIES,
+    CountedDecoder,
     GiB,
     PeakMemory,
+    activation_numbers,
+    allocation_peak,
     attention_flops,
     attention_step_costs,
     best_seconds,
@@ -27,12 +32,21 @@ from helpers.nb08_flops_memory import (
     crossover,
     dense_param_count,
     ffn_flops,
+    head_activation_numbers,
     last_level_cache_bytes,
+    layer_activation_numbers,
     layer_flops,
     matmul_flops,
+    max_batch,
     max_seq_len_for_scores,
+    rms_norm,
+    saved_for_backward,
+    saved_numbers,
     score_matrix_bytes,
     torch_threads,
+    training_flops_per_token,
+    training_memory,
+    uncounted_saved_bytes,
 )
 from tests.exercise_cases import assert_accepted, assert_rejected, right_cases, wrong_cases
 
@@ -244,6 +258,111 @@ def test_peak_memory_agrees_with_the_profilers_allocation_events():
         live += e.nbytes()
         peak = max(peak, live)
     assert abs(peak - meter.peak) <= 64, (peak, meter.peak)  # a few bytes of 0-dim temporaries
+
+
+# --------------------------------------------------------------------------- a training step's memory
+
+SMALL = ModelConfig("small", "gqa", 32, 2, 4, 2, 8, 88, 64, "a test's model")
+
+
+def _decoder_batch(attention, dtype=torch.float32, B=3, T=20, cfg=SMALL):
+    g = torch.Generator().manual_seed(0)
+    model = CountedDecoder(cfg, attention, g).to(dtype)
+    tokens, targets = (torch.randint(0, cfg.vocab, (B, T), generator=g) for _ in range(2))
+    return model, tokens, targets
+
+
+@pytest.mark.parametrize("attention", STRATEGIES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_counted_decoder_saves_exactly_the_counted_tensors(attention, dtype):
+    model, tokens, targets = _decoder_batch(attention, dtype)
+    assert sum(p.numel() for p in model.parameters()) == dense_param_count(SMALL)
+    _, saved = saved_for_backward(lambda: model(tokens, targets), model.parameters())
+    size = torch.finfo(dtype).bits // 8
+    expected = size * saved_numbers(SMALL, 3, 20, attention) + uncounted_saved_bytes(SMALL, 3, 20, attention, size)
+    assert sum(nbytes for _, _, nbytes in saved.values()) == expected
+
+
+def test_naive_attention_saves_p_and_flash_does_not():
+    sizes = {}
+    for attention in ("naive", "flash"):
+        model, tokens, targets = _decoder_batch(attention)
+        _, saved = saved_for_backward(lambda m=model: m(tokens, targets), model.parameters())
+        sizes[attention] = [shape for shape, _, _ in saved.values() if len(shape) == 4 and shape[-1] == 20]
+    assert sizes["naive"] == [[3, 2, 2 * 20, 20]] * 2  # P of each layer: [B, H_kv, G*T, T]
+    assert sizes["flash"] == []
+
+
+def test_the_decoders_agree_and_rms_norm_has_the_right_gradient():
+    losses, grads = [], []
+    for attention in STRATEGIES:
+        model, tokens, targets = _decoder_batch(attention)
+        loss = model(tokens, targets)
+        loss.backward()
+        losses.append(loss.item())
+        grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
+    assert max(losses) - min(losses) < 1e-5
+    assert all(torch.allclose(g, grads[0], atol=1e-5) for g in grads[1:])
+    x = torch.randn(3, 5, 6, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(6, dtype=torch.float64, requires_grad=True)
+    assert torch.allclose(rms_norm(x, w), torch.nn.functional.rms_norm(x, (6,), w, 1e-5))
+    assert torch.autograd.gradcheck(lambda x_, w_: rms_norm(x_, w_), (x, w))
+
+
+def test_activation_count_by_hand_for_llama_3_8b():
+    llama = MODELS["Llama-3-8B"]
+    flash = sum(layer_activation_numbers(llama, 8192, "flash").values())
+    assert flash == 4 * 4096 + 2 * 32 * 128 + 2 * 8 * 128 + 4 * 14336 == 83968
+    assert sum(layer_activation_numbers(llama, 8192, "naive").values()) == flash + 32 * 8192
+    assert sum(head_activation_numbers(llama).values()) == 2 * 4096 + 128256
+    per_token = 32 * 4096 + 2 * 4096 + 128256 + flash - 4096
+    assert activation_numbers(llama, 3, 8192, "recompute") == 3 * 8192 * per_token
+    m = training_memory(llama, 1, 8192, "flash")
+    assert m["weights"] + m["gradients"] + m["optimizer"] == 16 * dense_param_count(llama)
+    assert m["total"] == sum(v for k, v in m.items() if k != "total") == 174_743_158_784  # 8.4's statement
+    with pytest.raises(ValueError, match="attention must be one of"):
+        training_memory(llama, 1, 8192, "flashattention")
+    with pytest.raises(ValueError, match="batch and seq_len"):
+        training_memory(llama, -1, 8192, "flash")
+
+
+def test_max_batch_is_the_boundary():
+    for cfg, T in [(MODELS["Llama-3-8B"], 8192), (SMALL, 100), (MODELS["GPT-2 small"], 1024)]:
+        for attention in STRATEGIES:
+            for budget in (H100_SXM.memory, 10**9, 10**7):
+                b = max_batch(cfg, T, attention, budget)
+                if b:
+                    assert training_memory(cfg, b, T, attention)["total"] <= budget
+                assert b == 0 or training_memory(cfg, b + 1, T, attention)["total"] > budget
+                if training_memory(cfg, 1, T, attention)["total"] <= budget:
+                    assert b >= 1
+    assert max_batch(MODELS["Llama-3-8B"], 8192, "recompute", H100_SXM.memory) == 0  # 16N > 80 GB
+
+
+def test_training_flops_are_six_n_plus_three_times_the_attention_core():
+    llama = MODELS["Llama-3-8B"]
+    f = training_flops_per_token(llama, 8192)
+    assert f["dense"] == 6 * dense_param_count(llama)
+    core = attention_flops(8192, 4096, 32, 8, 128)
+    per_layer = core["scores"] + core["softmax"] + core["weighted_values"]
+    assert f["attention"] * 8192 == 3 * 32 * per_layer
+
+
+def test_allocation_peak_of_a_step_is_the_state_free_activations_and_some_temporaries():
+    model, tokens, targets = _decoder_batch("flash")
+    opt = torch.optim.AdamW(model.parameters())
+
+    def step():
+        opt.zero_grad(set_to_none=False)
+        model(tokens, targets).backward()
+        opt.step()
+
+    step()  # creates the gradients and AdamW's states: the next step allocates only its working memory
+    with torch_threads(1):
+        peak = allocation_peak(step)
+    saved = 4 * saved_numbers(SMALL, 3, 20, "flash") + uncounted_saved_bytes(SMALL, 3, 20, "flash", 4)
+    assert saved <= peak <= 1.5 * saved
+    assert allocation_peak(lambda: torch.empty(1000)) == 4000  # one allocation, freed at once
 
 
 # ============================================================ 8.1 attention_flops
@@ -504,6 +623,172 @@ def seq_newton(budget_bytes, batch, n_heads, dtype_bytes):
     return x
 
 
+# ============================================================ 8.4 training_memory
+
+# wrong: what a learner might write
+def _params(cfg):  # as the notebook counts them (untied embeddings)
+    d, dh = cfg.d_model, cfg.head_dim
+    per_layer = 2 * d * cfg.n_heads * dh + 2 * d * cfg.n_kv_heads * dh + 3 * d * cfg.d_ff + 2 * d
+    return 2 * cfg.vocab * d + cfg.n_layers * per_layer + d
+
+
+def _layer(cfg, seq_len, attention, kv_heads=None, mlp=4, p_heads=None):
+    d, dh, H = cfg.d_model, cfg.head_dim, cfg.n_heads
+    kv = cfg.n_kv_heads if kv_heads is None else kv_heads
+    numbers = 4 * d + 2 * H * dh + 2 * kv * dh + mlp * cfg.d_ff
+    if attention == "naive":
+        numbers += (H if p_heads is None else p_heads) * seq_len
+    return numbers
+
+
+def _acts(cfg, batch, seq_len, attention, bytes_=2, layers=None, head=True, **layer_kw):
+    L = cfg.n_layers if layers is None else layers
+    top = 2 * cfg.d_model + cfg.vocab if head else 0
+    if attention == "recompute":
+        per_token = L * cfg.d_model + top + _layer(cfg, seq_len, "flash", **layer_kw) - cfg.d_model
+    else:
+        per_token = L * _layer(cfg, seq_len, attention, **layer_kw) + top
+    return bytes_ * batch * seq_len * per_token
+
+
+def _parts(n, acts, weights=2, grads=2, optimizer=12):
+    out = {"weights": weights * n, "gradients": grads * n, "optimizer": optimizer * n, "activations": acts}
+    out["total"] = sum(out.values())
+    return out
+
+
+def tm_total_without_gradients(cfg, batch, seq_len, attention):
+    out = _parts(_params(cfg), _acts(cfg, batch, seq_len, attention))
+    out["total"] = out["weights"] + out["optimizer"] + out["activations"]  # gradients: "transient"
+    return out
+
+
+def tm_one_moment(cfg, batch, seq_len, attention):
+    n = _params(cfg)
+    return _parts(n, _acts(cfg, batch, seq_len, attention), optimizer=4 + 4)  # master + m
+
+
+def tm_no_master(cfg, batch, seq_len, attention):
+    n = _params(cfg)
+    return _parts(n, _acts(cfg, batch, seq_len, attention), optimizer=4 + 4)  # m + v, "weights are already stored"
+
+
+def tm_moments_bf16(cfg, batch, seq_len, attention):
+    n = _params(cfg)
+    return _parts(n, _acts(cfg, batch, seq_len, attention), optimizer=4 + 2 + 2)  # m, v like the weights
+
+
+def tm_weights_fp32(cfg, batch, seq_len, attention):
+    return _parts(_params(cfg), _acts(cfg, batch, seq_len, attention), weights=4)
+
+
+def tm_grads_fp32(cfg, batch, seq_len, attention):
+    return _parts(_params(cfg), _acts(cfg, batch, seq_len, attention), grads=4)
+
+
+def tm_tied_embeddings(cfg, batch, seq_len, attention):
+    return _parts(_params(cfg) - cfg.vocab * cfg.d_model, _acts(cfg, batch, seq_len, attention))
+
+
+def tm_one_layer(cfg, batch, seq_len, attention):
+    return _parts(_params(cfg), _acts(cfg, batch, seq_len, attention, layers=1))
+
+
+def tm_no_batch(cfg, batch, seq_len, attention):
+    return _parts(_params(cfg), _acts(cfg, 1, seq_len, attention))
+
+
+def tm_flash_keeps_p(cfg, batch, seq_len, attention):
+    kind = "naive" if attention == "flash" else attention  # "the scores are still T x T"
+    return _parts(_params(cfg), _acts(cfg, batch, seq_len, kind))
+
+
+def tm_p_per_kv_head(cfg, batch, seq_len, attention):
+    return _parts(_params(cfg), _acts(cfg, batch, seq_len, attention, p_heads=cfg.n_kv_heads))
+
+
+def tm_activations_fp32(cfg, batch, seq_len, attention):
+    return _parts(_params(cfg), _acts(cfg, batch, seq_len, attention, bytes_=4))
+
+
+def tm_no_head(cfg, batch, seq_len, attention):
+    return _parts(_params(cfg), _acts(cfg, batch, seq_len, attention, head=False))
+
+
+def tm_kv_repeated(cfg, batch, seq_len, attention):
+    return _parts(_params(cfg), _acts(cfg, batch, seq_len, attention, kv_heads=cfg.n_heads))
+
+
+def tm_mlp_three(cfg, batch, seq_len, attention):
+    return _parts(_params(cfg), _acts(cfg, batch, seq_len, attention, mlp=3))  # gate, up, product
+
+
+def tm_recompute_inputs_only(cfg, batch, seq_len, attention):
+    if attention != "recompute":
+        return _parts(_params(cfg), _acts(cfg, batch, seq_len, attention))
+    d = cfg.d_model
+    acts = 2 * batch * seq_len * (cfg.n_layers * d + 2 * d + cfg.vocab)  # the recomputed layer forgotten
+    return _parts(_params(cfg), acts)
+
+
+def tm_total_gib(cfg, batch, seq_len, attention):
+    out = _parts(_params(cfg), _acts(cfg, batch, seq_len, attention))
+    out["total"] = out["total"] / 2**30
+    return out
+
+
+def tm_total_only(cfg, batch, seq_len, attention):
+    return _parts(_params(cfg), _acts(cfg, batch, seq_len, attention))["total"]
+
+
+def tm_missing_key(cfg, batch, seq_len, attention):
+    out = _parts(_params(cfg), _acts(cfg, batch, seq_len, attention))
+    out["adam"] = out.pop("optimizer")
+    return out
+
+
+# right: other styles than the reference
+def tm_loop_over_layers(cfg, batch, seq_len, attention):
+    d, dh, H, H_kv, f = cfg.d_model, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads, cfg.d_ff
+    n = cfg.vocab * d * 2 + d
+    saved = 0
+    for _ in range(cfg.n_layers):
+        n += d * H * dh + d * H_kv * dh * 2 + H * dh * d + 3 * d * f + 2 * d
+        if attention == "recompute":
+            saved += d
+            continue
+        for numbers in (d, d, H * dh, H_kv * dh, H_kv * dh, H * dh, d, d, f, f, f, f):
+            saved += numbers
+        if attention == "naive":
+            saved += H * seq_len
+    saved += d + d + cfg.vocab
+    if attention == "recompute":
+        saved += 3 * d + 2 * H * dh + 2 * H_kv * dh + 4 * f
+    tokens = batch * seq_len
+    parts = {"weights": 2 * n, "gradients": 2 * n, "optimizer": (4 + 4 + 4) * n, "activations": 2 * tokens * saved}
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def tm_per_sequence(cfg, batch, seq_len, attention):
+    from helpers.nb08_flops_memory import dense_param_count as count
+
+    n = count(cfg)
+    d, f = cfg.d_model, cfg.d_ff
+    attn = cfg.head_dim * (2 * cfg.n_heads + 2 * cfg.n_kv_heads)
+    layer = 4 * d + attn + 4 * f  # numbers per token
+    per_seq = seq_len * layer * cfg.n_layers
+    if attention == "naive":
+        per_seq += cfg.n_layers * cfg.n_heads * seq_len**2  # P: H x T x T per layer
+    elif attention == "recompute":
+        per_seq = seq_len * (cfg.n_layers * d + layer - d)
+    per_seq += seq_len * (2 * d + cfg.vocab)
+    state = 16 * n
+    acts = batch * per_seq * 2
+    return {"weights": n * 2, "gradients": n * 2, "optimizer": state - 4 * n, "activations": acts,
+            "total": state + acts, "per_parameter": 16}  # an extra key is fine
+
+
 # ============================================================ the exercises' cases
 
 def bytes_linear_in_t(batch, n_heads, seq_len, dtype_bytes):
@@ -558,6 +843,27 @@ WRONG = {
         (seq_floor_float, "expected an int"),
         (seq_strictly_less, "an exact fit is left out"),
     ],
+    "training_memory": [
+        (tm_total_without_gradients, "your total leaves out the weights or the gradients"),
+        (tm_one_moment, "one of AdamW's two moments"),
+        (tm_no_master, "left out the master weights"),
+        (tm_moments_bf16, "counted m and v in bf16"),
+        (tm_weights_fp32, "the weights are bf16"),
+        (tm_grads_fp32, "the gradients are bf16"),
+        (tm_tied_embeddings, "the embeddings are untied"),
+        (tm_one_layer, "not multiplied by the number of layers"),
+        (tm_no_batch, "left out the batch"),
+        (tm_flash_keeps_p, "T x T probabilities under FlashAttention"),
+        (tm_p_per_kv_head, "not per key/value head"),
+        (tm_activations_fp32, "activations are bf16"),
+        (tm_no_head, "left out the head"),
+        (tm_kv_repeated, "does not repeat"),
+        (tm_mlp_three, "four tensors of d_ff"),
+        (tm_recompute_inputs_only, "recomputes one layer at a time"),
+        (tm_total_gib, "GiB as a float"),
+        (tm_total_only, "expected a dict"),
+        (tm_missing_key, "lacks the key(s) 'optimizer'"),
+    ],
 }
 
 
@@ -565,6 +871,7 @@ RIGHT = {
     "attention_flops": [flops_loop_over_heads, flops_matmul_helper, flops_torch_ints],
     "score_matrix_bytes": [bytes_prod, bytes_via_tensor],
     "max_seq_len_for_scores": [seq_binary_search, seq_float_then_correct, seq_newton],
+    "training_memory": [tm_loop_over_layers, tm_per_sequence],
 }
 
 

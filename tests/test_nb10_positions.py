@@ -1,5 +1,6 @@
 """Notebook 10 (positions): the reference code of helpers.nb10_positions (RoPE, ALiBi, sinusoidal
-embeddings, RoPE in a KV cache), and the checks of exercises 10.1-10.2: learner-style wrong
+embeddings, RoPE in a KV cache, context extension; the position ablation of
+helpers.nb10_position_ablation), and the checks of exercises 10.1-10.3: learner-style wrong
 implementations each check must reject with its hint (WRONG) and correct ones in other styles than
 the reference it must accept (RIGHT)."""
 
@@ -7,10 +8,13 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from helpers import nb10_positions as positions
 from helpers.nb01_qkv_shapes import merge_heads, qkv_projection, scaled_dot_product_attention
 from helpers.nb03_masks import causal_mask
+from helpers.nb10_position_ablation import PositionedTransformer, alibi_attention_block, repeat_half_metrics
+from helpers.nb11_trained_transformer import TinyConfig, TinyTransformer
 from tests.exercise_cases import assert_accepted, assert_rejected, right_cases, wrong_cases
 
 # =============================================================== lesson: helpers.nb10_positions
@@ -21,7 +25,7 @@ def gen(seed):
 
 
 def test_all_lists_exactly_the_graded_functions():
-    assert positions.__all__ == ["rope", "alibi_bias"]
+    assert positions.__all__ == ["rope", "alibi_bias", "llama3_rope_frequencies"]
 
 
 # ----------------------------------------------------------------- RoPE
@@ -183,7 +187,180 @@ def test_alibi_slopes_and_bias():
     assert (p.masked_select(~causal_mask(6)) == 0).all()
 
 
-# =============================================================== checks of 10.1-10.2
+# ----------------------------------------------------------------- context extension
+
+LLAMA31 = (8.0, 1.0, 4.0, 8192)  # factor, low_freq_factor, high_freq_factor, original_max_len
+
+
+def test_llama3_scaling_keeps_fast_pairs_divides_slow_ones_and_is_continuous():
+    theta = positions.rope_frequencies(128, 500000.0)
+    new = positions.llama3_rope_frequencies(theta, *LLAMA31)
+    w = positions.rope_wavelengths(theta)
+    assert torch.equal(new[w < 8192 / 4], theta[w < 8192 / 4])
+    torch.testing.assert_close(new[w > 8192], theta[w > 8192] / 8, rtol=1e-12, atol=0)
+    ratio = theta / new
+    assert bool((ratio[1:] >= ratio[:-1]).all()) and 1 <= ratio.min() and ratio.max() <= 8
+    assert [int((w < 2048).sum()), int(((w >= 2048) & (w <= 8192)).sum()), int((w > 8192).sum())] == [29, 6, 29]
+    # continuous at both thresholds: inv_freq exactly at a threshold's wavelength gives the same value from both sides
+    for w0, expected in ((8192 / 4, 1.0), (8192.0, 8.0)):
+        at = torch.tensor([2 * math.pi / w0 * (1 + 1e-12), 2 * math.pi / w0, 2 * math.pi / w0 * (1 - 1e-12)],
+                          dtype=torch.float64)
+        torch.testing.assert_close(at / positions.llama3_rope_frequencies(at, *LLAMA31),
+                                   torch.full((3,), expected, dtype=torch.float64))
+
+
+def test_llama3_scaling_is_yarns_ramp_with_its_two_factors_and_keeps_dtype():
+    theta = positions.rope_frequencies(64, 10000.0)
+    for args in ((4.0, 1.0, 4.0, 512), (16.0, 2.0, 8.0, 2048), (3.0, 0.5, 3.0, 300)):
+        factor, lf, hf, L = args
+        torch.testing.assert_close(positions.llama3_rope_frequencies(theta, *args),
+                                   positions.yarn_frequencies(theta, factor, L, alpha=lf, beta=hf))
+    assert positions.llama3_rope_frequencies(theta.float(), *LLAMA31).dtype == torch.float32
+    shuffled = torch.randperm(32, generator=gen(20))
+    torch.testing.assert_close(positions.llama3_rope_frequencies(theta[shuffled], 4.0, 1.0, 4.0, 512),
+                               positions.llama3_rope_frequencies(theta, 4.0, 1.0, 4.0, 512)[shuffled])
+
+
+def test_context_extension_rejects_bad_input_clearly():
+    theta = positions.rope_frequencies(16)
+    with pytest.raises(ValueError, match="high_freq_factor > low_freq_factor"):
+        positions.llama3_rope_frequencies(theta, 8.0, 4.0, 1.0, 8192)
+    with pytest.raises(ValueError, match="1-D float tensor"):
+        positions.llama3_rope_frequencies(theta[None], *LLAMA31)
+    with pytest.raises(ValueError, match="1-D float tensor"):
+        positions.yarn_frequencies(torch.arange(8), 4.0, 512)
+    with pytest.raises(ValueError, match="factor must be >= 1"):
+        positions.position_interpolation_frequencies(theta, 0.5)
+    with pytest.raises(ValueError, match="even"):
+        positions.ntk_aware_base(10000.0, 4.0, 7)
+
+
+def test_position_interpolation_and_ntk_aware_scaling():
+    d, base, s = 128, 500000.0, 8.0
+    theta = positions.rope_frequencies(d, base)
+    torch.testing.assert_close(theta / positions.position_interpolation_frequencies(theta, s), torch.full_like(theta, s))
+    ntk = positions.rope_frequencies(d, positions.ntk_aware_base(base, s, d))
+    i = torch.arange(d // 2, dtype=torch.float64)
+    torch.testing.assert_close(theta / ntk, s ** (2 * i / (d - 2)))
+    assert ntk[0] == theta[0] == 1 and math.isclose((theta[-1] / ntk[-1]).item(), s, rel_tol=1e-12)
+
+
+def test_yarn_frequencies_by_turns_and_temperature():
+    theta = positions.rope_frequencies(128, 500000.0)
+    r = positions.rotations(theta, 8192)
+    torch.testing.assert_close(r, 8192 * theta / (2 * math.pi))
+    new = positions.yarn_frequencies(theta, 8.0, 8192)
+    assert torch.equal(new[r > 32], theta[r > 32])
+    torch.testing.assert_close(new[r < 1], theta[r < 1] / 8)
+    mid = (r >= 1) & (r <= 32)
+    gamma = (r[mid] - 1) / 31
+    torch.testing.assert_close(new[mid], (1 - gamma) * theta[mid] / 8 + gamma * theta[mid])
+    assert math.isclose(positions.yarn_attention_factor(8.0), 0.1 * math.log(8) + 1)
+    assert positions.yarn_attention_factor(1.0) == positions.yarn_attention_factor(0.5) == 1.0
+
+
+def _hf_yarn_inv_freq(dim, base, factor, original, beta_fast=32, beta_slow=1):
+    # Hugging Face's _compute_yarn_parameters (truncate=True, no partial rotary), written from its code.
+    def find_correction_dim(num_rotations):
+        return (dim * math.log(original / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low = max(math.floor(find_correction_dim(beta_fast)), 0)
+    high = min(math.ceil(find_correction_dim(beta_slow)), dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low), 0, 1)
+    pos_freqs = base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    extrapolation_factor = 1 - ramp
+    return (1.0 / (factor * pos_freqs)) * (1 - extrapolation_factor) + (1.0 / pos_freqs) * extrapolation_factor
+
+
+def test_yarn_index_ramp_is_what_hugging_face_computes_and_differs_from_the_paper_only_on_the_ramp():
+    for d, base, s, L in ((128, 500000.0, 8.0, 8192), (64, 10000.0, 4.0, 2048), (128, 10000.0, 16.0, 4096)):
+        by_index = positions.yarn_index_ramp_frequencies(d, base, s, L)
+        torch.testing.assert_close(by_index, _hf_yarn_inv_freq(d, base, s, L))
+        theta = positions.rope_frequencies(d, base)
+        paper = positions.yarn_frequencies(theta, s, L)
+        r = positions.rotations(theta, L)
+        outside = (r > 32) | (r < 1)
+        torch.testing.assert_close(by_index[outside], paper[outside])
+    assert not torch.allclose(by_index, paper)
+
+
+# ----------------------------------------------------------------- positions in a trained model (section 8)
+
+SMALL = TinyConfig(vocab=16, d_model=32, n_layers=2, n_heads=4)
+
+
+def test_positioned_rope_model_is_notebook_11s_model():
+    tokens = torch.randint(0, 16, (3, 10), generator=gen(21))
+    ours = PositionedTransformer(SMALL, "rope", generator=gen(22))
+    theirs = TinyTransformer(SMALL, generator=gen(22))
+    assert [n for n, _ in ours.named_parameters()] == [n for n, _ in theirs.named_parameters()]
+    with torch.no_grad():
+        torch.testing.assert_close(ours(tokens), theirs(tokens))
+
+
+def test_nope_sees_no_order_in_one_layer_and_rope_does():
+    one_layer = TinyConfig(vocab=16, d_model=32, n_layers=1, n_heads=4)
+    tokens = torch.randint(0, 16, (2, 9), generator=gen(23))
+    shuffled = torch.cat((tokens[:, :-1][:, torch.randperm(8, generator=gen(24))], tokens[:, -1:]), dim=1)
+    last = {}
+    for position in ("nope", "rope"):
+        model = PositionedTransformer(one_layer, position, generator=gen(25))
+        with torch.no_grad():
+            last[position] = (model(tokens)[:, -1], model(shuffled)[:, -1])
+    # The last query sees the same set of keys: without positions, its output cannot change.
+    torch.testing.assert_close(*last["nope"], atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(*last["rope"], atol=1e-3)
+
+
+def test_alibi_model_adds_the_bias_to_every_layers_scores():
+    model = PositionedTransformer(SMALL, "alibi", generator=gen(26))
+    tokens = torch.randint(0, 16, (2, 7), generator=gen(27))
+    record = []
+    with torch.no_grad():
+        model(tokens, record=record)
+        h = F.rms_norm(model.embed[tokens], (32,), model.layers[0].attn_norm)
+        q, k, _ = qkv_projection(h, model.layers[0].w_qkv, 4)
+        expected = positions.alibi_attention_weights(q @ k.transpose(-2, -1) / math.sqrt(8), 4)
+        y, weights = alibi_attention_block(h, model.layers[0].w_qkv, model.layers[0].w_o, 4, 4)
+    assert len(record) == 2 and record[0].shape == (2, 4, 7, 7)
+    torch.testing.assert_close(record[0], expected)
+    torch.testing.assert_close(weights, expected)
+    assert not torch.allclose(expected, positions.alibi_attention_weights(q @ k.transpose(-2, -1) / math.sqrt(8), 1))
+    with pytest.raises(ValueError, match="position must be one of"):
+        PositionedTransformer(SMALL, "sinusoidal")
+
+
+class _Oracle(torch.nn.Module):
+    """Predicts every copyable token with certainty and attends like a perfect induction head."""
+
+    def forward(self, tokens, record=None):
+        B, T = tokens.shape
+        m = T // 2
+        logits = torch.zeros(B, T, 16)
+        nxt = torch.cat((tokens[:, 1:], tokens[:, :1]), dim=1)
+        logits[:, m:] = 50.0 * F.one_hot(nxt[:, m:], 16)
+        attn = torch.zeros(B, 2, T, T)
+        attn[:, :, :, 0] = 1.0
+        q = torch.arange(m, T)
+        attn[:, :, q, 0] = 0.0
+        attn[:, :, q, q - m + 1] = 1.0
+        record.append(attn)
+        return logits
+
+
+def test_repeat_half_metrics_of_a_perfect_copier_and_their_shapes():
+    tokens = torch.cat([torch.randperm(16, generator=gen(28))[:6][None]] * 2, dim=1).repeat(3, 1)  # [3, 12]
+    out = repeat_half_metrics(_Oracle(), tokens)
+    assert out["accuracy"] == 1.0 and out["loss"] < 1e-6 and out["induction"] == 1.0
+    assert out["per_position"].shape == (11,)
+    model = PositionedTransformer(SMALL, "nope", generator=gen(29))
+    untrained = repeat_half_metrics(model, tokens)
+    assert untrained["accuracy"] < 0.5 and untrained["loss"] > 1 and 0 <= untrained["induction"] <= 1
+
+
+# =============================================================== checks of 10.1-10.3
 
 
 # --------------------------------------------------------------- wrong implementations
@@ -370,6 +547,150 @@ def alibi_lower_triangle_only(n_heads, T):
     return -slopes[:, None, None] * (i[:, None] - i[None, :]).clamp(min=0)  # the future "is masked anyway"
 
 
+# ----------------------------------------------------------------- 10.3 llama3_rope_frequencies
+
+
+def llama3_compares_frequencies(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len):
+    low_freq_wavelen = original_max_len / low_freq_factor
+    high_freq_wavelen = original_max_len / high_freq_factor
+    new = inv_freq.clone()
+    new[inv_freq > low_freq_wavelen] /= factor  # the frequency compared with a wavelength
+    mid = (inv_freq <= low_freq_wavelen) & (inv_freq >= high_freq_wavelen)
+    smooth = (original_max_len / inv_freq[mid] - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    new[mid] = (1 - smooth) * inv_freq[mid] / factor + smooth * inv_freq[mid]
+    return new
+
+
+def llama3_divides_everything(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len):
+    return inv_freq / factor  # "stretch the positions by the factor"
+
+
+def llama3_multiplies(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len):
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (original_max_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    out = torch.where(wavelen > original_max_len / low_freq_factor, inv_freq * factor,
+                      (1 - smooth) * inv_freq * factor + smooth * inv_freq)
+    return torch.where(wavelen < original_max_len / high_freq_factor, inv_freq, out)
+
+
+def llama3_smooth_reversed(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len):
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (original_max_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    out = torch.where(wavelen > original_max_len / low_freq_factor, inv_freq / factor,
+                      smooth * inv_freq / factor + (1 - smooth) * inv_freq)
+    return torch.where(wavelen < original_max_len / high_freq_factor, inv_freq, out)
+
+
+def llama3_scales_high_too(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len):
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (original_max_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    medium = (wavelen >= original_max_len / high_freq_factor) & (wavelen <= original_max_len / low_freq_factor)
+    return torch.where(medium, (1 - smooth) * inv_freq / factor + smooth * inv_freq, inv_freq / factor)
+
+
+def llama3_frequency_thresholds_unflipped(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len):
+    low_freq = 2 * math.pi * low_freq_factor / original_max_len  # thresholds as frequencies ...
+    high_freq = 2 * math.pi * high_freq_factor / original_max_len
+    out = torch.where(inv_freq > low_freq, inv_freq / factor, inv_freq)  # ... but '>' kept from the wavelengths
+    smooth = (original_max_len * inv_freq / (2 * math.pi) - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    medium = (inv_freq >= high_freq) & (inv_freq <= low_freq)
+    return torch.where(medium, (1 - smooth) * out / factor + smooth * out, out)
+
+
+def llama3_thresholds_swapped(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len):
+    low_freq_wavelen = original_max_len / high_freq_factor  # swapped
+    high_freq_wavelen = original_max_len / low_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    out = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (original_max_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    medium = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
+    return torch.where(medium, (1 - smooth) * out / factor + smooth * out, out)
+
+
+def llama3_factors_swapped_loop(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len):
+    out = []
+    for f in inv_freq.tolist():
+        wavelen = 2 * math.pi / f
+        if wavelen < original_max_len / low_freq_factor:  # the two factors mixed up
+            out.append(f)
+        elif wavelen > original_max_len / high_freq_factor:
+            out.append(f / factor)
+        else:
+            s = (original_max_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+            out.append((1 - s) * f / factor + s * f)
+    return torch.tensor(out, dtype=inv_freq.dtype)
+
+
+def llama3_no_smoothing(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len):
+    wavelen = 2 * math.pi / inv_freq
+    return torch.where(wavelen > original_max_len / low_freq_factor, inv_freq / factor, inv_freq)
+
+
+def llama3_medium_divided(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len):
+    wavelen = 2 * math.pi / inv_freq
+    return torch.where(wavelen < original_max_len / high_freq_factor, inv_freq, inv_freq / factor)
+
+
+def llama3_without_two_pi(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len):
+    wavelen = 1 / inv_freq  # "the wavelength is 1 / frequency"
+    smooth = (original_max_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    out = torch.where(wavelen > original_max_len / low_freq_factor, inv_freq / factor,
+                      (1 - smooth) * inv_freq / factor + smooth * inv_freq)
+    return torch.where(wavelen < original_max_len / high_freq_factor, inv_freq, out)
+
+
+def llama3_returns_wavelengths(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len):
+    wavelen = 2 * math.pi / inv_freq
+    new_wavelen = torch.where(wavelen > original_max_len / low_freq_factor, wavelen * factor, wavelen)
+    mid = (wavelen >= original_max_len / high_freq_factor) & (wavelen <= original_max_len / low_freq_factor)
+    smooth = (original_max_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    return torch.where(mid, 2 * math.pi / ((1 - smooth) * inv_freq / factor + smooth * inv_freq), new_wavelen)
+
+
+def llama3_hard_coded(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len):
+    # Meta's apply_scaling, constants and all
+    scale_factor, low_freq_factor, high_freq_factor, old_context_len = 8, 1, 4, 8192
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    new_freqs = []
+    for freq in inv_freq:
+        wavelen = 2 * math.pi / freq
+        if wavelen < high_freq_wavelen:
+            new_freqs.append(freq)
+        elif wavelen > low_freq_wavelen:
+            new_freqs.append(freq / scale_factor)
+        else:
+            smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+            new_freqs.append((1 - smooth) * freq / scale_factor + smooth * freq)
+    return torch.stack(new_freqs)
+
+
+def llama3_float64_result(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len):
+    theta = inv_freq.double()  # float64 inside, never cast back
+    wavelen = 2 * math.pi / theta
+    smooth = (original_max_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    out = torch.where(wavelen > original_max_len / low_freq_factor, theta / factor,
+                      (1 - smooth) * theta / factor + smooth * theta)
+    return torch.where(wavelen < original_max_len / high_freq_factor, theta, out)
+
+
+def llama3_in_place(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len):
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (original_max_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    low = wavelen > original_max_len / low_freq_factor
+    mid = ~low & (wavelen >= original_max_len / high_freq_factor)
+    inv_freq[mid] = (1 - smooth[mid]) * inv_freq[mid] / factor + smooth[mid] * inv_freq[mid]
+    inv_freq[low] /= factor
+    return inv_freq
+
+
+def llama3_if_on_tensor(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len):
+    wavelen = 2 * math.pi / inv_freq
+    if wavelen < original_max_len / high_freq_factor:  # an `if` on d/2 values at once
+        return inv_freq
+    return inv_freq / factor
+
+
 WRONG = {
     "rope": [
         (rope_interleaved, "interleaved convention"),
@@ -398,6 +719,24 @@ WRONG = {
         (alibi_heads_last, "expected shape [8, 5, 5]"),
         (alibi_base_e, "base e"),
         (alibi_lower_triangle_only, "0 above the diagonal"),
+    ],
+    "llama3_rope_frequencies": [
+        (llama3_compares_frequencies, "compare the frequencies themselves"),
+        (llama3_divides_everything, "that is position interpolation"),
+        (llama3_multiplies, "you multiplied by factor"),
+        (llama3_smooth_reversed, "smooth interpolation is reversed"),
+        (llama3_scales_high_too, "you scaled the high frequencies too"),
+        (llama3_frequency_thresholds_unflipped, "you divided the high frequencies (short wavelengths) and kept"),
+        (llama3_thresholds_swapped, "Swapped thresholds do this too"),
+        (llama3_factors_swapped_loop, "if/elif tests in the wrong order"),
+        (llama3_no_smoothing, "were left as they are, not interpolated"),
+        (llama3_medium_divided, "were divided by factor, not interpolated"),
+        (llama3_without_two_pi, "your wavelengths miss 2π"),
+        (llama3_returns_wavelengths, "you returned wavelengths"),
+        (llama3_hard_coded, "you used Llama 3.1's values"),
+        (llama3_float64_result, "expected dtype torch.float32"),
+        (llama3_in_place, "in place"),
+        (llama3_if_on_tensor, "torch.where"),
     ],
 }
 
@@ -491,9 +830,70 @@ def alibi_ratio(n_heads, T):
     return -(slopes.view(-1, 1, 1) * (i.view(1, -1, 1) - i.view(1, 1, -1)).abs())
 
 
+# ----------------------------------------------------------------- 10.3 llama3_rope_frequencies
+
+
+def llama3_hf_style(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len):
+    # Hugging Face's _compute_llama3_parameters, in the input's dtype.
+    low_freq_wavelen = original_max_len / low_freq_factor
+    high_freq_wavelen = original_max_len / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    inv_freq_llama = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth_factor = (original_max_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed_inv_freq = (1 - smooth_factor) * inv_freq_llama / factor + smooth_factor * inv_freq_llama
+    is_medium_freq = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium_freq, smoothed_inv_freq, inv_freq_llama)
+
+
+def llama3_meta_loop(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len):
+    # Meta's apply_scaling: a loop over the frequencies, with math and Python floats.
+    new_freqs = []
+    for freq in inv_freq.tolist():
+        wavelen = 2 * math.pi / freq
+        if wavelen < original_max_len / high_freq_factor:
+            new_freqs.append(freq)
+        elif wavelen > original_max_len / low_freq_factor:
+            new_freqs.append(freq / factor)
+        else:
+            smooth = (original_max_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+            new_freqs.append((1 - smooth) * freq / factor + smooth * freq)
+    return torch.tensor(new_freqs, dtype=inv_freq.dtype)
+
+
+def llama3_rotations_clamp(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len):
+    # YaRN's form: the ramp over the number of turns in the original context, float64 inside.
+    turns = original_max_len * inv_freq.double() / (2 * math.pi)
+    gamma = ((turns - low_freq_factor) / (high_freq_factor - low_freq_factor)).clamp(0, 1)
+    return (inv_freq.double() * (gamma + (1 - gamma) / factor)).to(inv_freq.dtype)
+
+
+def llama3_masks_numpy(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len):
+    import numpy as np
+
+    f = inv_freq.numpy().astype(np.float64)
+    wavelen = 2 * np.pi / f
+    out = f.copy()
+    low, high = wavelen > original_max_len / low_freq_factor, wavelen < original_max_len / high_freq_factor
+    mid = ~low & ~high
+    out[low] = f[low] / factor
+    smooth = (original_max_len / wavelen[mid] - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    out[mid] = (1 - smooth) * f[mid] / factor + smooth * f[mid]
+    return torch.from_numpy(out).to(inv_freq.dtype)
+
+
+def llama3_wavelength_space(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len):
+    # Scale the wavelengths, then turn them back into frequencies.
+    wavelen = 2 * math.pi / inv_freq.double()
+    smooth = ((original_max_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)).clamp(0, 1)
+    scale = 1 / ((1 - smooth) / factor + smooth)  # how many times longer each wavelength gets
+    return (2 * math.pi / (wavelen * scale)).to(inv_freq.dtype)
+
+
 RIGHT = {
     "rope": [rope_complex, rope_hf_style, rope_loops, rope_matrix],
     "alibi_bias": [alibi_loops, alibi_logspace, alibi_float64_inside, alibi_ratio],
+    "llama3_rope_frequencies": [llama3_hf_style, llama3_meta_loop, llama3_rotations_clamp, llama3_masks_numpy,
+                                llama3_wavelength_space],
 }
 
 

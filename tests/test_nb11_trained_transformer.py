@@ -1,6 +1,6 @@
 """Notebook 11 (trained_transformer): the reference code of helpers.nb11_trained_transformer
-(SwiGLU, the LM loss, induction scores, the tiny transformer, its training loop and hooks), and the
-checks of exercises 11.1-11.3: learner-style wrong implementations each check must reject with its
+(SwiGLU, the LM loss, induction scores, the tiny transformer, its training loop and hooks, its
+circuits: composition scores and direct logit attribution), and the checks of exercises 11.1-11.4: learner-style wrong implementations each check must reject with its
 hint (WRONG) and correct ones in other styles than the reference it must accept (RIGHT)."""
 
 import math
@@ -33,7 +33,7 @@ def _one_thread():
 
 
 def test_all_lists_exactly_the_graded_functions():
-    assert model.__all__ == ["swiglu", "causal_lm_loss", "induction_scores"]
+    assert model.__all__ == ["swiglu", "causal_lm_loss", "induction_scores", "k_composition_score"]
 
 
 # ----------------------------------------------------------------- graded pieces
@@ -280,6 +280,137 @@ def test_path_ablation(kw):
         m(tokens, paths=[("o", 0, 1)])
 
 
+# ----------------------------------------------------------------- circuits
+
+
+def test_k_composition_score_on_planted_circuits():
+    g = gen(20)
+    u, v, w, z = torch.randn(4, 6, 1, generator=g, dtype=torch.float64)
+    z = z - (z.T @ v) / (v.T @ v) * v  # orthogonal to v
+    w_qk = u @ v.T  # the keys read direction v
+    assert math.isclose(model.k_composition_score(w_qk, w @ v.T), 1.0)  # the head writes along v
+    assert abs(model.k_composition_score(w_qk, w @ z.T)) < 1e-12  # it writes orthogonally to v
+    assert math.isclose(model.k_composition_score(torch.eye(9), torch.eye(9)), 1 / 3, rel_tol=1e-6)
+    a, b = torch.randn(2, 5, 5, generator=g, dtype=torch.float64)
+    score = model.k_composition_score(a, b)
+    assert type(score) is float and 0 < score < 1
+    assert math.isclose(model.k_composition_score(7 * a, b / 3), score)  # scale-free
+    assert math.isclose(model.k_composition_score(a, b), model.composition_score(b, a.T).item())
+
+
+@pytest.mark.parametrize(("w_qk", "w_ov", "message"), [
+    (torch.zeros(4, 5), torch.zeros(4, 4), r"w_qk must be a square \[D, D\] tensor, got shape \[4, 5\]"),
+    (torch.zeros(4, 4), torch.zeros(2, 4, 4), r"w_ov must be a square .* got shape \[2, 4, 4\]"),
+    (torch.zeros(4, 4), torch.zeros(3, 3), r"the same shape \[D, D\], got \[4, 4\] and \[3, 3\]"),
+    ([[1.0]], torch.zeros(1, 1), r"w_qk must be a square .* got a list"),
+])
+def test_k_composition_score_rejects_bad_input(w_qk, w_ov, message):
+    with pytest.raises(ValueError, match=message):
+        model.k_composition_score(w_qk, w_ov)
+
+
+def _scores_by_hand(m, layer, x):
+    """x [B, T, D] -> layer's pre-softmax scores times sqrt(d_k) [B, H, T, T], from the model's own parts."""
+    lay, cfg = m.layers[layer], m.cfg
+    T = x.shape[1]
+    h = F.rms_norm(x, (cfg.d_model,), lay.attn_norm)
+    sizes = [cfg.n_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim]
+    q, k, _ = (h @ lay.w_qkv).split(sizes, dim=-1)
+    q = rope(q.view(*x.shape[:2], cfg.n_heads, -1).transpose(1, 2), torch.arange(T))
+    k = rope(k.view(*x.shape[:2], cfg.kv_heads, -1).transpose(1, 2), torch.arange(T))
+    k = k.repeat_interleave(cfg.n_heads // cfg.kv_heads, dim=1)
+    return q @ k.transpose(-1, -2)
+
+
+@pytest.mark.parametrize("kw", [{}, {"n_kv_heads": 2}])
+def test_circuit_matrices_give_the_models_scores(kw):
+    m = _tiny(**kw)
+    with torch.no_grad():
+        m.layers[1].attn_norm.copy_(torch.rand(24, generator=gen(21), dtype=torch.float64) + 0.5)
+        x = torch.randn(2, 7, 24, generator=gen(22), dtype=torch.float64)
+        scores = _scores_by_hand(m, 1, x)
+    unit = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + torch.finfo(x.dtype).eps)  # the norm, no scale
+    for offset in (0, 3):
+        w_qk, w_ov = model.circuit_matrices(m, 1, offset)
+        assert w_qk.shape == w_ov.shape == (4, 24, 24)
+        i = torch.arange(offset, 7)
+        by_matrix = torch.einsum("bid,hde,bie->bhi", unit[:, i], w_qk, unit[:, i - offset])
+        torch.testing.assert_close(by_matrix, scores[:, :, i, i - offset])
+    # w_ov: what head h writes when it attends to one position only is x_normed @ w_ov
+    _, w_ov = model.circuit_matrices(m, 1)
+    lay = m.layers[1]
+    w_v = lay.w_qkv[:, 24 + 6 * m.cfg.kv_heads:]
+    head = 3
+    kv = head // (4 // m.cfg.kv_heads)
+    expected = lay.attn_norm[:, None] * w_v[:, 6 * kv:6 * kv + 6] @ lay.w_o[6 * head:6 * head + 6]
+    torch.testing.assert_close(w_ov[head], expected.detach())
+
+
+def test_rope_rotation_is_relative():
+    q, k = torch.randn(2, 1, 8, generator=gen(23), dtype=torch.float64)
+    for i, j in [(5, 5), (9, 2), (4, 0)]:
+        rotated = rope(q, torch.tensor([i])) @ rope(k, torch.tensor([j])).T
+        torch.testing.assert_close(rotated, q @ model.rope_rotation(i - j, 8, dtype=torch.float64) @ k.T)
+    torch.testing.assert_close(model.rope_rotation(0, 8, dtype=torch.float64), torch.eye(8, dtype=torch.float64))
+
+
+def test_composition_scores_are_the_pairwise_scores():
+    m = _tiny(n_kv_heads=2)
+    scores = model.composition_scores(m, offsets=(0, 2))
+    w_qk = [model.circuit_matrices(m, 1, o)[0] for o in (0, 2)]
+    _, w_ov = model.circuit_matrices(m, 0)
+    _, w_ov_1 = model.circuit_matrices(m, 1)
+    for i in range(4):
+        for j in range(4):
+            k = sum(model.k_composition_score(w[j], w_ov[i]) for w in w_qk) / 2
+            q = sum(model.composition_score(w_ov[i], w[j]).item() for w in w_qk) / 2
+            assert math.isclose(scores["k"][i, j].item(), k, rel_tol=1e-9)
+            assert math.isclose(scores["q"][i, j].item(), q, rel_tol=1e-9)
+            assert math.isclose(scores["v"][i, j].item(), model.composition_score(w_ov[i], w_ov_1[j]).item(),
+                                rel_tol=1e-9)
+
+
+def test_random_composition_scores():
+    a = model.random_composition_scores(16, 4, 50, gen(24))
+    assert a.shape == (50,) and ((a > 0) & (a < 1)).all()
+    torch.testing.assert_close(a, model.random_composition_scores(16, 4, 50, gen(24)))
+
+
+def test_record_heads_sum_to_the_layers_output_and_respect_ablation():
+    m = _tiny(n_kv_heads=2)
+    tokens = model.repeated_sequences(2, 4, 11, gen(25))
+    heads, heads_ablated = [], []
+    with torch.no_grad():
+        m(tokens, record_heads=heads)
+        m(tokens, record_heads=heads_ablated, ablate=[(1, 2)])
+        x = m.embed[tokens]
+        y0 = heads[0].sum(dim=1)
+        cos, sin = rope_cos_sin(torch.arange(8), 6, 10000.0, torch.float64)
+        L0 = m.layers[0]
+        expected, _ = model.attention_block(F.rms_norm(x, (24,), L0.attn_norm), L0.w_qkv, L0.w_o, 4, 2, cos, sin,
+                                            causal_mask(8))
+    assert len(heads) == 2 and heads[0].shape == (2, 4, 8, 24)
+    torch.testing.assert_close(y0, expected)
+    assert (heads_ablated[1][:, 2] == 0).all() and torch.equal(heads_ablated[0], heads[0])
+    final = F.rms_norm(x + heads[0].sum(1) + heads[1].sum(1), (24,), m.final_norm) @ m.unembed
+    torch.testing.assert_close(final, m(tokens).detach())
+
+
+def test_direct_logit_attribution_adds_up_to_the_centred_logit():
+    m = _tiny(n_kv_heads=2)
+    with torch.no_grad():
+        m.final_norm.copy_(torch.rand(24, generator=gen(26), dtype=torch.float64) + 0.5)
+    tokens = model.repeated_sequences(3, 5, 11, gen(27))
+    embedding, heads = model.direct_logit_attribution(m, tokens)
+    assert embedding.shape == (3, 9) and heads.shape == (2, 4, 3, 9)
+    with torch.no_grad():
+        logits = m(tokens)[:, :-1]
+    centred = logits.gather(-1, tokens[:, 1:, None])[..., 0] - logits.mean(-1)
+    torch.testing.assert_close(embedding + heads.sum(dim=(0, 1)), centred)
+    with pytest.raises(ValueError, match="attention-only"):
+        model.direct_logit_attribution(_tiny(d_ff=8), tokens)
+
+
 def test_model_rejects_bad_sizes():
     with pytest.raises(ValueError, match="divisible|n_kv_heads"):
         model.TinyTransformer(model.TinyConfig(d_model=24, n_heads=4, n_kv_heads=3))
@@ -297,7 +428,7 @@ def test_training_is_reproducible_and_lowers_the_loss():
     assert a["eval_all"][-1] < a["eval_all"][0]
 
 
-# =============================================================== checks of 11.1-11.3
+# =============================================================== checks of 11.1-11.4
 
 
 # --------------------------------------------------------------- wrong implementations
@@ -495,6 +626,76 @@ def induction_two_after(attn):
     return attn[..., i, i - m + 2].mean(-1)  # two after the previous occurrence
 
 
+# ----------------------------------------------------------------- 11.4 k_composition_score
+
+
+def kcomp_q_composition(w_qk, w_ov):
+    fro = torch.linalg.matrix_norm
+    return (fro(w_ov @ w_qk) / (fro(w_qk) * fro(w_ov))).item()
+
+
+def kcomp_no_transpose(w_qk, w_ov):
+    return ((w_qk @ w_ov).norm() / (w_qk.norm() * w_ov.norm())).item()
+
+
+def kcomp_column_vector_formula(w_qk, w_ov):
+    # W_QK^T W_OV copied from a paper written for column vectors
+    return (torch.linalg.norm(w_qk.T @ w_ov) / (torch.linalg.norm(w_qk) * torch.linalg.norm(w_ov))).item()
+
+
+def kcomp_not_normalised(w_qk, w_ov):
+    return torch.linalg.matrix_norm(w_qk @ w_ov.T).item()
+
+
+def kcomp_divided_by_w_qk_only(w_qk, w_ov):
+    return ((w_qk @ w_ov.T).norm() / w_qk.norm()).item()
+
+
+def kcomp_squared_norms(w_qk, w_ov):
+    num = (w_qk @ w_ov.T).norm()
+    return (num / (w_qk.norm() ** 2 * w_ov.norm() ** 2)).item()
+
+
+def kcomp_sum_of_squares(w_qk, w_ov):
+    sq = lambda m: (m ** 2).sum()  # noqa: E731 - the square root forgotten
+    return (sq(w_qk @ w_ov.T) / (sq(w_qk) * sq(w_ov))).item()
+
+
+def kcomp_spectral(w_qk, w_ov):
+    n = lambda m: torch.linalg.matrix_norm(m, ord=2)  # noqa: E731
+    return (n(w_qk @ w_ov.T) / (n(w_qk) * n(w_ov))).item()
+
+
+def kcomp_spectral_denominator(w_qk, w_ov):
+    s_qk, s_ov = torch.linalg.svdvals(w_qk)[0], torch.linalg.svdvals(w_ov)[0]
+    return ((w_qk @ w_ov.T).norm() / (s_qk * s_ov)).item()
+
+
+def kcomp_nuclear(w_qk, w_ov):
+    n = lambda m: torch.linalg.matrix_norm(m, ord="nuc")  # noqa: E731
+    return (n(w_qk @ w_ov.T) / (n(w_qk) * n(w_ov))).item()
+
+
+def kcomp_elementwise(w_qk, w_ov):
+    return ((w_qk * w_ov.T).norm() / (w_qk.norm() * w_ov.norm())).item()
+
+
+def kcomp_tensor(w_qk, w_ov):
+    fro = torch.linalg.matrix_norm
+    return fro(w_qk @ w_ov.T) / (fro(w_qk) * fro(w_ov))
+
+
+def kcomp_row_norms(w_qk, w_ov):
+    # torch.linalg.vector_norm over one axis: one norm per row, then float() of D numbers
+    rows = torch.linalg.vector_norm
+    return float(rows(w_qk @ w_ov.T, dim=-1) / (rows(w_qk, dim=-1) * rows(w_ov, dim=-1)))
+
+
+def kcomp_returns_none(w_qk, w_ov):
+    fro = torch.linalg.matrix_norm
+    score = (fro(w_qk @ w_ov.T) / (fro(w_qk) * fro(w_ov))).item()  # noqa: F841 - no return
+
+
 WRONG = {
     "swiglu": [
         (swiglu_gelu, "you used GELU"),
@@ -534,6 +735,22 @@ WRONG = {
         (induction_one_number, "one score per head"),
         (induction_float32_loop, "expected dtype torch.float64"),
         (induction_two_after, "key i - m + 2"),
+    ],
+    "k_composition_score": [
+        (kcomp_q_composition, "you computed Q-composition"),
+        (kcomp_no_transpose, "w_ov is missing its transpose"),
+        (kcomp_column_vector_formula, "column-vector notation"),
+        (kcomp_not_normalised, "you did not normalise"),
+        (kcomp_divided_by_w_qk_only, "divided by ||w_qk||_F only"),
+        (kcomp_squared_norms, "divided by the squared norms"),
+        (kcomp_sum_of_squares, "you squared the score"),
+        (kcomp_spectral, "spectral norm"),
+        (kcomp_spectral_denominator, "divided by the spectral norms"),
+        (kcomp_nuclear, "nuclear norm"),
+        (kcomp_elementwise, "multiplied elementwise"),
+        (kcomp_tensor, "return `.item()` of it"),
+        (kcomp_row_norms, "Frobenius norm of the whole matrix"),
+        (kcomp_returns_none, "forget the `return`"),
     ],
 }
 
@@ -622,12 +839,71 @@ def induction_gather(attn):
     return q.gather(-1, idx).squeeze(-1).mean(-1)
 
 
+# ----------------------------------------------------------------- 11.4 k_composition_score
+
+
+def kcomp_einsum_float64(w_qk, w_ov):
+    a, b = w_qk.double(), w_ov.double()
+    prod = torch.einsum("ij,kj->ik", a, b)  # w_qk @ w_ov.T
+    sq = lambda m: torch.einsum("ij,ij->", m, m)  # noqa: E731
+    return float(torch.sqrt(sq(prod) / (sq(a) * sq(b))))
+
+
+def kcomp_loops(w_qk, w_ov):
+    D = w_qk.shape[0]
+    num = 0.0
+    for i in range(D):
+        for k in range(D):
+            num += float(sum(w_qk[i, j] * w_ov[k, j] for j in range(D))) ** 2
+    return math.sqrt(num) / (math.sqrt(float((w_qk ** 2).sum())) * math.sqrt(float((w_ov ** 2).sum())))
+
+
+def kcomp_trace(w_qk, w_ov):
+    # ||M||_F^2 = tr(M M^T); with M = w_qk w_ov^T: tr(w_qk w_ov^T w_ov w_qk^T)
+    num = torch.trace(w_qk @ w_ov.T @ w_ov @ w_qk.T)
+    return math.sqrt(num.item() / (torch.trace(w_qk @ w_qk.T).item() * torch.trace(w_ov.T @ w_ov).item()))
+
+
+def kcomp_transposed_product(w_qk, w_ov):
+    # (w_qk @ w_ov.T).T = w_ov @ w_qk.T has the same Frobenius norm (TransformerLens writes it this way)
+    return (torch.norm(w_ov @ w_qk.T, p="fro") / (torch.norm(w_qk, p="fro") * torch.norm(w_ov, p="fro"))).item()
+
+
+def kcomp_singular_values(w_qk, w_ov):
+    fro = lambda m: torch.linalg.svdvals(m.double()).pow(2).sum().sqrt()  # noqa: E731
+    return float(fro(w_qk @ w_ov.T) / (fro(w_qk) * fro(w_ov)))
+
+
+def kcomp_numpy(w_qk, w_ov):
+    import numpy as np
+
+    a, b = w_qk.numpy(), w_ov.numpy()
+    return np.linalg.norm(a @ b.T) / (np.linalg.norm(a) * np.linalg.norm(b))  # a NumPy float64
+
+
 RIGHT = {
     "swiglu": [swiglu_manual_sigmoid, swiglu_einsum_float64, swiglu_linear],
     "causal_lm_loss": [loss_transpose, loss_log_softmax_gather, loss_nll_float64, loss_mean_of_sequence_means,
                        loss_distribution],
     "induction_scores": [induction_loops, induction_diagonal, induction_mask_einsum, induction_gather],
+    "k_composition_score": [kcomp_einsum_float64, kcomp_loops, kcomp_trace, kcomp_transposed_product,
+                            kcomp_singular_values, kcomp_numpy],
 }
+
+
+def test_every_check_points_at_a_section_of_notebook_11():
+    from pathlib import Path
+
+    from helpers.checks import EXERCISES
+    from helpers.tools import notebooks as nbt
+
+    cells = nbt.read(Path(__file__).parent.parent / "notebooks" / "11_trained_transformer.ipynb").cells
+    headings = {line.lstrip("#").strip() for c in cells if c.cell_type == "markdown"
+                for line in c.source.splitlines() if line.startswith("#")}
+    exercises = [ex for ex in EXERCISES.values() if ex.notebook == "11_trained_transformer"]
+    assert len(exercises) == 4
+    for ex in exercises:
+        assert ex.section in headings, f"{ex.id}: section {ex.section!r} is not a heading of notebook 11"
 
 
 @pytest.mark.parametrize(("name", "wrong", "hint"), wrong_cases(WRONG))

@@ -1,10 +1,12 @@
-"""Checks for notebook 07_kv_cache: exercises 7.1-7.3.
+"""Checks for notebook 07_kv_cache: exercises 7.1-7.4.
 
 Every case, expected value and mistake model is computed before the learner's function runs.
 7.2 compares the returned caches as well as the output, on single steps (a cache of 7 tokens, an
 empty cache, float64) and on a whole sequence decoded token by token from an empty cache, each
 step fed the caches the learner returned at the step before. Shapes: no two of B, H, T_past and
-d_k are equal.
+d_k are equal. 7.4 compares the output and both ring buffers, on single steps (before the buffer
+fills with leftovers in its unwritten slots, after it wrapped, exactly full, MQA, one drawn) and
+on a whole generation past two wraps against notebook 03's sliding-window mask.
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ import torch.nn.functional as F
 from .. import nb07_kv_cache as ref
 from ..configs import MODELS
 from ..nb01_qkv_shapes import merge_heads, qkv_projection, scaled_dot_product_attention
+from ..nb03_masks import sliding_window_mask
 from ..nb05_multihead import multi_head_attention
+from ..nb06_kv_sharing import repeat_kv
 from .core import Trial, describe_case, draw, exercise, seeded
 from .nb08_flops_memory import _known, check_count
 
-__all__ = ["kv_cache_bytes", "decode_step", "prefill_decode_flops"]
+__all__ = ["kv_cache_bytes", "decode_step", "prefill_decode_flops", "ring_buffer_decode_step"]
 
 NB = "07_kv_cache"
 
@@ -235,3 +239,169 @@ def prefill_decode_flops(t: Trial) -> None:
         check_count(t, got, expected, "FLOPs", mistakes,
                     "per layer: 8*d^2*P + 4*d*P^2, then for t = 1..new_tokens with L = P + t: "
                     "8*d^2 + 4*d*L with a cache, 8*d^2*L + 4*d*L^2 without; times n_layers.")
+
+
+# --------------------------------------------------------------------------- 7.4 ring_buffer_decode_step
+
+_RECIPE_74 = ("W = k_buf.shape[2]; copy the buffers (k_buf.clone(), v_buf.clone()) and write k_new[:, :, 0], "
+              "v_new[:, :, 0] into slot t % W; n = min(t + 1, W) slots are written; repeat those n keys and "
+              "values for the H / H_kv query heads of each group (repeat_interleave(H // H_kv, dim=1)); "
+              "o = softmax(q K^T / sqrt(d)) V over the n slots; return o, k_buf, v_buf.")
+_EMPTY_SLOTS = ("you attended over all W slots before the buffer was full: while t + 1 < W, slots t + 1 .. W - 1 "
+                "were never written in this sequence (they hold zeros or an earlier sequence's leftovers). "
+                "Attend over the min(t + 1, W) written slots only.")
+_W_PLUS_1 = ("off by one: you attended to W + 1 keys, the old buffer and the new key together, so the token "
+             "that falls out of the window (position t - W, in slot t % W) was still seen. Write the new key "
+             "into slot t % W first, then attend over the buffer: W keys.")
+_W_MINUS_1 = ("off by one: you attended to W - 1 keys. The window is the W tokens t - W + 1 .. t, the new "
+              "token and the oldest one (position t - W + 1, in slot (t + 1) % W) included.")
+_NEW_NOT_SEEN = ("the new token's own key and value were not attended: write them into slot t % W first, "
+                 "then attend over the written slots (a token attends to itself).")
+_NO_SCALE_74 = "you did not divide the scores by sqrt(d), d = q.shape[-1]."
+_TILED = ("GQA heads in the wrong order: query head h reads key/value head h // (H / H_kv) (consecutive "
+          "groups: repeat_interleave(H // H_kv, dim=1), or notebook 06's repeat_kv), not h % H_kv (what "
+          ".repeat(1, H // H_kv, 1, 1) gives).")
+_SLOT_T_MINUS_1 = "you wrote the new token into slot (t - 1) % W: token t goes to slot t % W (t counts from 0)."
+_SLOT_T_PLUS_1 = "you wrote the new token into slot (t + 1) % W: token t goes to slot t % W."
+_SLOT_LAST = ("once the buffer was full you kept overwriting its last slot: token t goes to slot t % W, "
+              "which wraps around to slot 0 and overwrites the oldest token.")
+_ROLLED = ("your buffers are shifted (torch.roll, or dropping slot 0 and appending): token t must go to slot "
+           "t % W and every other slot stay where it is. A ring buffer writes one slot per step; shifting "
+           "copies the whole window every step.")
+_UNCHANGED = ("you returned the buffers you were given: return the updated copies, with the new key and value "
+              "in slot t % W.")
+_SWAPPED_74 = "you returned the buffers swapped: the order is (o, k_buf, v_buf)."
+_APPENDED = ("your buffer grew by one slot: a ring buffer keeps its W slots and overwrites slot t % W "
+             "(torch.cat appends, as the unbounded cache of exercise 7.2 does).")
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: bool = True, tiled: bool = False) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d)) v with the H_kv heads of k, v repeated for the H of q (``tiled``: the wrong order)."""
+    g = q.shape[1] // k.shape[1]
+    k, v = ((x.repeat(1, g, 1, 1) if tiled else x.repeat_interleave(g, dim=1)) for x in (k, v))
+    s = q @ k.transpose(-2, -1)
+    return torch.softmax(s / math.sqrt(q.shape[-1]) if scale else s, dim=-1) @ v
+
+
+def _written(buf: torch.Tensor, new: torch.Tensor, slot: int) -> torch.Tensor:
+    out = buf.clone()
+    out[:, :, slot] = new[:, :, 0]
+    return out
+
+
+def _ring_models(q, k_new, v_new, k_buf, v_buf, pos: int) -> dict[str, dict[str, torch.Tensor]]:
+    """Mistake models of one ring-buffer step, for the output and the two buffers, computed now."""
+    W, g = k_buf.shape[2], q.shape[1] // k_buf.shape[1]
+    n = min(pos + 1, W)
+    kw, vw = _written(k_buf, k_new, pos % W), _written(v_buf, v_new, pos % W)
+    o: dict[str, torch.Tensor] = {}
+    if n < W:
+        o[_EMPTY_SLOTS] = _attend(q, kw, vw)
+    if pos >= W:
+        o[_W_PLUS_1] = _attend(q, torch.cat([k_buf, k_new], dim=2), torch.cat([v_buf, v_new], dim=2))
+    if pos >= W - 1 and W > 1:
+        keep = [s for s in range(W) if s != (pos + 1) % W]
+        o[_W_MINUS_1] = _attend(q, kw[:, :, keep], vw[:, :, keep])
+    if pos >= 1:
+        o[_NEW_NOT_SEEN] = _attend(q, k_buf[:, :, :min(pos, W)], v_buf[:, :, :min(pos, W)])
+    o[_NO_SCALE_74] = _attend(q, kw[:, :, :n], vw[:, :, :n], scale=False)
+    if g > 1 and k_buf.shape[1] > 1:
+        o[_TILED] = _attend(q, kw[:, :, :n], vw[:, :, :n], tiled=True)
+    k_models = {_UNCHANGED: k_buf, _SWAPPED_74: vw}
+    v_models = {_UNCHANGED: v_buf, _SWAPPED_74: kw}
+    for hint, slot in ((_SLOT_T_MINUS_1, (pos - 1) % W), (_SLOT_T_PLUS_1, (pos + 1) % W), (_SLOT_LAST, min(pos, W - 1))):
+        if slot != pos % W:
+            ks, vs = _written(k_buf, k_new, slot), _written(v_buf, v_new, slot)
+            o.setdefault(hint, _attend(q, ks[:, :, :n], vs[:, :, :n]))
+            k_models.setdefault(hint, ks)
+            v_models.setdefault(hint, vs)
+    k_roll, v_roll = torch.cat([k_buf[:, :, 1:], k_new], dim=2), torch.cat([v_buf[:, :, 1:], v_new], dim=2)
+    o.setdefault(_ROLLED, _attend(q, k_roll[:, :, W - n:], v_roll[:, :, W - n:]))
+    k_models.setdefault(_ROLLED, k_roll)
+    v_models.setdefault(_ROLLED, v_roll)
+    return {"o": o, "k_buf": k_models, "v_buf": v_models}
+
+
+def _ring_case(B: int, H: int, H_kv: int, d: int, W: int, pos: int, seed: int, dtype: torch.dtype,
+               stale: bool) -> tuple:
+    """Arguments of one step at position ``pos``: the buffers hold tokens 0 .. pos - 1, each in slot
+    p % W (later ones overwrite earlier ones); unwritten slots hold zeros, or leftovers (``stale``)."""
+    g = seeded(seed)
+    q = torch.randn(B, H, 1, d, generator=g, dtype=torch.float64)
+    k_seq = torch.randn(B, H_kv, pos + 1, d, generator=g, dtype=torch.float64)
+    v_seq = torch.randn(B, H_kv, pos + 1, d, generator=g, dtype=torch.float64)
+    k_buf, v_buf = (3 * torch.randn(B, H_kv, W, d, generator=g, dtype=torch.float64) if stale
+                    else torch.zeros(B, H_kv, W, d, dtype=torch.float64) for _ in range(2))
+    for p in range(pos):
+        k_buf[:, :, p % W], v_buf[:, :, p % W] = k_seq[:, :, p], v_seq[:, :, p]
+    return tuple(x.to(dtype) for x in (q, k_seq[:, :, pos:], v_seq[:, :, pos:], k_buf, v_buf)) + (pos,)
+
+
+def _compare_ring(t: Trial, got, expected: tuple, models: dict, W: int) -> tuple[torch.Tensor, torch.Tensor]:
+    __tracebackhide__ = True
+    o, k, v = t.tuple(got, 3, ["o", "k_buf", "v_buf"])
+    compared = [("o", o, expected[0]), ("k_buf", k, expected[1]), ("v_buf", v, expected[2])]
+    grew = [type(g) is torch.Tensor and g.dim() == 4 and g.shape[2] == W + 1 for _, g, _ in compared]
+    if any(grew):  # a buffer that grew explains the output too: name it first
+        compared = compared[1:] + compared[:1]
+        grew = grew[1:] + grew[:1]
+    for (name, g, e), appended in zip(compared, grew):
+        t.tensor(g, e, what=name, mistakes=models[name], hint=_RECIPE_74, diagnosis=_APPENDED if appended else "")
+    return k, v
+
+
+def _describe_ring(args: tuple) -> str:
+    q, k_new, v_new, k_buf, v_buf, pos = args
+    return describe_case(q=q, k_new=k_new, v_new=v_new, k_buf=k_buf, v_buf=v_buf, t=pos)
+
+
+@exercise("7.4", "a ring-buffer cache for a sliding window", points=3, stars=3, notebook=NB,
+          section="9. Sliding windows: a ring-buffer cache")
+def ring_buffer_decode_step(t: Trial) -> None:
+    t.error_hints = {
+        r"takes \d+ positional argument|missing \d+ required positional argument": "the signature is "
+        "ring_buffer_decode_step(q, k_new, v_new, k_buf, v_buf, t); "
+        "the window W is the buffers' length, k_buf.shape[2].",
+        r"out of bounds for dimension 2": "the buffers have W slots, 0 .. W - 1: token t goes to slot t % W, which "
+        "wraps around once t >= W.",
+        r"must match the size of tensor b .* at non-singleton dimension 1|same (size|number of heads)|enable_gqa":
+            "q has H heads and the buffers H_kv: repeat each key/value head for the H / H_kv query heads of its "
+            "group (repeat_interleave(H // H_kv, dim=1), or notebook 06's repeat_kv) before the products.",
+    }
+    # (B, H, H_kv, d, W, t, dtype, stale, seed): no two of B, H, H_kv, d, W equal in the first two.
+    # Before the buffer fills (leftovers in the unwritten slots), after it wrapped twice, exactly
+    # full (float64), at the first wrap (MQA), then one drawn from a seed.
+    steps = [(2, 6, 3, 5, 4, 2, torch.float32, True, 740), (3, 4, 2, 7, 5, 12, torch.float32, True, 741),
+             (1, 8, 2, 3, 6, 5, torch.float64, False, 742), (2, 6, 1, 4, 3, 3, torch.float32, True, 743)]
+    g = seeded(744)
+    H_kv, W = draw(g, 1, 4), draw(g, 2, 9)
+    steps.append((draw(g, 1, 4), H_kv * draw(g, 2, 4), H_kv, draw(g, 2, 9), W, draw(g, 0, 4 * W), torch.float32,
+                  True, 745))
+    planned = []
+    for B, H, H_kv, d, W, pos, dtype, stale, seed in steps:
+        args = _ring_case(B, H, H_kv, d, W, pos, seed, dtype, stale)
+        planned.append((args, ref.ring_buffer_decode_step(*args), _ring_models(*args), W))
+    # A whole generation from zeroed buffers, past two wraps, equals attention with notebook 03's
+    # sliding-window mask at every step; each step is fed the buffers the learner returned.
+    B, H, H_kv, d, W, T = 3, 4, 2, 5, 4, 11
+    g = seeded(746)
+    q_all = torch.randn(B, H, T, d, generator=g)
+    k_all, v_all = torch.randn(B, H_kv, T, d, generator=g), torch.randn(B, H_kv, T, d, generator=g)
+    o_full = scaled_dot_product_attention(q_all, repeat_kv(k_all, H // H_kv), repeat_kv(v_all, H // H_kv),
+                                          sliding_window_mask(T, W))
+    seq, k_b, v_b = [], torch.zeros(B, H_kv, W, d), torch.zeros(B, H_kv, W, d)
+    for i in range(T):
+        args = (q_all[:, :, i:i + 1], k_all[:, :, i:i + 1], v_all[:, :, i:i + 1], k_b, v_b, i)
+        _, k_b, v_b = ref.ring_buffer_decode_step(*args)
+        seq.append(((o_full[:, :, i:i + 1], k_b, v_b), _ring_models(*args)))
+
+    for args, expected, models, W_ in planned:
+        got = t.call(*args, case=_describe_ring(args))
+        _compare_ring(t, got, expected, models, W_)
+    k_b, v_b = torch.zeros(B, H_kv, W, d), torch.zeros(B, H_kv, W, d)
+    for i, (expected, models) in enumerate(seq):
+        got = t.call(q_all[:, :, i:i + 1].clone(), k_all[:, :, i:i + 1].clone(), v_all[:, :, i:i + 1].clone(), k_b, v_b,
+                     i, case=f"a generation of {T} tokens with a window of W={W} from zeroed buffers [{B}, {H_kv}, "
+                             f"{W}, {d}] (H={H} query heads), token t={i}, fed the buffers your function returned "
+                             "at the step before")
+        k_b, v_b = _compare_ring(t, got, expected, models, W)

@@ -1,4 +1,4 @@
-"""Checks for notebook 08_flops_memory: exercises 8.1-8.3.
+"""Checks for notebook 08_flops_memory: exercises 8.1-8.4.
 
 Every case, expected value and mistake model is computed before the learner's function runs.
 Counts (FLOPs, bytes, a sequence length) must be Python ints: a float or a string gets a clear
@@ -11,11 +11,11 @@ import math
 from collections.abc import Mapping
 
 from .. import nb08_flops_memory as ref
-from ..configs import MODELS
+from ..configs import MODELS, ModelConfig
 from .core import Trial, describe, describe_case, draw, exercise, seeded
 from .guard import key_text
 
-__all__ = ["attention_flops", "score_matrix_bytes", "max_seq_len_for_scores"]
+__all__ = ["attention_flops", "score_matrix_bytes", "max_seq_len_for_scores", "training_memory"]
 
 NB = "08_flops_memory"
 
@@ -232,3 +232,139 @@ def max_seq_len_for_scores(t: Trial) -> None:
         check_count(t, got, expected, "T", mistakes,
                     "T*T <= budget_bytes // (batch * n_heads * dtype_bytes): "
                     "T = math.isqrt(budget_bytes // (batch * n_heads * dtype_bytes)).")
+
+
+# --------------------------------------------------------------------------- 8.4 training_memory
+
+PARTS = ("weights", "gradients", "optimizer", "activations", "total")
+_OPT_8N = ("the optimizer holds 12 bytes per parameter: the fp32 master weights (4) and AdamW's two "
+           "fp32 moments m and v (4 each). You have 8: you left out the master weights or one of "
+           "AdamW's two moments, or counted m and v in bf16 (2 bytes each; they stay fp32).")
+_OPT_4N = ("the optimizer holds 12 bytes per parameter: the fp32 master weights (4) and AdamW's two "
+           "fp32 moments m and v (4 each). You have 4: only one of the three, or m and v in bf16 "
+           "without the master weights.")
+_TIED = ("the embeddings are untied: the input embedding and the output matrix are two [vocab, d] "
+         "matrices, both counted in N = dense_param_count(cfg).")
+_RECIPE_84 = ("N = dense_param_count(cfg); weights 2N, gradients 2N, optimizer 12N; activations = 2 bytes * "
+              "batch * seq_len * (n_layers * (one layer's numbers per token) + 2d + vocab), one layer = "
+              "4d + 2*H*d_h + 2*H_kv*d_h + 4*d_ff (+ H*seq_len naive; only d with recompute, plus one "
+              "flash layer less d); total = the sum of the four.")
+
+
+def _training_mistakes(cfg, B: int, T: int, attention: str) -> dict[str, dict[str, float]]:
+    """For each key, the values known wrong implementations give, with their hints."""
+    right = ref.training_memory(cfg, B, T, attention)
+    n = ref.dense_param_count(cfg)
+    n_tied = n - cfg.vocab * cfg.d_model
+    d, L, H, H_kv, d_h, f = cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff
+    acts = right["activations"]
+    per_layer = sum(ref.layer_activation_numbers(cfg, T, attention).values())
+    head = sum(ref.head_activation_numbers(cfg).values())
+    flash_layer = sum(ref.layer_activation_numbers(cfg, T, "flash").values())
+    recomputed = flash_layer - d if attention == "recompute" else 0
+    full = attention != "recompute"  # every layer keeps its tensors: per-layer mistakes apply
+
+    def with_layer(delta: int) -> int:  # activations if each stored layer saved delta more numbers
+        return acts + 2 * B * T * (L * delta if full else delta)
+
+    a: dict[str, float] = {
+        "your activations are not multiplied by the number of layers: every one of the L layers saves "
+        "its own tensors.": 2 * B * T * (per_layer + head + recomputed),
+        "you left out the batch: every one of the batch's sequences saves its own activations.": acts / B,
+        "you left out seq_len: each of the seq_len tokens of a sequence saves its own activations.": acts / T,
+        "activations are bf16 under this convention, 2 bytes per number, not 4 (fp32).": 2 * acts,
+        "you counted numbers, not bytes: each activation takes 2 bytes (bf16).": acts // 2,
+        "you left out the head: the final norm's input and output (d each) and the log-probabilities "
+        "(vocab) of every token.": acts - 2 * B * T * head,
+        "K and V are saved with their H_kv key/value heads (grouped-query attention does not repeat "
+        "them): 2*H_kv*d_h per token, not 2*H*d_h.": with_layer(2 * (H - H_kv) * d_h),
+        "the SwiGLU MLP saves four tensors of d_ff per token: the gate (SiLU's input), silu(gate) and "
+        "up (the product's inputs) and their product (W_down's input).": with_layer(-f),
+        "each norm saves its input and its output (the input of the next matrix products): 2d per "
+        "norm, 4d per layer.": with_layer(-2 * d),
+    }
+    if attention == "flash":
+        a["you counted the T x T probabilities under FlashAttention: it never stores P, only its output "
+          "(and one log-sum-exp per row, not counted)."] = with_layer(H * T)
+    if attention == "naive":
+        a["naive attention saves the probabilities P for backward: H*seq_len numbers per token per "
+          "layer (B*H*T*T per layer)."] = with_layer(-H * T)
+        a["you halved P for the causal mask: the softmax writes all T x T probabilities (the masked "
+          "ones are 0, not absent)."] = acts - L * B * H * T * (T - 1)
+        a["you halved P for the causal mask: the softmax writes all T x T probabilities."] = \
+            acts - L * B * H * T * T
+        a["P has one T x T matrix per query head (H of them), not per key/value head."] = \
+            with_layer(-(H - H_kv) * T)
+    if attention == "recompute":
+        a["the backward pass recomputes one layer at a time: add that layer's FlashAttention "
+          "activations less its input (already kept)."] = acts - 2 * B * T * recomputed
+        a["the recomputed layer's input is the checkpoint already kept: add one layer's activations "
+          "less d."] = acts + 2 * B * T * d
+        a["with full recomputation each layer keeps only its input (d per token), not all its "
+          "activations."] = acts + 2 * B * T * L * (flash_layer - d)
+    total = right["total"]
+    m = {
+        "weights": {"the weights are bf16 under this convention (2 bytes per parameter); the fp32 copy "
+                    "is the optimizer's master weights.": 4 * n,
+                    "you counted parameters, not bytes: bf16 weights take 2 bytes each.": n, _TIED: 2 * n_tied},
+        "gradients": {"the gradients are bf16 (2 bytes per parameter), like the weights.": 4 * n,
+                      "you left out the gradients: one per parameter, 2 bytes (bf16).": 0, _TIED: 2 * n_tied},
+        "optimizer": {_OPT_8N: 8 * n, _OPT_4N: 4 * n, _TIED: 12 * n_tied,
+                      "the optimizer's 12 bytes per parameter are the fp32 master weights and m and v; the "
+                      "bf16 weights and gradients have keys of their own.": 16 * n},
+        "activations": a,
+        "total": {f"your total leaves out the {k}: total is the sum of weights, gradients, optimizer and "
+                  "activations.": total - v for k, v in [("weights or the gradients (2N bytes each)", 2 * n),
+                                                         ("optimizer", 12 * n), ("activations", acts)]}
+        | {"you returned GiB as a float: return the number of bytes, an int (divide by 2**30 only to "
+           "print).": total / 2**30,
+           "you returned GB as a float: return the number of bytes, an int (divide by 1e9 only to "
+           "print).": total / 1e9},
+    }
+    return {key: _known(models, right[key]) for key, models in m.items()}
+
+
+def _config(name: str, d: int, L: int, H: int, H_kv: int, d_h: int, f: int, vocab: int) -> ModelConfig:
+    return ModelConfig(name, "gqa" if H_kv < H else "mha", d, L, H, H_kv, d_h, f, vocab, "a check's case")
+
+
+def _drawn_training_case() -> tuple[ModelConfig, int, int, str]:
+    """A case drawn from a seed: d 8-64, 1-6 layers, 1-4 key/value heads of 1-4 query heads, d_h
+    2-16, d_ff 8-128, vocab 16-300, batch 1-5, seq_len 1-64, one of the three strategies."""
+    g = seeded(803)
+    H_kv = draw(g, 1, 5)
+    cfg = _config("drawn", draw(g, 8, 65), draw(g, 1, 7), H_kv * draw(g, 1, 5), H_kv, draw(g, 2, 17),
+                  draw(g, 8, 129), draw(g, 16, 301))
+    return cfg, draw(g, 1, 6), draw(g, 1, 65), ref.STRATEGIES[draw(g, 0, 3)]
+
+
+@exercise("8.4", "the memory of a training step", points=2, stars=2, notebook=NB,
+          section="10. The memory of a training step")
+def training_memory(t: Trial) -> None:
+    t.error_hints = {
+        r"takes \d+ positional argument": "the signature is training_memory(cfg, batch, seq_len, attention).",
+    }
+    # A small GQA model in which no two sizes are equal (H*d_h != d, T != B), under each strategy;
+    # Llama-3-8B at its 8,192-token context; an MHA model; then one drawn from a seed.
+    small = _config("small", 48, 3, 6, 2, 10, 136, 211)
+    llama = MODELS["Llama-3-8B"]
+    cases = [(small, 5, 17, "naive"), (small, 2, 23, "flash"), (small, 3, 29, "recompute"),
+             (llama, 1, 8192, "flash"), (llama, 2, 4096, "naive"), (llama, 4, 8192, "recompute"),
+             (_config("mha", 40, 2, 5, 5, 8, 96, 64), 3, 11, "naive"), _drawn_training_case()]
+    planned = [(c, ref.training_memory(*c), _training_mistakes(*c)) for c in cases]
+    for (cfg, B, T, attention), expected, mistakes in planned:
+        sizes = (f"ModelConfig(d_model={cfg.d_model}, n_layers={cfg.n_layers}, n_heads={cfg.n_heads}, "
+                 f"n_kv_heads={cfg.n_kv_heads}, head_dim={cfg.head_dim}, d_ff={cfg.d_ff}, vocab={cfg.vocab})")
+        got = t.call(cfg, B, T, attention, case=f"cfg={cfg.name}: {sizes}, " +
+                     describe_case(batch=B, seq_len=T, attention=attention))
+        if not isinstance(got, Mapping):
+            t.fail(f"expected a dict with the keys {', '.join(PARTS)}; got {describe(got)}.",
+                   "return {'weights': ..., 'gradients': ..., 'optimizer': ..., 'activations': ..., "
+                   "'total': ...}: one int of bytes per part.")
+        missing = [k for k in PARTS if k not in got]
+        if missing:
+            t.fail(f"your dict lacks the key(s) {', '.join(repr(k) for k in missing)} (it has "
+                   f"{', '.join(sorted(key_text(k) for k in got))}).", f"use exactly these names: {', '.join(PARTS)}.")
+        values = {k: got[k] for k in PARTS}
+        for key in PARTS:
+            check_count(t, values[key], expected[key], f"[{key!r}]", mistakes[key], _RECIPE_84)

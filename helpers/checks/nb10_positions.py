@@ -1,20 +1,26 @@
-"""Checks for notebook 10_positions: exercises 10.1 (RoPE) and 10.2 (ALiBi bias).
+"""Checks for notebook 10_positions: exercises 10.1 (RoPE), 10.2 (ALiBi bias) and 10.3 (Llama 3's
+RoPE scaling).
 
 Every case, its expected output and the outputs of the recognised mistakes are computed before
 the learner's function runs. RoPE is checked with bases other than 10000 and positions that do
 not start at 0 (a KV cache continues at position T_past; packed sequences restart at 0), so that
 ignoring ``base`` or ``positions`` shows. ALiBi is checked for powers of two H only, where the
-contract's ``2^(-8(h+1)/H)`` and the paper's recipe agree.
+contract's ``2^(-8(h+1)/H)`` and the paper's recipe agree. Llama 3's scaling is checked on
+frequency tables whose three bands (kept, smoothed, divided) are all populated, with factors and
+thresholds other than Llama 3's, and one table in shuffled order; Llama 3.1's own comes last, since
+its smallest frequencies (~1e-6) are too small for a mistake to be told apart by value.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
 from .. import nb10_positions as ref
 from .core import Trial, describe_case, draw, eager_mistakes, exercise, seeded
 
-__all__ = ["rope", "alibi_bias"]
+__all__ = ["rope", "alibi_bias", "llama3_rope_frequencies"]
 
 NB = "10_positions"
 
@@ -164,3 +170,103 @@ def alibi_bias(t: Trial) -> None:
             diagnosis = ("every head has the same bias: one slope for all heads. Each head h has its own slope, "
                          "2^(-8(h+1)/H), so that some heads look far and others near.")
         t.tensor(got, expected, what="bias", mistakes=mistakes, hint=_ALIBI_RECIPE, diagnosis=diagnosis, atol=1e-6)
+
+
+# =========================================================================== 10.3 llama3_rope_frequencies
+
+
+def _bands(w: torch.Tensor, short: float, long: float, below, above, between) -> torch.Tensor:
+    """``below`` where the wavelength w < short, ``above`` where w > long, ``between`` elsewhere."""
+    return torch.where(w < short, below, torch.where(w > long, above, between))
+
+
+def _llama3_mistakes(inv_freq: torch.Tensor, factor: float, lf: float, hf: float, L: int) -> dict[str, torch.Tensor]:
+    th = inv_freq.double()
+    w = 2 * math.pi / th
+    smooth = (L / w - lf) / (hf - lf)
+    mix = (1 - smooth) * th / factor + smooth * th
+    out = lambda v: lambda: v.to(inv_freq.dtype)  # noqa: E731
+
+    def right(th_, factor_, lf_, hf_, L_, w_=None):
+        w_ = 2 * math.pi / th_ if w_ is None else w_
+        s_ = (L_ / w_ - lf_) / (hf_ - lf_)
+        return _bands(w_, L_ / hf_, L_ / lf_, th_, th_ / factor_, (1 - s_) * th_ / factor_ + s_ * th_)
+
+    return eager_mistakes({
+        "nothing was scaled: your result is inv_freq unchanged. Did you compare the frequencies themselves with "
+        "the thresholds? original_max_len / low_freq_factor and original_max_len / high_freq_factor are "
+        "wavelengths, in tokens: compare wavelen = 2π / inv_freq with them.": out(th),
+        "you divided every frequency by factor: that is position interpolation (Chen et al.), not Llama 3's "
+        "scaling. Pairs with a wavelength shorter than original_max_len / high_freq_factor stay as they are.":
+            out(th / factor),
+        "you multiplied by factor: a longer context needs slower low frequencies, inv_freq / factor (their "
+        "wavelengths grow factor times).": out(_bands(w, L / hf, L / lf, th, th * factor,
+                                                      (1 - smooth) * th * factor + smooth * th)),
+        "your smooth interpolation is reversed: smooth = (original_max_len / wavelen - low_freq_factor) / "
+        "(high_freq_factor - low_freq_factor) is 0 at the long-wavelength end, where the result must be "
+        "inv_freq / factor, and 1 at the short end (inv_freq): (1 - smooth) * inv_freq / factor + smooth * "
+        "inv_freq.": out(_bands(w, L / hf, L / lf, th, th / factor, smooth * th / factor + (1 - smooth) * th)),
+        "you scaled the high frequencies too: pairs whose wavelength is shorter than original_max_len / "
+        "high_freq_factor turn many times within the original context and stay as they are.":
+            out(_bands(w, L / hf, L / lf, th / factor, th / factor, mix)),
+        "you divided the high frequencies (short wavelengths) and kept the low ones: a long wavelength is a low "
+        "frequency. If you turned the thresholds into frequencies (2π · low_freq_factor / original_max_len), "
+        "flip the comparisons too.": out(torch.where(w < L / lf, th / factor, th)),
+        "the wavelengths between the two thresholds were left as they are, not interpolated: between "
+        "original_max_len / high_freq_factor and original_max_len / low_freq_factor the result is (1 - smooth) * "
+        "inv_freq / factor + smooth * inv_freq. (Swapped thresholds, or if/elif tests in the wrong order, do this "
+        "too: wavelengths longer than original_max_len / low_freq_factor, the longer threshold, are divided.)":
+            out(_bands(w, L / hf, L / lf, th, th / factor, th)),
+        "the wavelengths between the two thresholds were divided by factor, not interpolated: between "
+        "original_max_len / high_freq_factor and original_max_len / low_freq_factor the result is (1 - smooth) * "
+        "inv_freq / factor + smooth * inv_freq. (Swapped thresholds do this too: wavelengths shorter than "
+        "original_max_len / high_freq_factor, the shorter threshold, stay as they are.)":
+            out(_bands(w, L / hf, L / lf, th, th / factor, th / factor)),
+        "your wavelengths miss 2π: a pair turns once in wavelen = 2π / inv_freq positions, not 1 / inv_freq.":
+            out(right(th, factor, lf, hf, L, w_=1 / th)),
+        "you returned wavelengths: return the scaled inverse frequencies (radians per position), as given.":
+            out(2 * math.pi / right(th, factor, lf, hf, L)),
+        "you used Llama 3.1's values (factor 8, low_freq_factor 1, high_freq_factor 4, original_max_len 8192) "
+        "instead of the arguments.": out(right(th, 8.0, 1.0, 4.0, 8192)),
+    })
+
+
+_LLAMA3_RECIPE = ("wavelen = 2 * math.pi / inv_freq; smooth = (original_max_len / wavelen - low_freq_factor) / "
+                  "(high_freq_factor - low_freq_factor); out = torch.where(wavelen > original_max_len / "
+                  "low_freq_factor, inv_freq / factor, (1 - smooth) * inv_freq / factor + smooth * inv_freq); "
+                  "return torch.where(wavelen < original_max_len / high_freq_factor, inv_freq, out).")
+
+
+def _llama3_inputs() -> list[tuple[torch.Tensor, float, float, float, int]]:
+    """(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len). Every table has pairs in
+    all three bands, and wavelengths between t and 2π t of a threshold t (so that a missing 2π shows)."""
+    g = seeded(1100)
+    cases = [
+        (ref.rope_frequencies(32, 1000.0).float(), 4.0, 1.0, 4.0, 256),
+        (ref.rope_frequencies(24, 500.0), 16.0, 2.0, 8.0, 512),  # float64; low_freq_factor 2
+        (ref.rope_frequencies(40, 2000.0).float()[torch.randperm(20, generator=g)], 6.0, 1.0, 3.0, 1000),
+    ]
+    d, base = 2 * draw(g, 10, 33), float(draw(g, 300, 3000))  # then one drawn: its bands move with the seed
+    lf = float(draw(g, 1, 3))
+    cases.append((ref.rope_frequencies(d, base).float(), float(draw(g, 2, 33)), lf, lf + draw(g, 1, 8),
+                  draw(g, 200, 2000)))
+    cases.append((ref.rope_frequencies(128, 500000.0).float(), 8.0, 1.0, 4.0, 8192))  # Llama 3.1 itself
+    return cases
+
+
+@exercise("10.3", "Llama 3's RoPE scaling", points=2, stars=2, notebook=NB,
+          section="9. Longer contexts: rescaling the RoPE frequencies")
+def llama3_rope_frequencies(t: Trial) -> None:
+    t.error_hints = {
+        r"Boolean value of Tensor with more than one value is ambiguous": "inv_freq holds d/2 frequencies: an "
+        "`if` on a comparison of tensors cannot choose per pair. Use torch.where (or boolean masks), or loop over "
+        "inv_freq.tolist() and build the result with torch.tensor(..., dtype=inv_freq.dtype).",
+        r"only one element tensors can be converted|must be real number, not Tensor": "math functions take Python "
+        "numbers; on tensors use torch's (2 * math.pi / inv_freq is fine: math.pi is a number).",
+    }
+    planned = [(args, ref.llama3_rope_frequencies(*args), _llama3_mistakes(*args)) for args in _llama3_inputs()]
+    for (inv_freq, factor, lf, hf, L), expected, mistakes in planned:
+        got = t.call(inv_freq, factor, lf, hf, L, case=describe_case(
+            inv_freq=inv_freq, factor=factor, low_freq_factor=lf, high_freq_factor=hf, original_max_len=L))
+        t.tensor(got, expected, what="scaled inverse frequencies", mistakes=mistakes, hint=_LLAMA3_RECIPE,
+                 atol=1e-12, rtol=1e-5)

@@ -1,10 +1,11 @@
-"""Checks for notebook 11_trained_transformer: exercises 11.1 (SwiGLU), 11.2 (the causal LM loss)
-and 11.3 (induction scores).
+"""Checks for notebook 11_trained_transformer: exercises 11.1 (SwiGLU), 11.2 (the causal LM loss),
+11.3 (induction scores) and 11.4 (the K-composition score).
 
 Every case, its expected output and the outputs of the recognised mistakes are computed before
 the learner's function runs. Shapes: D != F everywhere (a forgotten projection changes the shape);
 B != T != V (a wrong reduction axis changes the value); L != H and T = 2m with m > 2 (the three
-diagonals an induction score could be read from are distinct).
+diagonals an induction score could be read from are distinct); non-symmetric [D, D] circuits with
+Frobenius norms far from 1 (every product order, transpose and normalisation gives another score).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from ..nb01_qkv_shapes import attention_weights
 from ..nb03_masks import causal_mask
 from .core import Trial, describe_case, eager_mistakes, exercise, seeded
 
-__all__ = ["swiglu", "causal_lm_loss", "induction_scores"]
+__all__ = ["swiglu", "causal_lm_loss", "induction_scores", "k_composition_score"]
 
 NB = "11_trained_transformer"
 
@@ -243,3 +244,82 @@ def induction_scores(t: Trial) -> None:
     for attn, expected, mistakes in planned:
         got = t.call(attn, case=describe_case(attn=attn))
         t.tensor(got, expected, what="induction scores", mistakes=mistakes, hint=_INDUCTION_RECIPE)
+
+
+# =========================================================================== 11.4 k_composition_score
+
+
+def _fro(m: torch.Tensor) -> torch.Tensor:
+    return torch.linalg.matrix_norm(m)
+
+
+def _k_composition_mistakes(w_qk: torch.Tensor, w_ov: torch.Tensor) -> dict[str, float]:
+    q, o = w_qk.double(), w_ov.double()
+    norms = _fro(q) * _fro(o)
+    spec = torch.linalg.matrix_norm
+    return {k: float(v) for k, v in {
+        "you computed Q-composition, ||w_ov @ w_qk||: the earlier head feeding the later head's *queries*. "
+        "K-composition puts it on the keys' side: the score is x_i @ w_qk @ (x_src @ w_ov).T, so the product is "
+        "w_qk @ w_ov.T.": _fro(o @ q) / norms,
+        "w_ov is missing its transpose (you used ||w_qk @ w_ov||): the keys read x_src @ w_ov, which enters the "
+        "score x_i @ w_qk @ x_j.T as (x_src @ w_ov).T = w_ov.T @ x_src.T, so the product is w_qk @ w_ov.T.":
+            _fro(q @ o) / norms,
+        "you computed ||w_qk.T @ w_ov||, the formula W_QK^T W_OV of column-vector notation (where it is "
+        "Q-composition), on this exercise's row-vector matrices; with score = x_i @ w_qk @ x_j.T and output x @ w_ov, "
+        "K-composition is ||w_qk @ w_ov.T||.": _fro(q.T @ o) / norms,
+        "you did not normalise: divide ||w_qk @ w_ov.T||_F by ||w_qk||_F * ||w_ov||_F, so that the score does not "
+        "depend on the matrices' scale.": _fro(q @ o.T),
+        "you divided by ||w_qk||_F only; divide by the product of both norms, ||w_qk||_F * ||w_ov||_F.":
+            _fro(q @ o.T) / _fro(q),
+        "you divided by ||w_ov||_F only; divide by the product of both norms, ||w_qk||_F * ||w_ov||_F.":
+            _fro(q @ o.T) / _fro(o),
+        "you divided by the squared norms; divide by ||w_qk||_F * ||w_ov||_F (each the square root of a sum of "
+        "squares).": _fro(q @ o.T) / norms**2,
+        "you squared the score (sums of squares without the square roots): the Frobenius norm is "
+        "sqrt((m ** 2).sum()), in the numerator and in both norms of the denominator.": (_fro(q @ o.T) / norms) ** 2,
+        "you used the spectral norm (the largest singular value, ord=2); the score uses the Frobenius norm "
+        "(the square root of the sum of squares), torch.linalg.matrix_norm(m) with its default ord='fro'.":
+            spec(q @ o.T, ord=2) / (spec(q, ord=2) * spec(o, ord=2)),
+        "you divided by the spectral norms (ord=2) of w_qk and w_ov; use their Frobenius norms, like the "
+        "numerator's.": _fro(q @ o.T) / (spec(q, ord=2) * spec(o, ord=2)),
+        "you used the nuclear norm (the sum of singular values); the score uses the Frobenius norm.":
+            spec(q @ o.T, ord="nuc") / (spec(q, ord="nuc") * spec(o, ord="nuc")),
+        "you multiplied elementwise (*); composition is the matrix product w_qk @ w_ov.T (@).":
+            _fro(q * o.T) / norms,
+    }.items()}
+
+
+_K_COMPOSITION_RECIPE = ("norm = torch.linalg.matrix_norm  # Frobenius by default; "
+                         "return (norm(w_qk @ w_ov.T) / (norm(w_qk) * norm(w_ov))).item()")
+
+
+def _k_composition_inputs() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(w_qk, w_ov) pairs ``[D, D]``, non-symmetric, norms far from 1. Head-like ones are rank r
+    products (w_qk = A @ B.T, w_ov = C @ E); the third has a planted K-composition (the earlier
+    head writes into the subspace the keys read: E = B.T), the fourth is full rank in float64."""
+    out = []
+    for seed, (D, r, scale, planted, dtype) in enumerate([(6, 2, 3.0, False, torch.float32),
+                                                          (9, 3, 0.2, False, torch.float32),
+                                                          (7, 2, 1.5, True, torch.float32),
+                                                          (5, 5, 4.0, False, torch.float64)]):
+        g = seeded(1400 + seed)
+        a, b, c = torch.randn(3, D, r, generator=g, dtype=dtype)
+        e = b.T.clone() if planted else torch.randn(r, D, generator=g, dtype=dtype)
+        out.append((scale * a @ b.T, c @ e / scale))
+    return out
+
+
+@exercise("11.4", "K-composition score", points=2, stars=2, notebook=NB,
+          section="7. Circuits in the logits and the weights")
+def k_composition_score(t: Trial) -> None:
+    t.error_hints = {
+        r"only one element tensors can be converted|a Tensor with \d+ elements cannot be converted":
+            "a norm over one axis gives one number per row or column: the score uses the Frobenius norm of "
+            "the whole matrix, torch.linalg.matrix_norm(m) (or m.norm()).",
+    }
+    planned = [(w_qk, w_ov, ref.k_composition_score(w_qk.double(), w_ov.double()),
+                _k_composition_mistakes(w_qk, w_ov)) for w_qk, w_ov in _k_composition_inputs()]
+    for w_qk, w_ov, expected, mistakes in planned:
+        got = t.call(w_qk, w_ov, case=describe_case(w_qk=w_qk, w_ov=w_ov))
+        t.number(got, expected, what="K-composition score", mistakes=mistakes, hint=_K_COMPOSITION_RECIPE,
+                 rel=1e-4, abs_tol=1e-7)
