@@ -7,6 +7,7 @@ of notebook 05). ``w_qkv`` ``[D, 3D]`` (columns Q, K, V) and ``w_o`` ``[D, D]`` 
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -196,8 +197,15 @@ def ring_buffer_decode_step(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.T
     ``min(t + 1, W)`` written slots: the W tokens ``t - W + 1 .. t`` (fewer at the start). The
     order of the slots does not matter: attention sums over a set of (key, value) pairs."""
     B, H_kv, W, d = k_buf.shape
-    if not isinstance(t, int) or isinstance(t, bool) or t < 0:
+    try:
+        position = -1 if isinstance(t, (bool, torch.Tensor)) else operator.index(t)  # numpy ints too
+    except TypeError:
+        position = -1
+    if position < 0:
         raise ValueError(f"t is the new token's position, an int >= 0; got {t!r}")
+    t = position
+    if W < 1:
+        raise ValueError(f"the buffers need at least one slot (W = k_buf.shape[2] >= 1); got W = {W}")
     if v_buf.shape != k_buf.shape or k_new.shape != (B, H_kv, 1, d) or v_new.shape != k_new.shape:
         raise ValueError(f"k_buf, v_buf must be [B, H_kv, W, d] and k_new, v_new [B, H_kv, 1, d]; got "
                          f"{list(k_buf.shape)}, {list(v_buf.shape)}, {list(k_new.shape)}, {list(v_new.shape)}")
@@ -263,6 +271,9 @@ def layered_cache_bytes(cfg: ModelConfig, seq_len: int, windows: list[int], batc
     layer's ring buffer, T for a full one (GQA, MQA, MHA models; not MLA). ``layers_per_kv`` = s > 1:
     cross-layer attention (CLA), each group of s adjacent layers uses the K/V of its first layer,
     which alone is cached (the layers of a group must have the same window)."""
+    if not isinstance(seq_len, int) or seq_len < 0 or any(not isinstance(w, int) or w < 0 for w in windows):
+        raise ValueError(f"seq_len and the windows count tokens (ints >= 0; a window of 0: the whole context); "
+                         f"got {seq_len!r} and {sorted(set(windows))[:4]}")
     if len(windows) != cfg.n_layers:
         raise ValueError(f"windows must give one window per layer ({cfg.n_layers}), got {len(windows)}")
     if cfg.kind == "mla":

@@ -351,6 +351,8 @@ def max_batch(cfg, seq_len: int, attention: str, budget_bytes: int) -> int:
     """The most sequences of ``seq_len`` tokens whose :func:`training_memory` total fits
     ``budget_bytes`` (0 when the weights and optimizer alone do not fit): the activations are
     linear in the batch, so it is one integer division."""
+    if not seq_len >= 1:
+        raise ValueError(f"seq_len is the tokens per sequence, >= 1; got {seq_len}")
     fixed = training_memory(cfg, 0, seq_len, attention)["total"]
     per_sequence = training_memory(cfg, 1, seq_len, attention)["total"] - fixed
     return max(0, (budget_bytes - fixed) // per_sequence)

@@ -195,6 +195,8 @@ def rotations(inv_freq: torch.Tensor, original_max_len: int) -> torch.Tensor:
 
 
 def _check_scaling(inv_freq: torch.Tensor, factor: float) -> None:
+    if not isinstance(inv_freq, torch.Tensor):
+        raise ValueError(f"inv_freq must be a 1-D float tensor [d/2], got a {type(inv_freq).__name__}")
     if inv_freq.dim() != 1 or not inv_freq.is_floating_point():
         raise ValueError(f"inv_freq must be a 1-D float tensor [d/2], got {inv_freq.dtype} {list(inv_freq.shape)}")
     if not factor >= 1:
@@ -235,6 +237,8 @@ def llama3_rope_frequencies(inv_freq: torch.Tensor, factor: float, low_freq_fact
     _check_scaling(inv_freq, factor)
     if not high_freq_factor > low_freq_factor > 0:
         raise ValueError(f"need high_freq_factor > low_freq_factor > 0, got {high_freq_factor}, {low_freq_factor}")
+    if not original_max_len > 0:
+        raise ValueError(f"original_max_len is the trained context in tokens, > 0; got {original_max_len}")
     theta = inv_freq.double()
     wavelength = rope_wavelengths(theta)
     smooth = (original_max_len / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)

@@ -81,6 +81,8 @@ def k_composition_score(w_qk: torch.Tensor, w_ov: torch.Tensor) -> float:
     if w_qk.shape != w_ov.shape:
         raise ValueError(f"w_qk and w_ov must have the same shape [D, D], got {list(w_qk.shape)} "
                          f"and {list(w_ov.shape)}")
+    if not (w_qk.norm() > 0 and w_ov.norm() > 0):
+        raise ValueError("the score divides by ||w_qk||_F ||w_ov||_F: neither matrix may be all zeros")
     return composition_score(w_qk, w_ov.T).item()
 
 

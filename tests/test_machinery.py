@@ -1064,17 +1064,22 @@ def test_the_salted_cases_of_make_grade_are_new_and_right_answers_pass_them(name
 
     def inputs(salt: int) -> set[str]:
         core.salt_cases(salt)
-        seen, ref = set(), _renamed_copy(getattr(reference, name))
+        # a renamed copy of the reference; where the check also refuses the notebook's helpers that
+        # the reference calls (8.4, 11.4), the copy is refused at its first call: a right variant then
+        for ref in (_renamed_copy(getattr(reference, name)), RIGHT[name][0]):
+            seen = set()
 
-        def recording(*args, **kwargs):
-            buffer = io.BytesIO()
-            torch.save((args, {k: v for k, v in kwargs.items()}), buffer)
-            seen.add(hashlib.sha256(buffer.getvalue()).hexdigest())
-            return ref(*args, **kwargs)
+            def recording(*args, **kwargs):
+                buffer = io.BytesIO()
+                torch.save((args, {k: v for k, v in kwargs.items()}), buffer)
+                seen.add(hashlib.sha256(buffer.getvalue()).hexdigest())
+                return ref(*args, **kwargs)  # noqa: B023 - called before the loop moves on
 
-        recording.__name__ = name
-        getattr(checks, name).evaluate(recording)
-        feedback.reset_attempts()
+            recording.__name__ = name
+            result = getattr(checks, name).evaluate(recording)
+            feedback.reset_attempts()
+            if "own solution of this exercise" not in (result.message or ""):
+                return seen
         return seen
 
     try:

@@ -693,6 +693,22 @@ def ring_no_scale(q, k_new, v_new, k_buf, v_buf, t):
     return torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v, k_buf, v_buf
 
 
+def ring_sdpa_is_causal(q, k_new, v_new, k_buf, v_buf, t):
+    W = k_buf.shape[2]
+    k_buf, v_buf = _write(k_buf, v_buf, k_new, v_new, t % W)
+    n = min(t + 1, W)
+    o = F.scaled_dot_product_attention(q, k_buf[:, :, :n], v_buf[:, :, :n], is_causal=True, enable_gqa=True)
+    return o, k_buf, v_buf
+
+
+def ring_last_n_slots(q, k_new, v_new, k_buf, v_buf, t):
+    W = k_buf.shape[2]
+    k_buf, v_buf = _write(k_buf, v_buf, k_new, v_new, t % W)
+    n = min(t + 1, W)
+    k, v = _heads(q, k_buf[:, :, W - n:], v_buf[:, :, W - n:])
+    return torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, dim=-1) @ v, k_buf, v_buf
+
+
 def ring_tiled_heads(q, k_new, v_new, k_buf, v_buf, t):
     W = k_buf.shape[2]
     k_buf, v_buf = _write(k_buf, v_buf, k_new, v_new, t % W)
@@ -879,6 +895,8 @@ WRONG = {
         (ring_w_minus_1, "W - 1 keys"),
         (ring_new_not_seen, "new token's own key and value were not attended"),
         (ring_no_scale, "sqrt(d)"),
+        (ring_sdpa_is_causal, "is_causal=True aligns the mask top-left"),
+        (ring_last_n_slots, "the first min(t + 1, W)"),
         (ring_tiled_heads, "GQA heads in the wrong order"),
         (ring_heads_not_repeated, "repeat each key/value head"),
         (ring_in_place, "modified one of its input tensors in place"),

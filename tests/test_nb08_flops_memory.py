@@ -807,6 +807,15 @@ def seq_strictly_less(budget_bytes, batch, n_heads, dtype_bytes):
     return T
 
 
+def tm_via_activation_numbers(cfg, batch, seq_len, attention):
+    from helpers import nb08_flops_memory as nb08  # the helper that counts the activations
+
+    n = nb08.dense_param_count(cfg)
+    out = {"weights": 2 * n, "gradients": 2 * n, "optimizer": 12 * n,
+           "activations": 2 * nb08.activation_numbers(cfg, batch, seq_len, attention)}
+    return {**out, "total": sum(out.values())}
+
+
 WRONG = {
     "attention_flops": [
         (flops_kv_with_query_heads, "K and V projections with the query heads"),
@@ -844,6 +853,7 @@ WRONG = {
         (seq_strictly_less, "an exact fit is left out"),
     ],
     "training_memory": [
+        (tm_via_activation_numbers, "write your own implementation"),
         (tm_total_without_gradients, "your total leaves out the weights or the gradients"),
         (tm_one_moment, "one of AdamW's two moments"),
         (tm_no_master, "left out the master weights"),

@@ -691,6 +691,11 @@ def llama3_if_on_tensor(inv_freq, factor, low_freq_factor, high_freq_factor, ori
     return inv_freq / factor
 
 
+def llama3_via_yarn_helper(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len):
+    # notebook 10 shows Llama 3's scaling is YaRN's ramp: the helper computes the whole answer
+    return positions.yarn_frequencies(inv_freq, factor, original_max_len, low_freq_factor, high_freq_factor)
+
+
 WRONG = {
     "rope": [
         (rope_interleaved, "interleaved convention"),
@@ -721,6 +726,7 @@ WRONG = {
         (alibi_lower_triangle_only, "0 above the diagonal"),
     ],
     "llama3_rope_frequencies": [
+        (llama3_via_yarn_helper, "write your own implementation"),
         (llama3_compares_frequencies, "compare the frequencies themselves"),
         (llama3_divides_everything, "that is position interpolation"),
         (llama3_multiplies, "you multiplied by factor"),

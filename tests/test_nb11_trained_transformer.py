@@ -696,6 +696,10 @@ def kcomp_returns_none(w_qk, w_ov):
     score = (fro(w_qk @ w_ov.T) / (fro(w_qk) * fro(w_ov))).item()  # noqa: F841 - no return
 
 
+def kcomp_via_course_helper(w_qk, w_ov):
+    return model.composition_score(w_qk, w_ov.T).item()  # the notebook's batched helper
+
+
 WRONG = {
     "swiglu": [
         (swiglu_gelu, "you used GELU"),
@@ -737,6 +741,7 @@ WRONG = {
         (induction_two_after, "key i - m + 2"),
     ],
     "k_composition_score": [
+        (kcomp_via_course_helper, "write your own implementation"),
         (kcomp_q_composition, "you computed Q-composition"),
         (kcomp_no_transpose, "w_ov is missing its transpose"),
         (kcomp_column_vector_formula, "column-vector notation"),

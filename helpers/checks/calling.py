@@ -133,9 +133,10 @@ def protected_call(fn: Callable, args: tuple, kwargs: dict, *, learner: Callable
                      "breakpoint()), so the check could not watch it.",
                      "run the check without a debugger or trace hook inside your function.", "Refused")
     if hits:
-        return _fail(f"your function called the course's own solution of this exercise, the reference {hits[0]}.",
+        return _fail(f"your function called the course's own solution of this exercise, the reference {hits[0]}"
+                     " (or a helper of the notebook that computes the same answer).",
                      "write your own implementation: the check compares against that reference, so calling it "
-                     "proves nothing. Other helpers of the course stay allowed.", "Refused")
+                     "proves nothing. Helpers that do not compute the answer stay allowed.", "Refused")
     flat_before = [*before[0], *before[1].values()]
     flat_after = [*args, *kwargs.values()]
     for i, (a, b) in enumerate(zip(flat_before, flat_after)):

@@ -258,6 +258,11 @@ _W_MINUS_1 = ("off by one: you attended to W - 1 keys. The window is the W token
 _NEW_NOT_SEEN = ("the new token's own key and value were not attended: write them into slot t % W first, "
                  "then attend over the written slots (a token attends to itself).")
 _NO_SCALE_74 = "you did not divide the scores by sqrt(d), d = q.shape[-1]."
+_IS_CAUSAL_74 = ("the query attended to slot 0 only: with one query and several keys, SDPA's is_causal=True "
+                 "aligns the mask top-left (query 0 sees key 0 alone; section 3's trap). The buffer holds only "
+                 "keys the new token may see: attend to all written slots with no mask.")
+_LAST_N = ("before the buffer is full the written slots are the first min(t + 1, W), 0 .. t (token p sits in "
+           "slot p % W), not the last ones.")
 _TILED = ("GQA heads in the wrong order: query head h reads key/value head h // (H / H_kv) (consecutive "
           "groups: repeat_interleave(H // H_kv, dim=1), or notebook 06's repeat_kv), not h % H_kv (what "
           ".repeat(1, H // H_kv, 1, 1) gives).")
@@ -305,6 +310,10 @@ def _ring_models(q, k_new, v_new, k_buf, v_buf, pos: int) -> dict[str, dict[str,
     if pos >= 1:
         o[_NEW_NOT_SEEN] = _attend(q, k_buf[:, :, :min(pos, W)], v_buf[:, :, :min(pos, W)])
     o[_NO_SCALE_74] = _attend(q, kw[:, :, :n], vw[:, :, :n], scale=False)
+    if n > 1:
+        o[_IS_CAUSAL_74] = _attend(q, kw[:, :, :1], vw[:, :, :1])
+    if n < W:
+        o[_LAST_N] = _attend(q, kw[:, :, W - n:], vw[:, :, W - n:])
     if g > 1 and k_buf.shape[1] > 1:
         o[_TILED] = _attend(q, kw[:, :, :n], vw[:, :, :n], tiled=True)
     k_models = {_UNCHANGED: k_buf, _SWAPPED_74: vw}

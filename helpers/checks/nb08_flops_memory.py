@@ -341,6 +341,9 @@ def _drawn_training_case() -> tuple[ModelConfig, int, int, str]:
 @exercise("8.4", "the memory of a training step", points=2, stars=2, notebook=NB,
           section="10. The memory of a training step")
 def training_memory(t: Trial) -> None:
+    # dense_param_count stays allowed; these count the activations, the heart of the exercise
+    t.forbidden_references = {"training_memory", "activation_numbers", "saved_numbers", "layer_activation_numbers",
+                              "head_activation_numbers", "max_batch"}
     t.error_hints = {
         r"takes \d+ positional argument": "the signature is training_memory(cfg, batch, seq_len, attention).",
     }

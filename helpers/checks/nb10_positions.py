@@ -257,7 +257,12 @@ def _llama3_inputs() -> list[tuple[torch.Tensor, float, float, float, int]]:
 @exercise("10.3", "Llama 3's RoPE scaling", points=2, stars=2, notebook=NB,
           section="9. Longer contexts: rescaling the RoPE frequencies")
 def llama3_rope_frequencies(t: Trial) -> None:
+    # plain torch: notebook 10's scaling helpers compute the answer (Llama 3's is YaRN's ramp)
+    t.forbidden_references = {"llama3_rope_frequencies", "yarn_frequencies", "yarn_ramp", "rotations",
+                              "yarn_index_ramp_frequencies", "position_interpolation_frequencies"}
     t.error_hints = {
+        r"takes \d+ positional argument|missing \d+ required positional argument": "the signature is "
+        "llama3_rope_frequencies(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len).",
         r"Boolean value of Tensor with more than one value is ambiguous": "inv_freq holds d/2 frequencies: an "
         "`if` on a comparison of tensors cannot choose per pair. Use torch.where (or boolean masks), or loop over "
         "inv_freq.tolist() and build the result with torch.tensor(..., dtype=inv_freq.dtype).",

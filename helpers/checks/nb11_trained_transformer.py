@@ -312,7 +312,11 @@ def _k_composition_inputs() -> list[tuple[torch.Tensor, torch.Tensor]]:
 @exercise("11.4", "K-composition score", points=2, stars=2, notebook=NB,
           section="7. Circuits in the logits and the weights")
 def k_composition_score(t: Trial) -> None:
+    t.forbidden_references = {"k_composition_score", "composition_score", "composition_scores",
+                              "random_composition_scores"}  # plain torch: these compute the answer
     t.error_hints = {
+        r"takes \d+ positional argument|missing \d+ required positional argument": "the signature is "
+        "k_composition_score(w_qk, w_ov), both [D, D], returning a float.",
         r"only one element tensors can be converted|a Tensor with \d+ elements cannot be converted":
             "a norm over one axis gives one number per row or column: the score uses the Frobenius norm of "
             "the whole matrix, torch.linalg.matrix_norm(m) (or m.norm()).",
