@@ -473,6 +473,24 @@ DQ_CONFIGS = [  # many queries x few keys
 # Per head dim and GPU generation, the rows of the tables above that compile without spilling
 # registers (`make kernel-report`: bench/results/kernel_aot.md; tests/test_kernel_report.py keeps
 # them clean). A table missing here falls back to the generic one.
+# Ampere (A100): pointer grids. The Hopper pointer path and Ada start from these rows.
+_AMPERE = {
+    ("fwd", 64): [(128, 64, 4, 4), (128, 64, 8, 3), (128, 64, 8, 4), (128, 32, 4, 4), (64, 64, 4, 3),
+                  (64, 32, 4, 4)],
+    ("fwd", 128): [(64, 32, 4, 4), (64, 32, 4, 3), (64, 32, 8, 3), (64, 64, 8, 3), (64, 64, 8, 2),
+                   (32, 32, 4, 3)],
+    ("dkdv", 64): [(32, 128, 8, 3), (16, 128, 8, 3), (32, 64, 4, 3), (32, 64, 4, 4), (32, 64, 8, 3)],
+    ("dkdv", 128): [(16, 128, 8, 3), (32, 64, 4, 4), (32, 64, 8, 3), (64, 64, 8, 3)],
+    ("dq", 64): DQ_CONFIGS,
+    ("dq", 128): [(128, 32, 8, 3), (64, 32, 4, 3), (64, 32, 4, 4)],
+}
+
+
+def _ampere_less(kind: str, head_dim: int, *dropped: tuple[int, ...]) -> list[tuple[int, int, int, int]]:
+    """Ampere's rows for (kind, head_dim) without ``dropped``, in their order."""
+    return [row for row in _AMPERE[kind, head_dim] if row not in dropped]
+
+
 CONFIG_TABLES: dict[tuple[str, int, str], list[tuple[int, int, int, int]]] = {
     # Hopper: K/V through TMA
     ("fwd", 64, "sm_90"): FWD_CONFIGS,
@@ -483,24 +501,14 @@ CONFIG_TABLES: dict[tuple[str, int, str], list[tuple[int, int, int, int]]] = {
     ("dq", 128, "sm_90"): [row for row in DQ_CONFIGS if row != (128, 32, 4, 3)],
     # Hopper without descriptors (a tensor whose rows are not 16-byte aligned, or a Triton without
     # tl.make_tensor_descriptor): pointer grids, Ampere's rows less those that spill with wgmma
-    ("fwd", 64, "sm_90-pointers"): [(128, 64, 8, 3), (128, 64, 8, 4), (128, 32, 4, 4), (64, 64, 4, 3),
-                                    (64, 32, 4, 4)],
-    ("fwd", 128, "sm_90-pointers"): [(64, 32, 4, 4), (64, 32, 4, 3), (64, 32, 8, 3), (64, 64, 8, 3),
-                                     (64, 64, 8, 2)],  # not 32x32 with 4 warps: too few rows for wgmma
-    ("dkdv", 64, "sm_90-pointers"): [(32, 128, 8, 3), (16, 128, 8, 3), (32, 64, 4, 3), (32, 64, 4, 4),
-                                     (32, 64, 8, 3)],
-    ("dkdv", 128, "sm_90-pointers"): [(16, 128, 8, 3), (32, 64, 8, 3)],
-    ("dq", 64, "sm_90-pointers"): DQ_CONFIGS,
-    ("dq", 128, "sm_90-pointers"): [(128, 32, 8, 3), (64, 32, 4, 3), (64, 32, 4, 4)],
-    # Ampere: pointer grids
-    ("fwd", 64, "sm_80"): [(128, 64, 4, 4), (128, 64, 8, 3), (128, 64, 8, 4), (128, 32, 4, 4), (64, 64, 4, 3),
-                           (64, 32, 4, 4)],
-    ("fwd", 128, "sm_80"): [(64, 32, 4, 4), (64, 32, 4, 3), (64, 32, 8, 3), (64, 64, 8, 3), (64, 64, 8, 2),
-                            (32, 32, 4, 3)],
-    ("dkdv", 64, "sm_80"): [(32, 128, 8, 3), (16, 128, 8, 3), (32, 64, 4, 3), (32, 64, 4, 4), (32, 64, 8, 3)],
-    ("dkdv", 128, "sm_80"): [(16, 128, 8, 3), (32, 64, 4, 4), (32, 64, 8, 3), (64, 64, 8, 3)],
-    ("dq", 64, "sm_80"): DQ_CONFIGS,
-    ("dq", 128, "sm_80"): [(128, 32, 8, 3), (64, 32, 4, 3), (64, 32, 4, 4)],
+    # (or, 32x32 with 4 warps, have too few rows for it)
+    ("fwd", 64, "sm_90-pointers"): _ampere_less("fwd", 64, (128, 64, 4, 4)),
+    ("fwd", 128, "sm_90-pointers"): _ampere_less("fwd", 128, (32, 32, 4, 3)),
+    ("dkdv", 64, "sm_90-pointers"): _ampere_less("dkdv", 64),
+    ("dkdv", 128, "sm_90-pointers"): _ampere_less("dkdv", 128, (32, 64, 4, 4), (64, 64, 8, 3)),
+    ("dq", 64, "sm_90-pointers"): _ampere_less("dq", 64),
+    ("dq", 128, "sm_90-pointers"): _ampere_less("dq", 128),
+    **{(kind, head_dim, "sm_80"): rows for (kind, head_dim), rows in _AMPERE.items()},
     # Turing (T4): Triton emits no tensor-core instructions (every dot is FMA) and a block has 64 KiB of
     # shared memory: the tiles with the fewest spills that fit. The backward still spills at d = 128.
     ("fwd", 64, "sm_75"): [(32, 32, 4, 1)],
@@ -509,14 +517,13 @@ CONFIG_TABLES: dict[tuple[str, int, str], list[tuple[int, int, int, int]]] = {
     ("dkdv", 128, "sm_75"): [(16, 32, 4, 1)],
     ("dq", 64, "sm_75"): [(32, 16, 4, 1)],
     ("dq", 128, "sm_75"): [(16, 16, 4, 1)],
-    # Ada (L4): Ampere's instructions, 99 KiB of shared memory per block
-    ("fwd", 64, "sm_89"): [(128, 64, 4, 4), (128, 64, 8, 3), (128, 64, 8, 4), (64, 64, 4, 3), (64, 32, 4, 4)],
-    ("fwd", 128, "sm_89"): [(64, 32, 4, 4), (64, 32, 4, 3), (64, 32, 8, 3), (64, 64, 8, 3), (64, 64, 8, 2),
-                            (32, 32, 4, 3)],
-    ("dkdv", 64, "sm_89"): [(32, 128, 8, 3), (16, 128, 8, 3), (32, 64, 4, 3), (32, 64, 4, 4), (32, 64, 8, 3)],
-    ("dkdv", 128, "sm_89"): [(16, 128, 8, 3), (32, 64, 4, 4), (32, 64, 8, 3)],
-    ("dq", 64, "sm_89"): DQ_CONFIGS,
-    ("dq", 128, "sm_89"): [(128, 32, 8, 3), (64, 32, 4, 3), (64, 32, 4, 4)],
+    # Ada (L4): Ampere's rows that fit its 99 KiB of shared memory per block
+    ("fwd", 64, "sm_89"): _ampere_less("fwd", 64, (128, 32, 4, 4)),
+    ("fwd", 128, "sm_89"): _ampere_less("fwd", 128),
+    ("dkdv", 64, "sm_89"): _ampere_less("dkdv", 64),
+    ("dkdv", 128, "sm_89"): _ampere_less("dkdv", 128, (64, 64, 8, 3)),
+    ("dq", 64, "sm_89"): _ampere_less("dq", 64),
+    ("dq", 128, "sm_89"): _ampere_less("dq", 128),
 }
 
 
