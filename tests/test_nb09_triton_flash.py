@@ -51,6 +51,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers.nb09_flash_attention import flash_attention_tiled
+from helpers.tools import kernel_gpu
 from tests.test_nb09_flash_attention import make, reference_grads, saved_lse, sdpa_reference
 from tests.test_nb09_flash_attention import make_qkv as make_qkv_on
 
@@ -66,14 +67,9 @@ needs_interpreter_machine = pytest.mark.skipif(
     torch.cuda.is_available(), reason="tests the interpreter's set-up, which a machine with a CUDA GPU does not use"
 )
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-TOL = {  # (atol, rtol), see the module docstring
-    (torch.float32, "fwd"): (1e-4, 1e-4),
-    (torch.float32, "bwd"): (1e-4, 1e-4),
-    (torch.float16, "fwd"): (2e-3, 2e-3),
-    (torch.float16, "bwd"): (1e-2, 1e-2),
-    (torch.bfloat16, "fwd"): (1.6e-2, 1.6e-2),  # bf16 keeps 8 bits of mantissa: 2^-8 = 4e-3 per rounding
-    (torch.bfloat16, "bwd"): (6e-2, 6e-2),
-}
+# (atol, rtol), see the module docstring; make bench's GPU check uses the same (bf16 keeps 8 bits of
+# mantissa: 2^-8 = 4e-3 per rounding)
+TOL = {(getattr(torch, kernel_gpu.DTYPES[dtype]), kind): tol for (dtype, kind), tol in kernel_gpu.TOL.items()}
 
 
 make_qkv = functools.partial(make_qkv_on, device=DEVICE)  # on the GPU when there is one
@@ -115,16 +111,11 @@ KERNEL_CASES = [
 
 
 @pytest.fixture
-def nan_empty(monkeypatch):
+def nan_empty():
     """Make torch.empty return NaN-filled float tensors, so an output element the kernel never
     writes shows up as NaN instead of whatever the memory held."""
-    real_empty = torch.empty
-
-    def empty(*args, **kwargs):
-        t = real_empty(*args, **kwargs)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    monkeypatch.setattr(torch, "empty", empty)
+    with kernel_gpu.nan_filled_empty():
+        yield
 
 
 @needs_triton

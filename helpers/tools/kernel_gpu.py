@@ -17,18 +17,19 @@ Needs a CUDA GPU; ``python -m helpers.tools.kernel_gpu`` runs the checks alone.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import time
 import zlib
-from concurrent.futures import ProcessPoolExecutor
-from multiprocessing import get_context
 from pathlib import Path
 
-KINDS = ("fwd", "dkdv", "dq")
+from helpers.tools.kernel_report import KERNELS, _pool, load_kind, mma_kind
+
+KINDS = tuple(KERNELS)  # "fwd", "dkdv", "dq"
 DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
-# (atol, rtol) against a float32 reference, as in tests/test_nb09_triton_flash.py
+# (atol, rtol) against a float32 reference (tests/test_nb09_triton_flash.py uses these too)
 TOL = {("fp32", "fwd"): (1e-4, 1e-4), ("fp32", "bwd"): (1e-4, 1e-4),
        ("fp16", "fwd"): (2e-3, 2e-3), ("fp16", "bwd"): (1e-2, 1e-2),
        ("bf16", "fwd"): (1.6e-2, 1.6e-2), ("bf16", "bwd"): (6e-2, 6e-2)}
@@ -50,21 +51,23 @@ def _workers() -> int:
     return max(1, min(16, (os.cpu_count() or 2) - 1))
 
 
-def _pool(workers: int | None):
-    return ProcessPoolExecutor(max_workers=workers or _workers(), mp_context=get_context("spawn"))
+@contextlib.contextmanager
+def nan_filled_empty():
+    """Within it, torch.empty fills floating-point tensors with NaN, so an output element a kernel
+    never writes shows as NaN instead of whatever the memory held."""
+    import torch
 
-
-def _poisoned_empty(torch):
-    """A torch.empty that fills floating-point tensors with NaN (unwritten outputs show)."""
     real = torch.empty
 
     def empty(*args, **kwargs):
         t = real(*args, **kwargs)
-        if t.is_floating_point():
-            t.fill_(float("nan"))
-        return t
+        return t.fill_(float("nan")) if t.is_floating_point() else t
 
-    return real, empty
+    torch.empty = empty
+    try:
+        yield
+    finally:
+        torch.empty = real
 
 
 def check_case(case: tuple, tma: bool) -> tuple[str, float, list[str]]:
@@ -88,17 +91,14 @@ def check_case(case: tuple, tma: bool) -> tuple[str, float, list[str]]:
     failures = []
     if tma and not tf._tma_for(k, v):
         failures.append("the TMA path was asked for but _tma_for refused these tensors")
-    real, empty = _poisoned_empty(torch)
-    torch.empty = empty
     try:
-        out, lse = tf.flash_attention_triton_forward(q, k, v, causal=causal)
-        grads = tf.flash_attention_triton_backward(q, k, v, out, lse, grad_out, causal=causal)
+        with nan_filled_empty():
+            out, lse = tf.flash_attention_triton_forward(q, k, v, causal=causal)
+            grads = tf.flash_attention_triton_backward(q, k, v, out, lse, grad_out, causal=causal)
         if device == "cuda":
             torch.cuda.synchronize()
     except Exception as exc:  # a compile or launch error is a failure of this case, not of the run
         return name, time.perf_counter() - start, [f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"]
-    finally:
-        torch.empty = real
     q32, k32, v32 = (t.float().requires_grad_() for t in (q, k, v))
     ref = F.scaled_dot_product_attention(q32, k32, v32, is_causal=causal, enable_gqa=H_kv != H)
     ref.backward(grad_out.float())
@@ -129,7 +129,7 @@ def check_kernels(tma_paths: tuple[bool, ...] = (True, False), workers: int | No
     jobs = [(case, tma) for tma in tma_paths for case in CASES
             if not (case[0] == "bf16" and torch.cuda.get_device_capability() < (8, 0))]
     failures = []
-    with _pool(workers) as pool:
+    with _pool(workers or _workers()) as pool:
         for name, seconds, bad in pool.map(_check_job, jobs):
             print(f"  {'FAIL' if bad else 'ok  '} {name} ({seconds:.1f} s)", flush=True)
             failures += [f"{name}: {b}" for b in bad]
@@ -202,7 +202,7 @@ def precompile(B: int, H: int, seqs, head_dims, tma_paths, workers: int | None =
                             if tf.valid_config(kind, row[0], row[1], causal, T, T):
                                 jobs.append((B, H, T, d, causal, tma, kind, row))
     start = time.perf_counter()
-    with _pool(workers) as pool:
+    with _pool(workers or _workers()) as pool:
         errors = [(job, err) for job, err in pool.map(precompile_one, jobs) if err]
     for job, err in errors:
         print(f"  precompile {job}: {err}")
@@ -222,7 +222,8 @@ def compiled_kernels() -> list[dict]:
     from helpers import nb09_triton_flash as tf
 
     rows = []
-    for kind, fn in zip(KINDS, (tf._attn_fwd, tf._attn_bwd_dkdv, tf._attn_bwd_dq)):
+    for kind, function_name in KERNELS.items():
+        fn = getattr(tf, function_name)
         for entry in getattr(fn, "device_caches", {}).values():
             for kernel in entry[0].values():
                 try:
@@ -238,7 +239,7 @@ def compiled_kernels() -> list[dict]:
                         "block_n": consts.get("BLOCK_N"), "num_warps": kernel.metadata.num_warps,
                         "num_stages": kernel.metadata.num_stages, "registers": kernel.n_regs,
                         "spill_bytes": kernel.n_spills, "shared_bytes": kernel.metadata.shared,
-                        "wgmma": "wgmma" in ptx, "tma_copies": "cp.async.bulk.tensor" in ptx,
+                        "wgmma": mma_kind(ptx) == "wgmma", "tma_copies": load_kind(ptx) == "tma",
                     })
                 except Exception as exc:  # a Triton whose internals differ: say so, keep going
                     rows.append({"kernel": kind, "error": f"{type(exc).__name__}: {exc}"[:200]})
@@ -249,7 +250,7 @@ def _report_rows(path: Path) -> dict:
     if not path.exists():
         return {}
     rows = json.loads(path.read_text())
-    return {(r["kernel"], r["target"], r["loads"] == "tma", r["dtype"], r["head_dim"], r["causal"], r["block_m"],
+    return {(r["kernel"], r["target"], r["tma"], r["dtype"], r["head_dim"], r["causal"], r["block_m"],
              r["block_n"], r["num_warps"], r["num_stages"]): r for r in rows}
 
 
@@ -272,7 +273,7 @@ def autotune_choices(head_dims, report: Path) -> list[dict]:
         for key, config in getattr(tuner, "cache", {}).items():
             n_q, n_k, head_dim, causal, tma = key[:5]
             dtype = next((str(x) for x in key[5:] if "float" in str(x)), "torch.float16")
-            short = {"torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float32": "fp32"}.get(dtype, dtype)
+            short = {f"torch.{name}": key for key, name in DTYPES.items()}.get(dtype, dtype)
             bm, bn = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]
             w, s = config.num_warps, config.num_stages
             gpu = compiled.get((kind, short, head_dim, bool(causal), bool(tma), bm, bn, w, s), {})
