@@ -137,6 +137,8 @@ def _reason(exc: BaseException, caught: list) -> str:
 def measure(impl: str, mode: str, T: int, d: int, causal: bool, rep: int) -> dict:
     """Time one (implementation, mode, shape) with triton.testing.do_bench and measure its peak
     extra memory. Returns a row: ms, tflops, peak_extra_gib, status ("ok" or why not)."""
+    import triton.testing
+
     row = {"impl": impl, "mode": mode, "T": T, "d": d, "causal": causal, "ms": None, "tflops": None,
            "peak_extra_gib": None, "status": "ok"}
     units = TXT_TENSORS.get((impl, mode))
@@ -163,40 +165,33 @@ def measure(impl: str, mode: str, T: int, d: int, causal: bool, rep: int) -> dic
                 fn(x["q"], x["k"], x["v"])
 
     with load_path(impl):
-        return _measure(row, step, x, rep, model_flops(T, d, causal, mode))
-
-
-def _measure(row: dict, step, x: dict, rep: int, flops: float) -> dict:
-    import triton.testing
-
-    impl = row["impl"]
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            try:
-                step()  # first call: compiles / autotunes, or tells us the backend cannot run
-            except torch.cuda.OutOfMemoryError:
-                raise
-            except Exception as exc:  # an SDPA backend that refuses this shape/GPU, or a kernel error
-                row["status"] = ("unsupported: " if IMPLS[impl] else "error: ") + _reason(exc, caught)
-                return row
-        qkv = [x["q"], x["k"], x["v"]]
-        row["ms"] = triton.testing.do_bench(step, warmup=max(5, rep // 4), rep=rep, grad_to_none=qkv,
-                                            return_mode="median")
-        row["tflops"] = flops / (row["ms"] * 1e-3) / 1e12
-        for t in qkv:
-            t.grad = None
-        _free_cuda()
-        base = torch.cuda.memory_allocated()  # the inputs (and grad_out)
-        torch.cuda.reset_peak_memory_stats()
-        step()
-        torch.cuda.synchronize()
-        row["peak_extra_gib"] = (torch.cuda.max_memory_allocated() - base) / GiB
-    except torch.cuda.OutOfMemoryError:
-        row.update(ms=None, tflops=None, status="OOM")
-    finally:
-        x.clear()
-        _free_cuda()
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                try:
+                    step()  # first call: compiles / autotunes, or tells us the backend cannot run
+                except torch.cuda.OutOfMemoryError:
+                    raise
+                except Exception as exc:  # an SDPA backend that refuses this shape/GPU, or a kernel error
+                    row["status"] = ("unsupported: " if IMPLS[impl] else "error: ") + _reason(exc, caught)
+                    return row
+            qkv = [x["q"], x["k"], x["v"]]
+            row["ms"] = triton.testing.do_bench(step, warmup=max(5, rep // 4), rep=rep, grad_to_none=qkv,
+                                                return_mode="median")
+            row["tflops"] = model_flops(T, d, causal, mode) / (row["ms"] * 1e-3) / 1e12
+            for t in qkv:
+                t.grad = None
+            _free_cuda()
+            base = torch.cuda.memory_allocated()  # the inputs (and grad_out)
+            torch.cuda.reset_peak_memory_stats()
+            step()
+            torch.cuda.synchronize()
+            row["peak_extra_gib"] = (torch.cuda.max_memory_allocated() - base) / GiB
+        except torch.cuda.OutOfMemoryError:
+            row.update(ms=None, tflops=None, status="OOM")
+        finally:
+            x.clear()
+            _free_cuda()
     return row
 
 
@@ -433,14 +428,15 @@ def main(argv: list[str] | None = None) -> int:
         print("The course kernel disagrees with SDPA; not timing it:\n  " + "\n  ".join(failures))
         return 1
 
-    jobs = [(T, d, c, mode, impl) for T in seqs for d in HEAD_DIMS for c in (False, True) for mode in MODES
-            for impl in impls]
+    per_length = [(d, c, mode, impl) for d in HEAD_DIMS for c in (False, True) for mode in MODES for impl in impls]
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / slug(info["gpu"])
     rows = []
-    for T, d, c, mode, impl in tqdm(jobs, desc="benchmark", unit="run", mininterval=10):
-        rows.append(measure(impl, mode, T, d, c, rep))
-        if rows[-1]["T"] != (jobs[len(rows)][0] if len(rows) < len(jobs) else None):
+    with tqdm(total=len(seqs) * len(per_length), desc="benchmark", unit="run", mininterval=10) as progress:
+        for T in seqs:
+            for d, c, mode, impl in per_length:
+                rows.append(measure(impl, mode, T, d, c, rep))
+                progress.update()
             write_csv(rows, info, stem.with_suffix(".csv"))  # each length's rows as soon as they exist
     write_markdown(rows, info, seqs, stem.with_suffix(".md"))
     plot(rows, info, seqs, stem.with_suffix(".png"))
