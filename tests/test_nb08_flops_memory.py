@@ -243,20 +243,12 @@ def test_gb_and_gib_are_what_they_say():
 @pytest.mark.slow
 def test_peak_memory_agrees_with_the_profilers_allocation_events():
     # torch.profiler records every CPU allocation (+bytes) and free (-bytes) in time order; the
-    # running sum's maximum is the peak. PeakMemory must find the same for plain attention.
-    from torch.profiler import ProfilerActivity, profile
-
+    # running sum's maximum is the peak (allocation_peak). PeakMemory must find the same for plain
+    # attention.
     q, k, v = (torch.randn(1, 2, 96, 16) for _ in range(3))
     with PeakMemory(q, k, v) as meter:
         scaled_dot_product_attention(q, k, v)
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        scaled_dot_product_attention(q, k, v)
-    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                    key=lambda e: e.start_ns())
-    live = peak = 0
-    for e in events:
-        live += e.nbytes()
-        peak = max(peak, live)
+    peak = allocation_peak(lambda: scaled_dot_product_attention(q, k, v))
     assert abs(peak - meter.peak) <= 64, (peak, meter.peak)  # a few bytes of 0-dim temporaries
 
 
