@@ -605,8 +605,7 @@ _MARKS = {"passed": "✓", "not attempted": "◻"}
 def summary(notebook: str) -> None:
     """Print where you stand in ``notebook`` (``"05_multihead"``): each exercise's latest check in
     this kernel (passed, failed and why, not attempted, or not checked yet), and the points."""
-    mine = sorted((e for e in EXERCISES.values() if e.notebook == notebook),
-                  key=lambda e: tuple(int(p) for p in e.id.split(".")))
+    mine = sorted((e for e in EXERCISES.values() if e.notebook == notebook), key=lambda e: e.order)
     if not mine:
         names = sorted({e.notebook for e in EXERCISES.values()})
         print(f"no exercises in a notebook named {notebook!r}; the course's are: {', '.join(names)}")

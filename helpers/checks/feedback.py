@@ -61,6 +61,11 @@ class Exercise:
     section: str | None = None
 
     @property
+    def order(self) -> tuple[int, ...]:
+        """The exercise's place in the course, to sort by: "10.3" -> (10, 3)."""
+        return tuple(int(part) for part in self.id.split("."))
+
+    @property
     def pointer(self) -> str:
         """Where to revisit: ``notebooks/05_multihead.ipynb, section 3. Why W_O exists``."""
         where = f"notebooks/{self.notebook}.ipynb"

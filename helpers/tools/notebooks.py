@@ -378,7 +378,7 @@ def readme_exercises() -> str:
     """The README's exercise table, from the checks' registry (``helpers.checks.EXERCISES``)."""
     from helpers.checks import EXERCISES
 
-    exercises = sorted(EXERCISES.values(), key=lambda e: tuple(int(p) for p in e.id.split(".")))
+    exercises = sorted(EXERCISES.values(), key=lambda e: e.order)
     graded = [e for e in exercises if not e.bonus]
     rows = [f"{len(graded)} graded exercises worth {sum(e.points for e in graded)} points, and "
             f"{len(exercises) - len(graded)} bonus; ★ marks difficulty, one point per star.", "",
