@@ -22,6 +22,8 @@ import torch.utils.checkpoint
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from .nb03_masks import causal_mask
+
 __all__ = ["attention_flops", "score_matrix_bytes", "max_seq_len_for_scores", "training_memory"]
 
 GB, GiB = 10**9, 2**30
@@ -404,8 +406,7 @@ def naive_gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> to
     G = H // H_kv
     q = q.reshape(B, T, H_kv, G, d_h).permute(0, 2, 3, 1, 4).reshape(B, H_kv, G * T, d_h)
     k, v = k.transpose(1, 2), v.transpose(1, 2)  # [B, H_kv, T, d_h]
-    above = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
-    bias = torch.zeros(T, T, dtype=q.dtype, device=q.device).masked_fill(above, -math.inf)
+    bias = torch.zeros(T, T, dtype=q.dtype, device=q.device).masked_fill(~causal_mask(T, q.device), -math.inf)
     scores = q @ k.transpose(-2, -1) / math.sqrt(d_h) + bias.repeat(G, 1)  # adding saves nothing
     out = torch.softmax(scores, dim=-1) @ v  # [B, H_kv, G*T, d_h]
     return out.reshape(B, H_kv, G, T, d_h).permute(0, 3, 1, 2, 4).reshape(B, T, H * d_h)
