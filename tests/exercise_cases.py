@@ -49,6 +49,9 @@ def assert_rejected(name: str, wrong: Callable, hint: str) -> CheckFailed:
     message = str(info.value)
     assert message.startswith(f"{EXERCISES[name].id} {name}"), message
     assert hint in message, f"expected the hint {hint!r} in:\n{message}"
+    mid = info.value.mistake_id
+    assert mid.startswith(f"{EXERCISES[name].id}/") and "/unnamed-" not in mid, (
+        f"a recognised mistake needs a stable id: write its hint as Mistake('slug', ...); got {mid!r} for:\n{message}")
     return info.value
 
 

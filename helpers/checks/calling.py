@@ -49,8 +49,14 @@ from .guard import (
 MAX_REPLY_BYTES = 1 << 28  # 256 MiB: the largest outcome the judge reads
 
 
-def _fail(message: str, hint: str, kind: str = "CheckFailed") -> dict:
-    return {"status": "fail", "message": message, "hint": hint, "kind": kind}
+# The mistakes a call itself can fail with (the slug of the failure's Mistake, feedback.Mistake).
+CALL_MISTAKES = frozenset({"changed-course-functions", "changed-trace-function", "called-the-reference",
+                           "modified-input-in-place", "modified-argument-in-place", "meta-device", "wrong-device",
+                           "not-dense", "tensor-subclass", "number-subclass", "mapping-not-dict"})
+
+
+def _fail(message: str, hint: str, kind: str = "CheckFailed", *, slug: str) -> dict:
+    return {"status": "fail", "message": message, "hint": hint, "kind": kind, "mistake": slug}
 
 
 def exception_outcome(e: BaseException) -> dict:
@@ -125,18 +131,20 @@ def protected_call(fn: Callable, args: tuple, kwargs: dict, *, learner: Callable
                      f"{' (and more)' if _len(changed) > 4 else ''}. The check put the originals back.",
                      "do not replace functions of torch or of the course's helpers (in your function or earlier "
                      "in the notebook). If anything still behaves oddly, restart the kernel (Kernel > Restart).",
-                     "Refused")
+                     "Refused", slug="changed-course-functions")
     if raised is not None:
         return exception_outcome(raised)
     if state.get("trace_changed"):
         return _fail("your function changed Python's trace function (sys.settrace, or a debugger such as "
                      "breakpoint()), so the check could not watch it.",
-                     "run the check without a debugger or trace hook inside your function.", "Refused")
+                     "run the check without a debugger or trace hook inside your function.", "Refused",
+                     slug="changed-trace-function")
     if hits:
         return _fail(f"your function called the course's own solution of this exercise, the reference {hits[0]}"
                      " (or a helper of the notebook that computes the same answer).",
                      "write your own implementation: the check compares against that reference, so calling it "
-                     "proves nothing. Helpers that do not compute the answer stay allowed.", "Refused")
+                     "proves nothing. Helpers that do not compute the answer stay allowed.", "Refused",
+                     slug="called-the-reference")
     flat_before = [*before[0], *before[1].values()]
     flat_after = [*args, *kwargs.values()]
     for i, (a, b) in enumerate(zip(flat_before, flat_after)):
@@ -146,18 +154,19 @@ def protected_call(fn: Callable, args: tuple, kwargs: dict, *, learner: Callable
                 return _fail(f"your function modified one of its input tensors in place: {name}.",
                              "in-place operations (`x += ...`, `masked_fill_`, `x[...] = ...`) change the caller's "
                              "tensor; work on a new tensor (for example `masked_fill` without the underscore, or "
-                             "`x.clone()`).")
+                             "`x.clone()`).", slug="modified-input-in-place")
             return _fail(f"your function modified its argument {name} ({_type(b).__name__}) in place: it was "
                          f"{_short(a)}, now {_short(b)}.",
                          "work on a copy: `list(x)`, `x[::-1]`, `sorted(x)` and `dict(x)` make new objects; "
-                         "`.reverse()`, `.sort()`, `.append()`, `.pop()` and item assignment change the caller's.")
+                         "`.reverse()`, `.sort()`, `.append()`, `.pop()` and item assignment change the caller's.",
+                         slug="modified-argument-in-place")
     obs = None
     if watched:
         out, obs = out
     try:
         out = _plain(out, "the output", _input_device(args, kwargs))
     except _Refusal as r:
-        return _fail(f"{r.message[0].upper()}{r.message[1:]}", r.hint, "Refused")
+        return _fail(f"{r.message[0].upper()}{r.message[1:]}", r.hint, "Refused", slug=r.slug)
     review = [f"`{learner_name(learner)}` ran code that matches the course's reference {near_hits[0]} "
               "after renaming"] if near_hits else []
     return {"status": "ok", "out": out, "obs": obs, "review": review}
@@ -295,8 +304,9 @@ class Remote:
             except ValueError as e:
                 raise RemoteBroken("error", f"the notebook's process sent a malformed output ({e})", True) from None
         if status == "fail" and all(_type(reply.get(k)) is str for k in ("message", "hint", "kind")):
+            slug = reply.get("mistake") if reply.get("mistake") in CALL_MISTAKES else ""  # the judge's own set
             return {"status": "fail", "message": reply["message"][:4000], "hint": reply["hint"][:2000],
-                    "kind": reply["kind"], "review": review}
+                    "kind": reply["kind"], "review": review, "mistake": slug}
         if status == "raised" and all(_type(reply.get(k)) is str for k in ("kind", "summary", "code")):
             return {"status": "raised", "kind": reply["kind"], "summary": reply["summary"][:400],
                     "code": reply["code"][:100], "review": review}

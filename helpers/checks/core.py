@@ -56,6 +56,7 @@ from .feedback import (
     CheckResult,
     Exercise,
     LearnerError,
+    Mistake,
     NotAttempted,
     Refused,
     TimedOut,
@@ -66,6 +67,8 @@ from .feedback import (
     _record,
     describe,
     describe_case,
+    first_clause,
+    mistake_id,
     number_text,
 )
 from .guard import (
@@ -97,6 +100,7 @@ from .guard import (
 )
 
 DEFAULT_TIME_LIMIT_S = 20.0
+_RETURNED_NONE = Mistake("returned-None", "did you forget the `return` statement?")
 _FAIL_KINDS = {"CheckFailed": CheckFailed, "Refused": Refused}  # the failures an outcome may name
 
 EXERCISES: dict[str, Exercise] = {}  # function name -> Exercise
@@ -159,10 +163,10 @@ def flipped_causal(causal: bool, model: Callable[..., Callable[[], Any]]) -> dic
     """The mistake of a flipped ``causal`` flag, as one entry for :func:`eager_mistakes`;
     ``model(causal=...)`` returns the zero-argument callable of that output."""
     if causal:
-        return {"causal=True was ignored: mask the scores so that query i reads keys j <= i only.":
-                model(causal=False)}
-    return {"causal=False here, but your output is causally masked: mask only when causal is True.":
-            model(causal=True)}
+        return {Mistake("ignored-causal", "causal=True was ignored: mask the scores so that query i reads keys "
+                        "j <= i only."): model(causal=False)}
+    return {Mistake("masked-when-not-causal", "causal=False here, but your output is causally masked: mask only "
+                    "when causal is True."): model(causal=True)}
 
 
 
@@ -198,12 +202,14 @@ class Trial:
     # -- failing
 
     def fail(self, message: str, hint: str = "", kind: type[CheckFailed] = CheckFailed, *, recipe: str = "",
-             generic: bool = False, found: str = "") -> None:
+             generic: bool = False, found: str = "", what: str = "") -> None:
         """Fail with ``message`` (what differs). ``hint`` names the mistake and is always shown;
         ``generic=True`` marks it as a general tip rather than a recognised cause (the message
         then also points at the teaching section). ``recipe`` is the full recipe: shown only when
         this check has failed before in this kernel. ``found`` is a fact about the wrong output
-        (:mod:`helpers.checks.diagnose`), shown when no mistake was recognised."""
+        (:mod:`helpers.checks.diagnose`), shown when no mistake was recognised. A recognised
+        ``hint`` is a :class:`~helpers.checks.feedback.Mistake` (its identifier is recorded); an
+        unrecognised failure is recorded as ``not-recognised-<what>`` (shape, values, dtype, ...)."""
         __tracebackhide__ = True
         ex = self.ex
         earlier = [c for c in self.passed_cases if c != self.case]
@@ -229,8 +235,13 @@ class Trial:
                              "step-by-step recipe)")
         summary = message.split("\n")[0].strip()
         instructor = hint if recognised else found or f"{summary}{where}"
+        named = _isinstance(hint, Mistake) and not generic
+        counted = named or (recognised and not what)  # a mistake the check names (else: what differed)
+        mid = "" if kind is NotAttempted else mistake_id(ex, hint, counted, what or "other")
+        description = ("" if kind is NotAttempted else hint.description if named else first_clause(hint) if counted
+                       else f"not recognised: {(what or 'other').replace('-', ' ')}")
         raise kind("\n".join(lines), hint, instructor_hint=instructor, recognised=recognised, recipe=recipe,
-                   summary=summary, case=self.case, exercise=ex)
+                   summary=summary, case=self.case, exercise=ex, mistake_id=mid, mistake=description)
 
     # -- cases with expected values first
 
@@ -299,7 +310,8 @@ class Trial:
         status = outcome["status"]
         self.review += [r for r in outcome.get("review", []) if r not in self.review]
         if status == "fail":
-            self.fail(outcome["message"], outcome["hint"], _FAIL_KINDS.get(outcome["kind"], CheckFailed))
+            hint = Mistake(outcome["mistake"], outcome["hint"]) if outcome.get("mistake") else outcome["hint"]
+            self.fail(outcome["message"], hint, _FAIL_KINDS.get(outcome["kind"], CheckFailed), what="other")
         if status == "raised":
             self._fail_on_exception(outcome["kind"], outcome["summary"], outcome.get("code", ""))
         return outcome["out"], outcome.get("obs")
@@ -313,17 +325,19 @@ class Trial:
                       NotAttempted)
         if kind == "timed out":
             self.fail(f"your function did not return within {self.time_limit:g} s.",
-                      "look for a loop that never ends, or work that grows much faster than the inputs.", TimedOut)
+                      "look for a loop that never ends, or work that grows much faster than the inputs.", TimedOut,
+                      what="time-limit")
         if kind == "exit":
             self.fail(f"your function called sys.exit() (or exit(), quit()): SystemExit({code}).",
-                      "a function hands back its result with `return`; sys.exit() stops the whole program.",
-                      LearnerError)
+                      Mistake("called-sys.exit", "a function hands back its result with `return`; sys.exit() "
+                              "stops the whole program."), LearnerError)
         if kind == "interrupt":
             self.fail("your function raised KeyboardInterrupt itself.",
-                      "return the result instead of raising; KeyboardInterrupt is for the stop button.", LearnerError)
+                      Mistake("raised-KeyboardInterrupt", "return the result instead of raising; KeyboardInterrupt "
+                              "is for the stop button."), LearnerError)
         hint = next((h for pat, h in {**self.error_hints, **CORE_ERROR_HINTS}.items() if re.search(pat, summary)), "")
         self.fail(f"your function raised {summary}", hint or "run it on the case above to see where it fails.",
-                  LearnerError, generic=not hint)
+                  LearnerError, generic=not hint, what="crash")
 
     # -- comparing
 
@@ -349,35 +363,42 @@ class Trial:
         recipe = hint
         t = _type(got)
         if got is None:
-            self.fail(f"{what}: expected a tensor, got None.", "did you forget the `return` statement?")
+            self.fail(f"{what}: expected a tensor, got None.", _RETURNED_NONE)
         if t is _Parameter:
             got, t = _TensorBase.as_subclass(got, _Tensor), _Tensor
         if t is not _Tensor:
             if _issubclass(t, _Tensor):
                 self.fail(f"{what}: got a {t.__name__}, a subclass of torch.Tensor; checks accept plain tensors only.",
-                          "return a plain torch.Tensor (subclasses can change how comparisons behave).", Refused)
+                          Mistake("tensor-subclass", "return a plain torch.Tensor (subclasses can change how "
+                                  "comparisons behave)."), Refused)
             if t.__module__ == "numpy":
                 self.fail(f"{what}: expected a torch.Tensor {describe(expected)}, got {describe(got)} (convert with "
                           "torch.from_numpy / torch.as_tensor).",
-                          "compute with torch on the input tensors; a NumPy result must be converted back.", recipe=recipe)
-            self.fail(f"{what}: expected a torch.Tensor {describe(expected)}, got {describe(got)}.", recipe=recipe)
+                          "compute with torch on the input tensors; a NumPy result must be converted back.", recipe=recipe,
+                          what="type")
+            self.fail(f"{what}: expected a torch.Tensor {describe(expected)}, got {describe(got)}.", recipe=recipe,
+                      what="type")
         if got.layout != _strided or got.is_nested:
             self.fail(f"{what}: expected a dense tensor, got a {str(got.layout).removeprefix('torch.')} one.",
-                      "convert it with .to_dense().")
+                      "convert it with .to_dense().", what="type")
         if got.device != expected.device:
             if got.device.type == "meta":
-                self.fail(f"{what}: expected a tensor on {expected.device}, got one on the meta device.", _META_HINT)
-            self.fail(f"{what}: expected a tensor on {expected.device}, got one on {got.device}.", _DEVICE_HINT)
+                self.fail(f"{what}: expected a tensor on {expected.device}, got one on the meta device.",
+                          Mistake("meta-device", _META_HINT))
+            self.fail(f"{what}: expected a tensor on {expected.device}, got one on {got.device}.",
+                      Mistake("wrong-device", _DEVICE_HINT))
         if got.dtype != expected.dtype:
             self.fail(
                 f"{what}: expected dtype {expected.dtype}, got {got.dtype}.",
                 "keep the input's dtype: avoid torch.tensor(...) defaults, NumPy round trips and `.double()`/`.float()`.",
+                what="dtype",
             )
         matched = self._match_mistake(got, mistakes or {}) or diagnosis
         if got.shape != expected.shape:
             self.fail(f"{what}: expected shape {list(expected.shape)}, got {list(got.shape)}.",
                       matched or "print the shape after each step and compare it with the contract.",
-                      recipe=recipe, generic=not matched, found=shape_facts(got.shape, expected.shape))
+                      recipe=recipe, generic=not matched, found=shape_facts(got.shape, expected.shape),
+                      what="" if matched else "shape")
         e64, g64 = expected.detach().to(_float64), got.detach().to(_float64)
         exp_finite = _isfinite(expected) if expected.is_floating_point() else _ones_like(expected, dtype=_bool)
         got_finite = _isfinite(got)
@@ -387,7 +408,7 @@ class Trial:
             self.fail(
                 f"{what}: got {kind} at index {bad} where {_fmt(float(e64[tuple(bad)]))} was expected.",
                 matched or "NaN usually comes from 0 * inf, inf - inf or log(0); Inf from exp of a large number.",
-                recipe=recipe, generic=not matched,
+                recipe=recipe, generic=not matched, what="" if matched else "nan-inf",
             )
         close = _isclose(g64, e64, atol=atol, rtol=rtol, equal_nan=True) if got.is_floating_point() else _eq(g64, e64)
         if not bool(close.all()):
@@ -399,6 +420,7 @@ class Trial:
                 f"first at index {idx}: expected {_fmt(float(e64[tuple(idx)]))}, got {_fmt(float(g64[tuple(idx)]))}.\n"
                 f"  expected starts {_preview(expected)}\n  got      starts {_preview(got)}",
                 matched, recipe=recipe, found="" if matched else tensor_facts(g64, e64, atol, rtol),
+                what="" if matched else "values",
             )
         if self.case and self.case not in self.passed_cases:
             self.passed_cases.append(self.case)
@@ -413,21 +435,25 @@ class Trial:
         recipe = hint
         t = _type(got)
         if got is None:
-            self.fail(f"{what}: expected a number, got None.", "did you forget the `return` statement?")
+            self.fail(f"{what}: expected a number, got None.", _RETURNED_NONE)
         if t is _Tensor and got.numel() == 1:
-            self.fail(f"{what}: expected a Python number, got a tensor {describe(got)}.", "return `.item()` of it.")
+            self.fail(f"{what}: expected a Python number, got a tensor {describe(got)}.",
+                      Mistake("tensor-not-number", "return `.item()` of it."))
         numpy_scalar = t.__module__ == "numpy" and _issubclass(t, numbers.Real) and t is not bool
         if t is bool or (t not in (int, float) and not numpy_scalar):
             if _issubclass(t, (int, float)) and t is not bool:
                 self.fail(f"{what}: got a {t.__name__}, a subclass of {'int' if _issubclass(t, int) else 'float'}; "
                           "checks accept plain Python numbers only.",
-                          "return a plain int or float: the number itself, not an object that behaves like one.", Refused)
-            self.fail(f"{what}: expected a number, got {describe(got)}.", recipe=recipe)
+                          Mistake("number-subclass", "return a plain int or float: the number itself, not an "
+                                  "object that behaves like one."), Refused)
+            self.fail(f"{what}: expected a number, got {describe(got)}.", recipe=recipe, what="type")
         value = _to_float(got)  # +-inf for an int beyond float's range: compared exactly below, never crashes
         if integer and not (t is int or value.is_integer()):
-            self.fail(f"{what}: expected a whole number, got {got!r}.", "counts of bytes and FLOPs are integers: use // and int().")
+            self.fail(f"{what}: expected a whole number, got {got!r}.",
+                      "counts of bytes and FLOPs are integers: use // and int().", what="values")
         if integer and t is not int:
-            self.fail(f"{what}: expected an int, got {describe(got)} {got!r}.", "return int(...): counts of bytes and FLOPs are ints.")
+            self.fail(f"{what}: expected an int, got {describe(got)} {got!r}.",
+                      "return int(...): counts of bytes and FLOPs are ints.", what="type")
         exact = t is int and _type(expected) is int and rel == 0 and abs_tol == 0
         ok = got == expected if exact else _isclose_num(value, _to_float(expected), rel_tol=rel, abs_tol=abs_tol)
         if not ok:
@@ -443,7 +469,8 @@ class Trial:
                     continue
             self.fail(f"{what}: expected {number_text(expected)}, got {number_text(got)}." if integer else
                       f"{what}: expected {_fmt(_to_float(expected))}, got {_fmt(value)}.", matched, recipe=recipe,
-                      found="" if matched or not math.isfinite(value) else number_facts(got, expected))
+                      found="" if matched or not math.isfinite(value) else number_facts(got, expected),
+                      what="" if matched else "values")
         if self.case and self.case not in self.passed_cases:
             self.passed_cases.append(self.case)
         return got
@@ -453,7 +480,7 @@ class Trial:
         __tracebackhide__ = True
         if _type(got) not in (tuple, list) or _len(got) != n:
             self.fail(f"expected a tuple of {n} ({', '.join(names)}), got {describe(got)}.",
-                      f"return {', '.join(names)} together: `return {', '.join(names)}`.")
+                      f"return {', '.join(names)} together: `return {', '.join(names)}`.", what="type")
         return tuple(got)
 
     def _match_mistake(self, got: torch.Tensor, mistakes: Mapping[str, Any]) -> str:
@@ -490,7 +517,8 @@ def _guard_before(ex: Exercise) -> CheckFailed | None:
     hint = ("do not replace functions of torch or of the course's helpers (in your function or earlier in the "
             "notebook). Run the check again; if anything still behaves oddly, restart the kernel.")
     return Refused(f"{message}\n  hint: {hint}", hint, instructor_hint=f"tampered: {'; '.join(changed[:4])}",
-                   recognised=True, summary=changed[0], exercise=ex)
+                   recognised=True, summary=changed[0], exercise=ex, mistake_id=f"{ex.id}/changed-course-functions",
+                   mistake="changed the course's or torch's functions")
 
 
 def _run(ex: Exercise, body: Callable[[Trial], None], fn: Any, time_limit: float | None) -> CheckResult:
@@ -500,12 +528,14 @@ def _run(ex: Exercise, body: Callable[[Trial], None], fn: Any, time_limit: float
                    f"got {str(fn.info.get('describe', 'something else'))[:80]}.")
         error = CheckFailed(message, message, exercise=ex)
         error.status = "error"
-        return CheckResult(ex, "error", message, message, False, False, error)
+        return CheckResult(ex, "error", message, message, False, False, error, mistake_id=f"{ex.id}/not-a-function",
+                           mistake="passed something other than a function to the check")
     if not callable(fn):
         message = f"{ex.id} {ex.name}: pass your function itself, e.g. `checks.{ex.name}({ex.name})`; got {describe(fn)}."
         error = CheckFailed(message, message, exercise=ex)
         error.status = "error"
-        return CheckResult(ex, "error", message, message, False, False, error)
+        return CheckResult(ex, "error", message, message, False, False, error, mistake_id=f"{ex.id}/not-a-function",
+                           mistake="passed something other than a function to the check")
     trial = Trial(ex, fn, time_limit or DEFAULT_TIME_LIMIT_S)
     remote = _type(fn) is Remote  # in the judge, where no learner code runs: nothing to guard here
     error = None if remote else _guard_before(ex)
@@ -516,8 +546,8 @@ def _run(ex: Exercise, body: Callable[[Trial], None], fn: Any, time_limit: float
             if changed:
                 trial.case = ""
                 trial.fail(f"your code changed what the check relies on: {'; '.join(changed[:4])}. The check put "
-                           "the originals back.", "do not replace functions of torch or of the course's helpers.",
-                           Refused)
+                           "the originals back.", Mistake("changed-course-functions", "do not replace functions of "
+                                                          "torch or of the course's helpers."), Refused)
         except CheckFailed as e:
             error = e
     if error is None:
@@ -526,7 +556,8 @@ def _run(ex: Exercise, body: Callable[[Trial], None], fn: Any, time_limit: float
         _FAILURES[ex.name] = _FAILURES.get(ex.name, 0) + 1
     hint = error.instructor_hint if _isinstance(error, CheckFailed) else ""
     return CheckResult(ex, error.status, str(error), hint, getattr(error, "recognised", False), trial.is_reference, error,
-                       review=trial.review)
+                       review=trial.review, mistake_id=getattr(error, "mistake_id", ""),
+                       mistake=getattr(error, "mistake", ""))
 
 
 

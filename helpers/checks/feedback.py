@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -73,20 +74,70 @@ class Exercise:
 
 
 
+_SLUG = re.compile(r"[A-Za-z0-9_.]+(?:-[A-Za-z0-9_.]+)*")
+
+
+class Mistake(str):
+    """A hint that names a recognised mistake, with an identifier that stays the same across
+    releases: ``Mistake("missing-W_O", "W_O is missing: ...")``. It is the hint string itself
+    (a ``str``: it can key ``mistakes=`` dicts and be passed as ``hint``); the failure records
+    ``<exercise id>/<slug>`` as its :attr:`CheckFailed.mistake_id` (``5.2/missing-W_O``).
+    ``description`` is the one line a class report shows (default: the hint's first clause)."""
+
+    def __new__(cls, slug: str, hint: str, description: str = "") -> "Mistake":
+        if not _SLUG.fullmatch(slug) or _len(slug) > 60:
+            raise ValueError(f"a mistake's slug is words joined by '-' (letters, digits, _ and .), got {slug!r}")
+        self = super().__new__(cls, hint)
+        self.slug = slug
+        self.description = description or first_clause(hint)
+        return self
+
+    def __reduce__(self):
+        return (Mistake, (self.slug, str(self), self.description))
+
+
+def first_clause(hint: str, limit: int = 110) -> str:
+    """The hint up to its first ``": "`` (or ``"; "``, or its first sentence): the mistake in a line."""
+    text = " ".join(str(hint).split())
+    cut = min((i for i in (text.find(": "), text.find("; "), text.find(". ")) if i > 0), default=_len(text))
+    line = text[:cut].rstrip(".")
+    return line if _len(line) <= limit else line[: limit - 3].rstrip() + "..."
+
+
+# What an unrecognised failure is counted as in a class report (``<exercise id>/not-recognised-<what>``).
+NOT_RECOGNISED = ("shape", "values", "dtype", "nan-inf", "type", "crash", "time-limit", "other")
+
+
+def mistake_id(ex: "Exercise", hint: str, recognised: bool, what: str = "other") -> str:
+    """The identifier a failure is recorded under: the :class:`Mistake`'s, else
+    ``not-recognised-<what>`` (``what`` from :data:`NOT_RECOGNISED`), else, for a recognised
+    hint written without an identifier, ``unnamed-<hash>`` (the course's tests reject those)."""
+    if _isinstance(hint, Mistake) and recognised:
+        return f"{ex.id}/{hint.slug}"
+    if not recognised or not hint:
+        return f"{ex.id}/not-recognised-{what if what in NOT_RECOGNISED else 'other'}"
+    return f"{ex.id}/unnamed-{hashlib.blake2b(str(hint).encode(), digest_size=3).hexdigest()}"
+
+
 class CheckFailed(AssertionError):
     """A check did not pass. ``status`` is what `make grade` reports.
 
     Attributes: ``hint`` (the hint line the learner was shown, "" if none), ``instructor_hint``
     (what an instructor's table should show: the recognised mistake, else what differed),
     ``recognised`` (a mistake was named), ``recipe`` (the full recipe, shown on a repeated
-    failure), ``summary`` (the first line of what differed), ``case``, ``exercise``.
+    failure), ``summary`` (the first line of what differed), ``case``, ``exercise``,
+    ``mistake_id`` (what a class report counts it as, :func:`mistake_id`) and ``mistake`` (its
+    one-line description).
     """
 
     status = "failed"
 
     def __init__(self, message: str, hint: str = "", *, instructor_hint: str | None = None, recognised: bool = False,
-                 recipe: str = "", summary: str = "", case: str = "", exercise: Exercise | None = None):
+                 recipe: str = "", summary: str = "", case: str = "", exercise: Exercise | None = None,
+                 mistake_id: str = "", mistake: str = ""):
         super().__init__(message)
+        self.mistake_id = mistake_id
+        self.mistake = mistake
         self.hint = hint
         self.instructor_hint = hint if instructor_hint is None else instructor_hint
         self.recognised = recognised
@@ -127,7 +178,8 @@ class CheckResult:
 
     ``status``: passed / failed / not attempted / error / timed out. ``message``: what the learner
     saw. ``hint``: the hint an instructor should see (the recognised mistake, else what
-    differed). ``is_reference``: the function checked was the course's own reference. ``review``:
+    differed). ``mistake_id`` / ``mistake``: the failure's identifier in a class report and its
+    one-line description ("" for a pass or an unattempted exercise). ``is_reference``: the function checked was the course's own reference. ``review``:
     what the learner's function did that a grader should look at by hand (never decides the status)."""
 
     exercise: Exercise
@@ -138,6 +190,8 @@ class CheckResult:
     is_reference: bool = False
     error: CheckFailed | None = field(default=None, repr=False)
     review: list[str] = field(default_factory=list)  # what a grader should look at by hand (see calling.py)
+    mistake_id: str = ""
+    mistake: str = ""
 
     @property
     def passed(self) -> bool:
@@ -260,11 +314,11 @@ def _exception_summary(e: BaseException) -> str:
 
 # Recognised causes of exceptions, tried after a check's own error_hints.
 CORE_ERROR_HINTS = {
-    r"Expected all tensors to be on the same device|found at least two devices": "create new tensors on the "
-    "inputs' device (device=x.device, torch.zeros_like(x)), not on a fixed device such as the `device` that "
-    "setup() returns.",
-    r"^RecursionError": "your function calls itself without end: a recursion without a base case, or a name that "
-    "refers back to your own function.",
+    r"Expected all tensors to be on the same device|found at least two devices": Mistake(
+        "wrong-device", "create new tensors on the inputs' device (device=x.device, torch.zeros_like(x)), not on a "
+        "fixed device such as the `device` that setup() returns."),
+    r"^RecursionError": Mistake("endless-recursion", "your function calls itself without end: a recursion without "
+                                "a base case, or a name that refers back to your own function."),
 }
 
 

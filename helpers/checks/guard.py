@@ -536,9 +536,9 @@ def _same(a: Any, b: Any, depth: int = 0) -> bool:
 
 
 class _Refusal(Exception):
-    def __init__(self, message: str, hint: str):
+    def __init__(self, message: str, hint: str, slug: str):
         super().__init__(message)
-        self.message, self.hint = message, hint
+        self.message, self.hint, self.slug = message, hint, slug
 
 
 _DEVICE_HINT = ("create new tensors on the inputs' device (device=x.device, torch.zeros_like(x), x.new_zeros(...)), "
@@ -556,25 +556,25 @@ def _plain(x: Any, where: str, device: torch.device | None, depth: int = 0) -> A
             x = _TensorBase.as_subclass(x, _Tensor)
         dev = _TensorBase.device.__get__(x)
         if dev.type == "meta":
-            raise _Refusal(f"{where} is a tensor on the meta device.", _META_HINT)
+            raise _Refusal(f"{where} is a tensor on the meta device.", _META_HINT, "meta-device")
         if device is not None and dev != device:
-            raise _Refusal(f"{where} is on {dev}, but the inputs are on {device}.", _DEVICE_HINT)
+            raise _Refusal(f"{where} is on {dev}, but the inputs are on {device}.", _DEVICE_HINT, "wrong-device")
         layout = _TensorBase.layout.__get__(x)
         if layout != _strided or _TensorBase.is_nested.__get__(x):
             kind = "nested" if _TensorBase.is_nested.__get__(x) else str(layout).removeprefix("torch.")
             raise _Refusal(f"{where} is a {kind} tensor; checks compare dense tensors.",
-                           "return a dense tensor: convert it with .to_dense() (or build it dense).")
+                           "return a dense tensor: convert it with .to_dense() (or build it dense).", "not-dense")
         return x
     if _issubclass(t, _Tensor):
         raise _Refusal(f"{where} is a {t.__name__}, a subclass of torch.Tensor; checks accept plain tensors only.",
-                       "return a plain torch.Tensor (subclasses can change how comparisons behave).")
+                       "return a plain torch.Tensor (subclasses can change how comparisons behave).", "tensor-subclass")
     if t in (int, float, bool, complex, str, bytes) or x is None:
         return x
     if _issubclass(t, (int, float, complex, str)) and t.__module__ != "numpy":
         base = next(b for b in (bool, int, float, complex, str) if _issubclass(t, b))
         raise _Refusal(f"{where} is a {t.__name__}, a subclass of {base.__name__}; checks accept plain Python "
                        f"numbers only.", f"return a plain {base.__name__}: the number itself, not an object "
-                       "that behaves like one.")
+                       "that behaves like one.", "number-subclass")
     if depth > 20:
         return x
     if t is _Size:
@@ -587,7 +587,7 @@ def _plain(x: Any, where: str, device: torch.device | None, depth: int = 0) -> A
         return {k: _plain(v, f"{where}[{key_text(k)}]", device, depth + 1) for k, v in dict.items(x)}
     if _Mapping in _type.__dict__["__mro__"].__get__(t):
         raise _Refusal(f"{where} is a {_type.__dict__['__name__'].__get__(t)}, a Mapping that is not a dict; "
-                       "checks read plain dicts only.", "return a plain dict: {key: value, ...} or dict(...).")
+                       "checks read plain dicts only.", "return a plain dict: {key: value, ...} or dict(...).", "mapping-not-dict")
     return x
 
 
