@@ -29,7 +29,7 @@ else
   ENV_STAMP := .venv/.stamp
 endif
 
-.PHONY: help setup lab test test-all execute exercises sync grade bench kernel-report clean
+.PHONY: help setup lab test test-all execute exercises sync grade gradescope bench kernel-report clean
 
 help:
 	@echo "make lab        start JupyterLab on the course (creates the environment on first use)"
@@ -39,6 +39,7 @@ help:
 	@echo "make exercises  regenerate exercises/ from solutions/"
 	@echo "make sync       rewrite the Colab bootstrap cells and README notebook map from pyproject.toml"
 	@echo "make grade      grade exercise notebooks (all, or NB=notebook, student folder or class folder)"
+	@echo "make gradescope the autograder zip for Gradescope (build/gradescope-autograder.zip; see the README)"
 	@echo "make bench      GPU benchmarks into bench/results/ (on CPU: a small interpreter check)"
 	@echo "make kernel-report  registers and spills of every autotuner config, compiled for sm_80/sm_90 without a GPU"
 	@echo "make clean      remove caches and the environment"
@@ -99,8 +100,18 @@ sync: $(ENV_STAMP)
 	$(PY) -m helpers.tools.notebooks sync
 
 # make grade [NB=notebook, student folder or class folder] [JOBS=n: notebooks at once; default all cores]
+#   [REPORT=dir: the class's mistake report, feedback per student] [ANONYMISE=1] [GRADESCOPE=1] (with REPORT)
 grade: $(ENV_STAMP)
-	$(PY) -m helpers.tools.grading $(if $(filter command line environment,$(origin JOBS)),-j $(JOBS) )$(if $(NB),$(NB),exercises)
+	$(PY) -m helpers.tools.grading $(if $(filter command line environment,$(origin JOBS)),-j $(JOBS) )$(if $(REPORT),--report $(REPORT) )$(if $(ANONYMISE),--anonymise )$(if $(GRADESCOPE),--gradescope )$(if $(NB),$(NB),exercises)
+
+# The autograder zip Gradescope asks for: setup.sh, run_autograder and the course at HEAD (git archive).
+gradescope: $(ENV_STAMP)
+	rm -rf build/gradescope build/gradescope-autograder.zip && mkdir -p build/gradescope
+	git archive --format=tar --prefix=course/ HEAD | tar -x -C build/gradescope
+	sed 's/@TORCH_PIN@/$(TORCH_PIN)/' gradescope/setup.sh > build/gradescope/setup.sh
+	cp gradescope/run_autograder build/gradescope/ && chmod +x build/gradescope/setup.sh build/gradescope/run_autograder
+	$(PY) -c "import shutil; shutil.make_archive('build/gradescope-autograder', 'zip', 'build/gradescope')"
+	@echo "wrote build/gradescope-autograder.zip: upload it as the assignment's autograder (README: Gradescope)"
 
 bench: $(ENV_STAMP)
 	$(PY) bench/bench_attention.py

@@ -12,7 +12,12 @@ on this machine:
 2. each whole class through the command line (`python -m helpers.tools.grading CLASS -j JOBS`), from the
    start of the process to its exit: the figure to compare with the goal (>= 1 notebook/s on 2
    cores);
-3. with ``--baseline``, the old way for comparison: each solved notebook in a fresh Jupyter kernel
+3. the class mistake report: a synthetic class of ``--report-students`` students (built from the
+   wrong implementations kept in tests/, ``tests/synthetic_class.py``) graded with ``--report``:
+   the grading's wall time, the report's own time (mistakes.csv, report.html, feedback and
+   Gradescope files, as the grader prints it) and their ratio (goal: the report adds at most 10%);
+   ``--keep-report DIR`` keeps that report (the README's demonstration is made this way);
+4. with ``--baseline``, the old way for comparison: each solved notebook in a fresh Jupyter kernel
    (nbclient), one after the other.
 
 Writes ``<out>/grading.md`` (machine, load, mix, figures). A benchmark, not a test: the machine's
@@ -80,6 +85,21 @@ def whole_class(folder: Path, jobs: int) -> tuple[float, float, str]:
     return seconds, float(cpu.group(1)) if cpu else float("nan"), score
 
 
+def reported_class(folder: Path, jobs: int, report: Path) -> tuple[float, float, str]:
+    """Grade ``folder`` with ``--report``: (wall seconds from process start to exit, seconds the
+    report took inside it, score line)."""
+    start = time.perf_counter()
+    result = subprocess.run([sys.executable, "-m", "helpers.tools.grading", str(folder), "-j", str(jobs), "--no-progress",
+                             "--gradebook", str(report / "gradebook.csv"), "--report", str(report), "--gradescope",
+                             "--anonymise"], cwd=ROOT, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    took = re.search(r"^report: .* in ([\d.]+) s$", result.stdout, re.M)
+    if not took:
+        raise SystemExit(f"the graded class wrote no report:\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}")
+    score = next((ln for ln in result.stdout.splitlines() if ln.startswith("score:")), "")
+    return seconds, float(took.group(1)), score
+
+
 def baseline(stems: list[str]) -> float:
     """The previous grader's way: a fresh kernel per notebook, serially (solved notebooks)."""
     from nbclient import NotebookClient
@@ -100,6 +120,9 @@ def main() -> int:
     parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--baseline", action="store_true", help="also time the fresh-kernel-per-notebook way")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument("--report-students", type=int, default=30, help="students of the synthetic class (0: skip)")
+    parser.add_argument("--keep-report", type=Path, default=None, metavar="DIR",
+                        help="keep the synthetic class's report (and gradebook) in DIR")
     args = parser.parse_args()
     stems = graded_stems()
     load = os.getloadavg()
@@ -118,6 +141,24 @@ def main() -> int:
             seconds, cpu, score = classes[mix] = whole_class(folder, args.jobs)
             print(f"  {seconds:.1f} s, {n / seconds:.2f} notebooks/s; {cpu / n:.2f} CPU-s per notebook ({score})",
                   flush=True)
+    reported = None
+    if args.report_students:
+        from tests.synthetic_class import build
+
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = Path(tmp) / "class"
+            build(folder, args.report_students, seed=0)
+            n_report = sum(1 for _ in folder.glob("*/*.ipynb"))
+            report = args.keep_report or Path(tmp) / "report"
+            if report.exists():
+                shutil.rmtree(report)
+            print(f"a synthetic class of {args.report_students} students ({n_report} notebooks) with --report:", flush=True)
+            seconds, took, score = whole = reported_class(folder, args.jobs, report)
+            reported = (n_report, *whole)
+            print(f"  {seconds:.1f} s in all, the report {took:.2f} s of it: {100 * took / (seconds - took):.2f}% "
+                  f"of the grading ({score})", flush=True)
+            for leftover in ("pseudonym.key",):  # the demonstration's key is not kept
+                (report / leftover).unlink(missing_ok=True)
     old = None
     if args.baseline:
         print("baseline: a fresh kernel per solved notebook, serially:", flush=True)
@@ -148,6 +189,15 @@ def main() -> int:
         tail.append(f"- {mix}: the notebooks' processes used {cpu:.1f} CPU-seconds, {cpu / n:.2f} per notebook; "
                     f"on {os.cpu_count()} otherwise idle cores that bounds the rate at {os.cpu_count() * n / cpu:.2f} "
                     "notebooks/s, before the one-off start-up.")
+    if reported is not None:
+        n_r, seconds, took, _ = reported
+        lines.append(f"| synthetic class with `--report` (mistakes.csv, report.html, feedback, Gradescope) | {n_r} | "
+                     f"{seconds:.1f} | {n_r / seconds:.2f} |")
+        tail.append(f"- the class report took {took:.2f} s of those {seconds:.1f} s: **{100 * took / (seconds - took):.2f}%** "
+                    "of the grading's time (goal: at most 10%). The class: "
+                    f"{args.report_students} students from `tests/synthetic_class.py` (seed 0), each handing in "
+                    "every notebook with some exercises right, some wrong (the wrong implementations kept in "
+                    "tests/) and some blank.")
     if old is not None:
         lines.append(f"| baseline: fresh Jupyter kernel per solved notebook, serially | {len(stems)} | {old:.1f} | "
                      f"{len(stems) / old:.2f} |")

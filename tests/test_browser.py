@@ -32,6 +32,7 @@ import base64
 import io
 import json
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -601,3 +602,44 @@ def test_a_saved_copy_reopened_shows_the_last_picture(page):
         assert _same_picture(reopened, moved), "the reopened copy does not show the last picture drawn"
     finally:
         page.evaluate(CLOSE_JS, path)
+
+
+# ----------------------------------------------------------------------------- the class mistake report
+
+REPORT_DEMO = ROOT / "docs" / "class-report" / "report.html"
+
+
+def test_the_class_report_reads_in_a_real_browser():
+    """The committed demonstration report (README: For instructors), opened from disk as an
+    instructor does: it loads nothing from the network, every chart is an image with an accessible
+    name and a description that says its numbers, every table is named by its caption and has column
+    headers, and the charts' bars are drawn."""
+    requests: list[str] = []
+    errors: list[str] = []
+    with sync_api.sync_playwright() as pw:
+        args = ["--disable-dev-shm-usage"] + (["--no-sandbox"] if os.getuid() == 0 else [])
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=args)
+        page = browser.new_page(viewport={"width": 1200, "height": 900})
+        page.on("request", lambda r: requests.append(r.url))
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(REPORT_DEMO.as_uri())
+        charts = page.get_by_role("img")
+        assert charts.count() >= 2, "no charts in the report"
+        for i in range(charts.count()):
+            chart = charts.nth(i)
+            described = chart.get_attribute("aria-labelledby").split()
+            texts = [page.locator(f"[id='{x}']").text_content() for x in described]
+            assert all(t and t.strip() for t in texts), f"chart {i} lacks its title or description: {texts}"
+            assert chart.bounding_box()["height"] > 50 and chart.locator("rect").count() > 0
+        first = page.locator("section h2").first.text_content()
+        table = page.get_by_role("table", name=f"Exercises of {first}")
+        assert table.count() == 1 and table.get_by_role("columnheader").count() == 8
+        assert table.get_by_role("rowheader").count() >= 1
+        assert page.get_by_role("table", name=re.compile("Most common mistakes")).count() >= 1
+        assert page.get_by_role("heading", name="Marked for review").count() == 1
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SHOTS / "class-report.png"), full_page=False)
+        browser.close()
+    assert all(u.startswith("file://") for u in requests), [u for u in requests if not u.startswith("file://")]
+    assert not errors, errors

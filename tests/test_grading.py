@@ -122,7 +122,8 @@ def test_bonus_points_are_scored_apart_and_never_block_a_pass():
 
 def test_table_has_notebook_and_student_columns_and_scores(tmp_path):
     rows = [Row("01_qkv_shapes", "1.1", "qkv_projection", 1, "passed", student="alice"),
-            Row("01_qkv_shapes", "1.2", "merge_heads", 1, "failed", "transpose first", student="alice"),
+            Row("01_qkv_shapes", "1.2", "merge_heads", 1, "failed", "transpose first", student="alice",
+                mistake_id="1.2/merged-without-transpose", mistake="merged without transposing"),
             Row("02_scaling", "2.3", "dot_product_std", 2, "passed", student="alice"),
             Row("01_qkv_shapes", "1.1", "qkv_projection", 1, "missing", "notebook not handed in.", student="bob"),
             Row("01_qkv_shapes", "1.2", "merge_heads", 1, "missing", "notebook not handed in.", student="bob"),
@@ -143,7 +144,7 @@ def test_table_has_notebook_and_student_columns_and_scores(tmp_path):
     assert list(book[0])[:5] == ["student", "notebook", "exercise", "function", "points"]
     assert book[1] == {"student": "alice", "notebook": "01_qkv_shapes", "exercise": "1.2", "function": "merge_heads",
                        "points": "0", "max_points": "1", "bonus": "0", "status": "failed", "hint": "transpose first",
-                       "review": ""}
+                       "review": "", "mistake_id": "1.2/merged-without-transpose", "mistake": "merged without transposing"}
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")

@@ -84,7 +84,7 @@ class Mistake(str):
     ``<exercise id>/<slug>`` as its :attr:`CheckFailed.mistake_id` (``5.2/missing-W_O``).
     ``description`` is the one line a class report shows (default: the hint's first clause)."""
 
-    def __new__(cls, slug: str, hint: str, description: str = "") -> "Mistake":
+    def __new__(cls, slug: str, hint: str, description: str = "") -> Mistake:
         if not _SLUG.fullmatch(slug) or _len(slug) > 60:
             raise ValueError(f"a mistake's slug is words joined by '-' (letters, digits, _ and .), got {slug!r}")
         self = super().__new__(cls, hint)
@@ -108,7 +108,7 @@ def first_clause(hint: str, limit: int = 110) -> str:
 NOT_RECOGNISED = ("shape", "values", "dtype", "nan-inf", "type", "crash", "time-limit", "other")
 
 
-def mistake_id(ex: "Exercise", hint: str, recognised: bool, what: str = "other") -> str:
+def mistake_id(ex: Exercise, hint: str, recognised: bool, what: str = "other") -> str:
     """The identifier a failure is recorded under: the :class:`Mistake`'s, else
     ``not-recognised-<what>`` (``what`` from :data:`NOT_RECOGNISED`), else, for a recognised
     hint written without an identifier, ``unnamed-<hash>`` (the course's tests reject those)."""

@@ -21,6 +21,8 @@ class Row:
     bonus: bool = False
     student: str = ""
     review: str = ""  # why the notebook needs a look by hand ("" for a trusted notebook)
+    mistake_id: str = ""  # the failure as a class report counts it: "5.2/missing-W_O", "5.1/not-recognised-values"
+    mistake: str = ""  # its one-line description
 
     @property
     def earned(self) -> int:
@@ -79,20 +81,43 @@ def format_table(rows: list[Row]) -> str:
 
 
 GRADEBOOK_FIELDS = ("student", "notebook", "exercise", "function", "points", "max_points", "bonus", "status", "hint",
-                   "review")
+                   "review", "mistake_id", "mistake")
 
 
 def write_gradebook(rows: list[Row], path: Path) -> None:
     """One CSV row per student and exercise: student, notebook, exercise, function, points earned,
-    max_points, bonus, status, hint, review (the format an LMS or a spreadsheet imports). ``review``
-    is empty for a trusted notebook and names what a grader should look at otherwise."""
+    max_points, bonus, status, hint, review, mistake_id, mistake (the format an LMS or a spreadsheet
+    imports). ``review`` is empty for a trusted notebook and names what a grader should look at
+    otherwise; ``mistake_id`` is the failure's stable identifier (``5.2/missing-W_O``, or
+    ``<exercise>/not-recognised-<what>``) and ``mistake`` its one-line description, both empty for a
+    pass, an unattempted exercise and a notebook not handed in."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow(GRADEBOOK_FIELDS)
         for r in rows:
             w.writerow([r.student, r.notebook, r.id, r.name, r.earned, r.points, int(r.bonus), r.status,
-                        " ".join(r.hint.split()), " ".join(r.review.split())])
+                        " ".join(r.hint.split()), " ".join(r.review.split()), r.mistake_id, r.mistake])
+
+
+def read_gradebook(path: Path) -> list[Row]:
+    """The rows of a gradebook CSV that :func:`write_gradebook` wrote (older ones, without the
+    mistake columns, read too). Gradebooks of shards concatenate: pass each and add the lists."""
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        missing = {"student", "notebook", "exercise", "function", "max_points", "status"} - set(reader.fieldnames or ())
+        if missing:
+            raise ValueError(f"{path} is not a gradebook of `make grade`: no column {', '.join(sorted(missing))}")
+        rows = []
+        for i, rec in enumerate(reader, start=2):
+            try:
+                points = int(rec["max_points"])
+            except (TypeError, ValueError):
+                raise ValueError(f"{path}, line {i}: max_points is {rec['max_points']!r}, not a whole number") from None
+            rows.append(Row(rec["notebook"], rec["exercise"], rec["function"], points, rec["status"],
+                            rec.get("hint") or "", rec.get("bonus") in ("1", "True", "true"), rec["student"],
+                            rec.get("review") or "", rec.get("mistake_id") or "", rec.get("mistake") or ""))
+    return rows
 
 
 def _mark(rows: list[Row], student: str, notebook: str) -> str:

@@ -82,6 +82,8 @@ class Ex:
     points: int
     notebook: str
     bonus: bool = False
+    title: str = ""
+    section: str = ""  # the section of notebooks/<notebook>.ipynb that teaches it
 
 
 _COURSE: list[Ex] = []
@@ -96,7 +98,8 @@ def _describe(conn: Connection | None = None) -> list[Ex]:
             raise
         conn.send_bytes(json.dumps({"error": _summary(e)}).encode())
         return []
-    found = [Ex(e.id, e.name, int(e.points), e.notebook, bool(e.bonus)) for e in EXERCISES.values()]
+    found = [Ex(e.id, e.name, int(e.points), e.notebook, bool(e.bonus), e.title, e.section or "")
+             for e in EXERCISES.values()]
     if conn is not None:
         conn.send_bytes(json.dumps([vars(e) for e in found]).encode())
     return found
@@ -311,7 +314,7 @@ class _Running:
     judge_conn: Connection | None = None
     cell_errors: dict[int, tuple[str, str]] = field(default_factory=dict)
     timed_out_cells: set[int] = field(default_factory=set)
-    results: dict[str, tuple[str, str]] = field(default_factory=dict)
+    results: dict[str, tuple[str, str, str, str]] = field(default_factory=dict)  # status, hint, mistake_id, mistake
     review: list[str] = field(default_factory=list)
     cpu_s: float = 0.0
     crash: str = ""
@@ -367,8 +370,15 @@ def _start_judge(ctx, r: _Running) -> None:
     r.current, r.started, r.interrupted_at = ("check", None), time.monotonic(), None
 
 
-def _row(sub: Submission, ex, status: str, hint: str, review: str = "") -> Row:
-    return Row(sub.stem, ex.id, ex.name, ex.points, status, hint, ex.bonus, sub.student, review)
+# What a failure the judge did not decide is counted as in a class report (``not-recognised-<what>``).
+_UNJUDGED = {"timed out": "time-limit", "error": "crash"}
+
+
+def _row(sub: Submission, ex, status: str, hint: str, review: str = "", mistake_id: str = "", mistake: str = "") -> Row:
+    if not mistake_id and status in _UNJUDGED:
+        what = _UNJUDGED[status]
+        mistake_id, mistake = f"{ex.id}/not-recognised-{what}", f"not recognised: {what.replace('-', ' ')}"
+    return Row(sub.stem, ex.id, ex.name, ex.points, status, hint, ex.bonus, sub.student, review, mistake_id, mistake)
 
 
 def _first_line(source: str) -> str:
@@ -430,7 +440,8 @@ def _receive_judge(r: _Running) -> None:
             r.current, r.started, r.interrupted_at = ("check", msg["name"]), time.monotonic(), None
         elif kind == "result":
             status = msg["status"] if msg["status"] in STATUSES else "error"
-            r.results[msg["name"]] = (status, str(msg.get("hint", ""))[:2000])
+            r.results[msg["name"]] = (status, str(msg.get("hint", ""))[:2000], str(msg.get("mistake_id", ""))[:120],
+                                      str(msg.get("mistake", ""))[:200])
         elif kind == "review":
             for reason in msg["reasons"]:
                 _flag(r, reason)
@@ -477,8 +488,9 @@ def _rows(r: _Running) -> list[Row]:
     review = "; ".join(r.review)
     rows = []
     for ex in exercises:
+        mistake_id = mistake = ""
         if ex.name in r.results:
-            status, hint = r.results[ex.name]
+            status, hint, mistake_id, mistake = r.results[ex.name]
             if status == "missing":
                 status, hint = _why_missing(r, ex.name)
         elif r.current == ("check", ex.name) and r.interrupted_at is not None:
@@ -494,7 +506,7 @@ def _rows(r: _Running) -> list[Row]:
                 f"cell {index + 1} (`{_first_line(r.code_cells.get(index, ''))}`) {why}; nothing after it ran.")
         else:
             status, hint = "not run", "the grading ended before this check ran."
-        rows.append(_row(r.sub, ex, status, hint, review))
+        rows.append(_row(r.sub, ex, status, hint, review, mistake_id, mistake))
     return rows
 
 
@@ -625,10 +637,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="CSV to write (default: gradebook.csv when more than one student is graded)")
     parser.add_argument("--shard", type=_shard, default=None, metavar="K/N",
                         help="grade only the K-th of N equal shares of the students (for a CI matrix or a batch system)")
+    parser.add_argument("--report", type=Path, default=None, metavar="DIR",
+                        help="also write the class's mistake report into DIR: mistakes.csv, report.html, "
+                             "feedback/<student>/<notebook>.md (helpers.tools.class_report)")
+    parser.add_argument("--anonymise", action="store_true", help="with --report: pseudonyms instead of names in "
+                        "report.html")
+    parser.add_argument("--gradescope", action="store_true",
+                        help="with --report: also DIR/gradescope/<student>/results.json in Gradescope's format")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--nbgrader-course", type=Path, default=None, metavar="DIR",
                         help="write solutions/ as an nbgrader course in DIR (then run nbgrader there) and exit")
     args = parser.parse_args(argv)
+    if (args.anonymise or args.gradescope) and not args.report:
+        parser.error("--anonymise and --gradescope go with --report DIR")
     start = time.perf_counter()
     become_subreaper()
     if args.nbgrader_course:
@@ -658,6 +679,13 @@ def main(argv: list[str] | None = None) -> int:
     if gradebook:
         write_gradebook(rows, gradebook)
         print(f"gradebook: {gradebook} ({len(rows)} rows)")
+    if args.report:
+        from .class_report import repository, write_report
+
+        began = time.perf_counter()
+        written = write_report(rows, args.report, args.anonymise, args.gradescope, repo=repository())
+        print(f"report: {args.report / 'report.html'}, {args.report / 'mistakes.csv'} and {len(written) - 2} "
+              f"more files, in {time.perf_counter() - began:.2f} s")
     reviews = flagged(rows)
     if reviews:
         print(f"make grade: {len(reviews)} notebook{'s' if len(reviews) > 1 else ''} marked for review (see above); "

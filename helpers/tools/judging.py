@@ -288,9 +288,12 @@ def judge(nb_conn: Any, out_conn: Any, names: list[str], salt: int, wait_s: floa
             result = core._CHECKS[name].evaluate(remote)
             review += result.review
             status, hint = str(result.status), str(result.hint or "")
+            mistake = {"mistake_id": str(result.mistake_id or ""), "mistake": str(result.mistake or "")}
             if result.is_reference:
                 status, hint = "failed", f"`{name}` is the course's own reference implementation, not yours."
-            send({"type": "result", "name": name, "status": status, "hint": hint})
+                mistake = {"mistake_id": f"{core.EXERCISES[name].id}/called-the-reference",
+                           "mistake": "handed in the course's own reference implementation"}
+            send({"type": "result", "name": name, "status": status, "hint": hint, **mistake})
         except RemoteBroken as e:
             broken = e
             if e.channel:

@@ -1,0 +1,250 @@
+"""The class's mistake report (`make grade ... REPORT=dir`, helpers.tools.class_report): stable
+mistake ids, mistakes.csv counts exactly what was planted in a generated class, report.html is
+self-contained and accessible, feedback per student, pseudonyms, Gradescope's results format."""
+
+from __future__ import annotations
+
+import ast
+import csv
+import json
+import re
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from helpers.checks import EXERCISES, Mistake
+from helpers.tools import class_report as cr
+from helpers.tools.gradebook import Row, read_gradebook, write_gradebook
+from helpers.tools.grading import main as grade_main
+from tests import synthetic_class
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Gradescope's autograder results format (https://gradescope-autograders.readthedocs.io, "Output format").
+GRADESCOPE_SCHEMA = {
+    "type": "object",
+    "required": ["tests"],
+    "properties": {
+        "score": {"type": "number"},
+        "execution_time": {"type": "number"},
+        "output": {"type": "string"},
+        "visibility": {"enum": ["hidden", "after_due_date", "after_published", "visible"]},
+        "stdout_visibility": {"enum": ["hidden", "after_due_date", "after_published", "visible"]},
+        "tests": {"type": "array", "items": {
+            "type": "object",
+            "required": ["score", "max_score", "name"],
+            "properties": {
+                "score": {"type": "number"}, "max_score": {"type": "number"}, "name": {"type": "string"},
+                "number": {"type": "string"}, "output": {"type": "string"},
+                "status": {"enum": ["passed", "failed"]},
+                "visibility": {"enum": ["hidden", "after_due_date", "after_published", "visible"]},
+            },
+            "additionalProperties": True,
+        }},
+    },
+}
+
+
+def _row(student: str, ex: str, status: str, mistake_id: str = "", hint: str = "", points: int = 1,
+         notebook: str = "05_multihead", review: str = "", bonus: bool = False) -> Row:
+    name = {"5.1": "multi_head_attention", "5.2": "mha_param_count", "5.3": "ablate_head"}.get(ex, "f" + ex)
+    mistake = "W_O is missing" if mistake_id.endswith("missing-W_O") else ("not recognised: values" if mistake_id else "")
+    return Row(notebook, ex, name, points, status, hint, bonus, student, review, mistake_id, mistake)
+
+
+# --------------------------------------------------------------------------- mistake ids
+
+
+def test_a_mistake_is_its_hint_with_a_stable_id():
+    m = Mistake("missing-W_O", "W_O is missing: multi-head attention has four D x D matrices.")
+    assert m == "W_O is missing: multi-head attention has four D x D matrices." and isinstance(m, str)
+    assert m.slug == "missing-W_O" and m.description == "W_O is missing"
+    assert {m: 1}["W_O is missing: multi-head attention has four D x D matrices."] == 1  # keys dicts as before
+    for bad in ("has space", "", "a--b", "x" * 61, "ünï"):
+        with pytest.raises(ValueError, match="slug"):
+            Mistake(bad, "hint")
+
+
+def test_a_recognised_failure_records_its_id_and_an_unrecognised_one_what_differed():
+    from helpers import checks
+
+    def without_w_o(d_model, n_heads, bias):
+        return 3 * d_model * d_model + (3 * d_model if bias else 0)
+
+    r = checks.mha_param_count.evaluate(without_w_o)
+    assert (r.mistake_id, r.mistake) == ("5.2/missing-W_O", "W_O is missing")
+    r = checks.mha_param_count.evaluate(lambda d_model, n_heads, bias: 7)
+    assert r.mistake_id == "5.2/not-recognised-values" and r.mistake == "not recognised: values"
+    r = checks.mha_param_count.evaluate(lambda d_model, n_heads, bias: 1 / 0)
+    assert r.mistake_id == "5.2/not-recognised-crash"
+    r = checks.mha_param_count.evaluate(lambda d_model, n_heads, bias: None)
+    assert r.mistake_id == "5.2/returned-None"
+    r = checks.mha_param_count.evaluate(lambda d_model, n_heads, bias: (_ for _ in ()).throw(NotImplementedError()))
+    assert r.status == "not attempted" and r.mistake_id == ""
+
+
+def _slugs_in_code() -> set[str]:
+    """Every literal slug of a Mistake(...) in the course's checks."""
+    found = set()
+    for path in sorted((ROOT / "helpers" / "checks").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "Mistake"
+                    and node.args and isinstance(node.args[0], ast.Constant)):
+                found.add(f"{path.stem}: {node.args[0].value}")
+    return found
+
+
+def test_mistake_ids_are_stable_across_releases():
+    """helpers/checks/mistake_ids.txt lists every slug the checks can record; an id a class's report
+    was built with must not disappear or change meaning. Adding a mistake: add its line. Removing
+    one: only if no check can make it any more (its line then moves under "retired")."""
+    listed = (ROOT / "helpers" / "checks" / "mistake_ids.txt").read_text(encoding="utf-8").splitlines()
+    current = {ln for ln in (x.split("#")[0].strip() for x in listed[: listed.index("retired:")]) if ln}
+    retired = {ln.strip() for ln in listed[listed.index("retired:") + 1:] if ln.strip()}
+    code = _slugs_in_code()
+    assert not code - current, f"new mistake slugs: add them to helpers/checks/mistake_ids.txt: {sorted(code - current)}"
+    assert not current - code, (f"mistake slugs gone from the checks: {sorted(current - code)}; ids are stable across "
+                                "releases: put them back, or move them under 'retired:' if no check can make them")
+    assert not retired & code, f"retired slugs reused: {sorted(retired & code)}"
+
+
+# --------------------------------------------------------------------------- statistics and files
+
+
+def test_the_discrimination_index_compares_the_top_and_bottom_of_the_class():
+    # 8 students: the 3 strongest on the rest pass, the 3 weakest fail: D = 1 - 0 = 1.
+    rest = {f"s{i}": float(i) for i in range(8)}
+    assert cr.discrimination({s: rest[s] >= 5 for s in rest}, rest) == 1.0
+    assert cr.discrimination({s: rest[s] <= 2 for s in rest}, rest) == -1.0
+    assert cr.discrimination({s: True for s in rest}, rest) == 0.0
+    assert cr.discrimination({"a": True, "b": False, "c": True}, {"a": 1, "b": 2, "c": 3}) is None
+
+
+def test_mistakes_csv_counts_students_per_mistake_and_attempts(tmp_path):
+    rows = [_row("ann", "5.2", "failed", "5.2/missing-W_O", "W_O is missing: four."),
+            _row("bob", "5.2", "failed", "5.2/missing-W_O", "W_O is missing: four."),
+            _row("cy", "5.2", "failed", "5.2/not-recognised-values", "parameters: expected 10, got 7."),
+            _row("dee", "5.2", "not attempted"), _row("eve", "5.2", "passed"), _row("fay", "5.2", "missing"),
+            _row("ann", "5.1", "passed", points=2), _row("bob", "5.1", "error", "5.1/not-recognised-crash", points=2)]
+    cr.write_report(rows, tmp_path, info={})
+    with open(tmp_path / "mistakes.csv", newline="") as f:
+        got = list(csv.DictReader(f))
+    assert tuple(got[0]) == cr.MISTAKES_FIELDS
+    assert [(g["exercise"], g["mistake_id"], g["students"], g["attempted"]) for g in got] == [
+        ("5.1", "5.1/not-recognised-crash", "1", "2"),
+        ("5.2", "5.2/missing-W_O", "2", "4"), ("5.2", "5.2/not-recognised-values", "1", "4")]
+    assert got[1]["mistake"] == "W_O is missing" and got[1]["hint"] == "W_O is missing: four."
+    (stats_51, stats_52) = cr.exercise_stats(rows)
+    assert (stats_52.students, stats_52.passed, stats_52.failed, stats_52.not_attempted) == (6, 1, 3, 2)
+    assert stats_52.mean_points == pytest.approx(1 / 6)
+
+
+def test_the_gradebook_round_trips_and_shards_merge(tmp_path, capsys):
+    rows = [_row("ann", "5.2", "failed", "5.2/missing-W_O", "W_O is missing: four.", review="a forged message"),
+            _row("bob", "5.2", "passed")]
+    write_gradebook(rows[:1], tmp_path / "a.csv")
+    write_gradebook(rows[1:], tmp_path / "b.csv")
+    assert read_gradebook(tmp_path / "a.csv") + read_gradebook(tmp_path / "b.csv") == rows
+    assert cr.main([str(tmp_path / "a.csv"), str(tmp_path / "b.csv"), "--out", str(tmp_path / "merged")]) == 0
+    cr.write_report(rows, tmp_path / "whole", info={})
+    assert (tmp_path / "merged" / "mistakes.csv").read_text() == (tmp_path / "whole" / "mistakes.csv").read_text()
+    (tmp_path / "bad.csv").write_text("name,score\nann,3\n")
+    assert cr.main([str(tmp_path / "bad.csv"), "--out", str(tmp_path / "x")]) == 2
+    assert "not a gradebook of `make grade`" in capsys.readouterr().err
+
+
+def test_report_html_is_self_contained_accessible_and_escapes_names(tmp_path):
+    hostile = '<script>alert("x")</script>'
+    rows = [_row(hostile, "5.2", "failed", "5.2/missing-W_O", "W_O is missing: <b>four</b>.", review="odd <i>"),
+            _row("bob", "5.2", "passed"), _row("cy", "5.2", "not attempted")]
+    cr.write_report(rows, tmp_path, info={"mha_param_count": cr.Info("parameters", "3. Parameters and FLOPs")},
+                    repo="https://github.com/attention-course/attention-course")
+    page = (tmp_path / "report.html").read_text()
+    assert "<script" not in page and "&lt;script&gt;" in page and "<b>four" not in page
+    assert not re.search(r'(src|href)="(?!#|https://github.com/attention-course/)', page)  # nothing loaded
+    assert page.count('role="img"') == 2 and page.count("<desc") == 2  # histogram + one notebook chart
+    assert "5.2 mha_param_count: 1 passed, 1 failed, 1 not attempted" in page
+    assert '<th scope="col">' in page and "<caption>" in page and 'lang="en"' in page
+    assert "section 3. Parameters and FLOPs" in page and "Marked for review" in page
+
+
+def test_anonymised_reports_use_stable_pseudonyms(tmp_path):
+    rows = [_row("Ada Lovelace", "5.2", "failed", "5.2/missing-W_O", review="threads left running"),
+            _row("bob", "5.2", "passed")]
+    cr.write_report(rows, tmp_path, anonymise=True, info={})
+    first = (tmp_path / "report.html").read_text()
+    assert "Ada Lovelace" not in first and re.search(r"learner-[0-9a-f]{6}", first)
+    cr.write_report(rows, tmp_path, anonymise=True, info={})
+    assert (tmp_path / "report.html").read_text() == first  # same key, same pseudonyms
+    cr.write_report(rows, tmp_path / "other", anonymise=True, info={})
+    assert (tmp_path / "other" / "report.html").read_text() != first  # another key, other pseudonyms
+    assert (tmp_path / "feedback" / "Ada Lovelace" / "05_multihead.md").exists()  # feedback goes back to Ada
+
+
+def test_feedback_and_gradescope_results(tmp_path):
+    rows = [_row("ann", "5.1", "passed", points=2),
+            _row("ann", "5.2", "failed", "5.2/missing-W_O", "W_O is missing: four D x D matrices."),
+            _row("ann", "5.4", "not attempted", points=3, bonus=True)]
+    cr.write_report(rows, tmp_path, gradescope=True,
+                    info={"mha_param_count": cr.Info("parameters", "3. Parameters and FLOPs")})
+    text = (tmp_path / "feedback" / "ann" / "05_multihead.md").read_text()
+    assert "Score: 2/3 points + 0/3 bonus." in text
+    assert "**What went wrong:** W_O is missing (`5.2/missing-W_O`)." in text and "four D x D" in text
+    assert "section 3. Parameters and FLOPs" in text
+    assert "Passed. The model answer" in text  # the model answer of 5.1, from helpers/model_answers.json
+    results = json.loads((tmp_path / "gradescope" / "ann" / "results.json").read_text())
+    jsonschema.validate(results, GRADESCOPE_SCHEMA)
+    assert results["score"] == 2.0 and [t["max_score"] for t in results["tests"]] == [2.0, 1.0, 0.0]
+    assert "W_O is missing" in results["tests"][1]["output"]
+
+
+def test_grading_a_class_writes_the_report_with_exactly_the_planted_mistakes(tmp_path, capsys):
+    """Students built from tests' wrong implementations: mistakes.csv counts exactly what was planted."""
+    plan = synthetic_class.build(tmp_path / "class", students=5, seed=3, notebooks=["03_masks"], skills=(0.0, 0.4))
+    expected: dict[str, int] = {}
+    attempted: dict[str, int] = {}
+    for notebooks in plan.values():
+        for name, what in notebooks["03_masks"].items():
+            ex = EXERCISES[name].id
+            attempted[ex] = attempted.get(ex, 0) + (what["kind"] != "blank")
+            if what["kind"] == "wrong":
+                expected[what["mistake_id"]] = expected.get(what["mistake_id"], 0) + 1
+    assert len(expected) >= 4, expected  # enough different mistakes for the test to mean something
+    report = tmp_path / "report"
+    grade_main([str(tmp_path / "class"), "--report", str(report), "--gradescope", "--no-progress",
+                "--gradebook", str(tmp_path / "gradebook.csv")])
+    with open(report / "mistakes.csv", newline="") as f:
+        got = list(csv.DictReader(f))
+    assert {g["mistake_id"]: int(g["students"]) for g in got} == expected
+    assert all(int(g["attempted"]) == attempted[g["exercise"]] for g in got)
+    for student in plan:
+        jsonschema.validate(json.loads((report / "gradescope" / student / "results.json").read_text()),
+                            GRADESCOPE_SCHEMA)
+    assert "report: " in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_gradescope_run_autograder_grades_a_submission(tmp_path):
+    """gradescope/run_autograder, as Gradescope runs it (paths under AUTOGRADER_ROOT instead of /autograder)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    for case, notebooks in (("solved", ["05_multihead"]), ("empty", [])):
+        root = tmp_path / case
+        (root / "source").mkdir(parents=True)
+        (root / "source" / "course").symlink_to(ROOT)
+        (root / "submission" / "nested").mkdir(parents=True)
+        for stem in notebooks:
+            shutil.copy(ROOT / "solutions" / f"{stem}.ipynb", root / "submission" / "nested" / f"{stem}.ipynb")
+        env = {**os.environ, "AUTOGRADER_ROOT": str(root), "AUTOGRADER_PYTHON": sys.executable}
+        subprocess.run([str(ROOT / "gradescope" / "run_autograder")], env=env, check=True, timeout=600)
+        results = json.loads((root / "results" / "results.json").read_text())
+        jsonschema.validate(results, GRADESCOPE_SCHEMA)
+        if notebooks:
+            assert results["tests"] and all(t["status"] == "passed" for t in results["tests"]), results
+            assert results["score"] == sum(e.points for e in EXERCISES.values() if e.notebook == "05_multihead")
+        else:
+            assert results["score"] == 0 and "could not grade" in results["output"], results
