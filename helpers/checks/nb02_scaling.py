@@ -14,6 +14,7 @@ import torch
 from .. import nb01_qkv_shapes as attention
 from .. import nb02_scaling as scaling
 from .core import Trial, describe, describe_case, eager_mistakes, exercise, seeded
+from .feedback import Mistake
 
 __all__ = ["scaled_scores", "attention_entropy", "dot_product_std"]
 
@@ -29,21 +30,36 @@ def _scale_mistakes(q: torch.Tensor, k: torch.Tensor) -> dict:
     T_q, T_k, d_k = q.shape[-2], k.shape[-2], q.shape[-1]
     raw = lambda: q @ k.transpose(-2, -1)  # noqa: E731
     return {
-        "you did not divide by sqrt(d_k): the raw dot products have variance d_k.": raw,
-        "you divided by d_k; divide by sqrt(d_k) (dividing by d_k leaves variance 1/d_k, "
-        "and the softmax turns nearly uniform).": lambda: raw() / d_k,
-        "you divided by sqrt(T), a sequence length; the scale is sqrt(d_k), the query/key width "
-        "q.shape[-1].": lambda: raw() / math.sqrt(T_k),
-        "you divided by sqrt(T_q), the number of queries; the scale is sqrt(d_k), the query/key "
-        "width q.shape[-1].": lambda: raw() / math.sqrt(T_q),
-        "you multiplied by sqrt(d_k); divide by it.": lambda: raw() * math.sqrt(d_k),
-        "you scaled by d_k ** -2 (1 / d_k squared); the scale is d_k ** -0.5 = 1 / sqrt(d_k).": lambda: raw() / d_k**2,
-        "you multiplied by d_k; divide by sqrt(d_k) (multiply by d_k ** -0.5).": lambda: raw() * d_k,
-        "d_k ** -1/2 (or / d_k ** 1/2) is (d_k ** -1) / 2 in Python: ** binds tighter than /, so you divided by "
-        "2 d_k. Write d_k ** -0.5 or / math.sqrt(d_k).": lambda: raw() / (2 * d_k),
-        "d_k ** 1/2 is d_k / 2 in Python (** binds tighter than /), so you divided by d_k / 2. Write d_k ** 0.5 "
-        "or math.sqrt(d_k).": lambda: raw() / (d_k / 2),
-        "rows are queries: compute q @ k^T ([..., T_q, T_k]), not k @ q^T.": lambda: attention.scaled_scores(k, q),
+        Mistake("missing-scale",
+                "you did not divide by sqrt(d_k): the raw dot products have variance d_k."): raw,
+        Mistake("scaled-by-d_k",
+                "you divided by d_k; divide by sqrt(d_k) (dividing by d_k leaves variance 1/d_k, "
+                "and the softmax turns nearly uniform)."): lambda: raw() / d_k,
+        Mistake("scaled-by-sqrt-T_k",
+                "you divided by sqrt(T), a sequence length; the scale is sqrt(d_k), the query/key "
+                "width q.shape[-1]."): lambda: raw() / math.sqrt(T_k),
+        Mistake("scaled-by-sqrt-T_q",
+                "you divided by sqrt(T_q), the number of queries; the scale is sqrt(d_k), the "
+                "query/key width q.shape[-1]."): lambda: raw() / math.sqrt(T_q),
+        Mistake("multiplied-by-sqrt-d_k", "you multiplied by sqrt(d_k); divide by it."):
+            lambda: raw() * math.sqrt(d_k),
+        Mistake("scaled-by-d_k-pow-minus-2",
+                "you scaled by d_k ** -2 (1 / d_k squared); the scale is d_k ** -0.5 = 1 / "
+                "sqrt(d_k)."): lambda: raw() / d_k**2,
+        Mistake("multiplied-by-d_k",
+                "you multiplied by d_k; divide by sqrt(d_k) (multiply by d_k ** -0.5)."):
+            lambda: raw() * d_k,
+        Mistake("pow-precedence-divides-by-2d_k",
+                "d_k ** -1/2 (or / d_k ** 1/2) is (d_k ** -1) / 2 in Python: ** binds tighter than "
+                "/, so you divided by 2 d_k. Write d_k ** -0.5 or / math.sqrt(d_k)."):
+            lambda: raw() / (2 * d_k),
+        Mistake("pow-precedence-divides-by-half-d_k",
+                "d_k ** 1/2 is d_k / 2 in Python (** binds tighter than /), so you divided by "
+                "d_k / 2. Write d_k ** 0.5 or math.sqrt(d_k)."): lambda: raw() / (d_k / 2),
+        Mistake("k-times-q-transposed",
+                "rows are queries: compute q @ k^T ([..., T_q, T_k]), not k @ q^T.",
+                "computed k @ q^T ([..., T_k, T_q]) instead of q @ k^T"):
+            lambda: attention.scaled_scores(k, q),
     }
 
 
@@ -51,8 +67,11 @@ def _scale_mistakes(q: torch.Tensor, k: torch.Tensor) -> dict:
 def scaled_scores(t: Trial) -> None:
     t.error_hints = {
         r"cannot be multiplied|must match the size|size of tensor a|Expected size for first two dimensions|"
-        r"expected .* batch": "transpose only the last two axes of k: q @ k.transpose(-2, -1) "
-        "(k.T reverses every axis of a batched tensor).",
+        r"expected .* batch": Mistake(
+            "transposed-every-axis-of-k",
+            "transpose only the last two axes of k: q @ k.transpose(-2, -1) (k.T reverses every "
+            "axis of a batched tensor).",
+            "transposed every axis of k (k.T) instead of the last two"),
     }
     # (leading dims, T_q, T_k, d_k, dtype). No two of T_q, T_k, d_k are equal, and sqrt(d_k), d_k,
     # sqrt(T_q), sqrt(T_k) all differ, so each wrong scale gives its own numbers. The float64 case
@@ -78,38 +97,65 @@ def _entropy_mistakes(p: torch.Tensor) -> dict:
     plogp = lambda: torch.special.xlogy(p, p)  # noqa: E731
     T = p.shape[-1]
     mistakes = {
-        f"0·log 0 gave NaN (0 * -inf): a zero weight contributes 0 (the limit of p log p), so use {_ENTR}.": lambda: -(p * p.log()).sum(-1),
-        "you used log base 2 (bits); the course measures entropy in nats: use the natural log "
-        "(torch.log, torch.special.entr).": lambda: -plogp().sum(-1) / math.log(2),
-        "you used log base 10; entropy here is in nats: use the natural log.": lambda: -plogp().sum(-1) / math.log(10),
-        "entropy is -sum p log p: you forgot the minus sign (entropy is never negative).": lambda: plogp().sum(-1),
-        "you kept the reduced axis: sum over dim=-1 without keepdim, so the result is [...], one "
-        "number per row.": lambda: -plogp().sum(-1, keepdim=True),
-        "you averaged over the keys; entropy is the sum of -p log p over the row.": lambda: -plogp().mean(-1),
-        "you divided by log(T_k) (a normalised entropy); return the entropy itself, in nats.": lambda: -plogp().sum(-1) / math.log(T),
-        "you returned exp(entropy), the perplexity (the effective number of keys); return the entropy itself, "
-        "-sum p log p, in nats.": lambda: torch.exp(-plogp().sum(-1)),
-        "you summed over every entry, one number for the whole tensor: sum over the last axis only (dim=-1), "
-        "one entropy per row.": lambda: -plogp().sum(),
-        "you treated p as logits (Categorical(logits=p), or a softmax of p): p are already probabilities; "
-        "use Categorical(probs=p), or -sum p log p directly.": lambda: torch.distributions.Categorical(logits=p).entropy(),
+        Mistake("nan-from-0-log-0",
+                f"0·log 0 gave NaN (0 * -inf): a zero weight contributes 0 (the limit of p log p), "
+                f"so use {_ENTR}."): lambda: -(p * p.log()).sum(-1),
+        Mistake("log-base-2",
+                "you used log base 2 (bits); the course measures entropy in nats: use the natural "
+                "log (torch.log, torch.special.entr)."): lambda: -plogp().sum(-1) / math.log(2),
+        Mistake("log-base-10",
+                "you used log base 10; entropy here is in nats: use the natural log."):
+            lambda: -plogp().sum(-1) / math.log(10),
+        Mistake("missing-minus-sign",
+                "entropy is -sum p log p: you forgot the minus sign (entropy is never negative).",
+                "forgot the minus sign of -sum p log p"): lambda: plogp().sum(-1),
+        Mistake("kept-reduced-axis",
+                "you kept the reduced axis: sum over dim=-1 without keepdim, so the result is "
+                "[...], one number per row."): lambda: -plogp().sum(-1, keepdim=True),
+        Mistake("mean-over-keys",
+                "you averaged over the keys; entropy is the sum of -p log p over the row."):
+            lambda: -plogp().mean(-1),
+        Mistake("normalised-entropy",
+                "you divided by log(T_k) (a normalised entropy); return the entropy itself, in "
+                "nats."): lambda: -plogp().sum(-1) / math.log(T),
+        Mistake("returned-perplexity",
+                "you returned exp(entropy), the perplexity (the effective number of keys); return "
+                "the entropy itself, -sum p log p, in nats."):
+            lambda: torch.exp(-plogp().sum(-1)),
+        Mistake("summed-all-entries",
+                "you summed over every entry, one number for the whole tensor: sum over the last "
+                "axis only (dim=-1), one entropy per row."): lambda: -plogp().sum(),
+        Mistake("p-as-logits",
+                "you treated p as logits (Categorical(logits=p), or a softmax of p): p are already "
+                "probabilities; use Categorical(probs=p), or -sum p log p directly."):
+            lambda: torch.distributions.Categorical(logits=p).entropy(),
     }
     mistakes.update({
-        f"entropy is over each row's keys, the last axis: sum over dim=-1, not dim={dim}.": lambda dim=dim: -plogp().sum(dim)
+        Mistake("sum-over-wrong-axis",
+                f"entropy is over each row's keys, the last axis: sum over dim=-1, not dim={dim}.",
+                "summed over another axis than the keys (dim=-1)"):
+            lambda dim=dim: -plogp().sum(dim)
         for dim in range(p.ndim - 1)
     })
     # Guarding log(0) by clamping, or by adding a small number, changes small probabilities.
     for eps in (1e-2, 1e-3, 1e-4, 1e-5, 1e-6):
         small = int(((p > 0) & (p < eps)).sum())
         if small:
-            mistakes[f"you clamped p at {eps:g} before the log: every probability below {eps:g} (here {small} of "
-                     f"{p.numel()}) then counts as log({eps:g}). A row over many keys is made of such small weights. "
-                     f"Only p = 0 needs care: {_ENTR}."] = lambda eps=eps: -(p * p.clamp(min=eps).log()).sum(-1)
-        mistakes[f"you added {eps:g} inside the log: log(p + {eps:g}) exceeds log p by about {eps:g} / p, which adds "
-                 f"up over the {T} weights of a row and is large for weights near {eps:g}. Only p = 0 needs care: "
-                 f"{_ENTR}."] = lambda eps=eps: -(p * (p + eps).log()).sum(-1)
+            mistakes[Mistake(
+                "clamped-p-before-log",
+                f"you clamped p at {eps:g} before the log: every probability below {eps:g} "
+                f"(here {small} of {p.numel()}) then counts as log({eps:g}). A row over many keys "
+                f"is made of such small weights. Only p = 0 needs care: {_ENTR}.",
+                "clamped p at a small number before the log (p.clamp(min=eps).log())",
+            )] = lambda eps=eps: -(p * p.clamp(min=eps).log()).sum(-1)
+        mistakes[Mistake(
+            "added-eps-inside-log",
+            f"you added {eps:g} inside the log: log(p + {eps:g}) exceeds log p by about {eps:g} / "
+            f"p, which adds up over the {T} weights of a row and is large for weights near "
+            f"{eps:g}. Only p = 0 needs care: {_ENTR}.",
+            "added a small number inside the log (log(p + eps))",
+        )] = lambda eps=eps: -(p * (p + eps).log()).sum(-1)
     return mistakes
-
 
 @exercise("2.2", "attention entropy", points=1, stars=1, notebook=NB,
           section="2. What the scale does to the softmax: entropy and peak weight")
@@ -176,6 +222,47 @@ _RECIPE = ("q = torch.randn(n_samples, d_k, generator=generator), the same for k
 _USE_GEN = "draw every random number with torch.randn(..., generator=generator)"
 _EXACTLY_N = "use exactly n_samples independent (q, k) pairs"
 
+# The mistakes dot_product_std names when it fails (its known wrong values are in _std_mistakes).
+_RETURNED_NONE = Mistake("returned-None", "did you forget the `return` statement?")
+_RETURNED_TENSOR = Mistake(
+    "tensor-not-number", "return `.item()` of the std (a 0-dim tensor) to get a float.",
+    "returned a tensor, not a Python float")
+_RETURNED_INT = Mistake(
+    "rounded-to-int", "return the std as it comes, .item() of it, without rounding or int().",
+    "returned an int: rounded the std or converted it with int()")
+_TOO_MANY_PAIRS = Mistake(
+    "too-many-pairs",
+    f"{_EXACTLY_N}: not a fixed number of your own, not 2 * n_samples, and not all n_samples**2 "
+    "pairs of q @ k.T.",
+    "used more than n_samples (q, k) pairs (a fixed count, 2 * n, or all n^2)")
+_TOO_FEW_PAIRS = Mistake(
+    "too-few-pairs", f"{_EXACTLY_N}, and use all of them.",
+    "used fewer than n_samples (q, k) pairs")
+_RESEEDED_GLOBAL = Mistake(
+    "reseeded-global-rng",
+    "do not call torch.manual_seed inside: it changes every other random number in the program. "
+    f"The caller seeds `generator`; {_USE_GEN}.",
+    "called torch.manual_seed inside the function")
+_USED_GLOBAL = Mistake(
+    "used-global-rng",
+    f"a torch.randn call without generator= uses the global generator: {_USE_GEN}.",
+    "drew random numbers without generator= (from the global generator)")
+_RETURNED_THEORY = Mistake(
+    "returned-theoretical-value",
+    f"sample n_samples pairs (q, k) and return the std of their dot products; {_USE_GEN}.",
+    "returned sqrt(d_k), the theoretical value, instead of measuring it")
+_IGNORED_GENERATOR = Mistake(
+    "ignored-generator", f"{_USE_GEN} (not your own torch.Generator, NumPy or Python's random).",
+    "never drew from the generator it was given")
+_NOT_REPRODUCIBLE = Mistake(
+    "not-reproducible",
+    f"the result must depend only on d_k, n_samples and the generator: {_USE_GEN}.",
+    "gave different results for generators seeded alike")
+_RESEEDED_GENERATOR = Mistake(
+    "reseeded-generator",
+    "do not call generator.manual_seed(...): the caller seeds it; " + _USE_GEN + ".",
+    "called manual_seed on the generator it was given")
+
 
 def _rel_tol(d_k: int, n: int) -> float:
     return _N_SE * math.sqrt((1 + 3 / d_k) / (2 * n))
@@ -234,15 +321,15 @@ def _value(t: Trial, got, what: str = "your function") -> float:
     """The learner's result as a finite float, or a failure that says what it is instead."""
     __tracebackhide__ = True
     if got is None:
-        t.fail(f"{what} returned None.", "did you forget the `return` statement?")
+        t.fail(f"{what} returned None.", _RETURNED_NONE)
     if isinstance(got, torch.Tensor):
         t.fail(f"{what} returned a tensor {describe(got)}, not a Python float.",
-               "return `.item()` of the std (a 0-dim tensor) to get a float.")
+               _RETURNED_TENSOR)
     if isinstance(got, bool) or not isinstance(got, (int, float)) and type(got).__module__ != "numpy":
         t.fail(f"{what} returned {describe(got)}, not a float.", recipe=_RECIPE)
     if isinstance(got, int):
         t.fail(f"{what} returned int {got!r}: a measured std is a float, not a whole number.",
-               "return the std as it comes, .item() of it, without rounding or int().")
+               _RETURNED_INT)
     try:
         value = float(got)
     except (TypeError, ValueError, OverflowError):
@@ -254,18 +341,32 @@ def _value(t: Trial, got, what: str = "your function") -> float:
 
 def _std_mistakes(d_k: int, n: int) -> dict:
     return {
-        "you returned the variance (about d_k); the standard deviation is its square root: "
-        "use .std(), or .var() ** 0.5.": d_k,
-        "you took a square root too many: .std() is already the square root of the variance.": d_k ** 0.25,
-        "you took the std of the single products q_i * k_i; sum them over the d_k features first "
-        "(one dot product per sample), then take the std across samples.": 1.0,
-        "you averaged q_i * k_i over the features; a dot product is their sum (the mean is "
-        "the dot product / d_k).": 1 / math.sqrt(d_k),
-        "you summed over the samples axis: each dot product sums over the d_k features of one "
-        "(q, k) pair, and the std is taken across the n_samples pairs.": math.sqrt(n),
-        "q and k must be independent draws: q . q has std sqrt(2 d_k).": math.sqrt(2 * d_k),
-        "the entries must be N(0, 1): torch.randn, not torch.rand (uniform on [0, 1)).": math.sqrt(7 * d_k / 144),
-        "the entries must be N(0, 1): uniform on [-1, 1] has variance 1/3, not 1. Use torch.randn.": math.sqrt(d_k) / 3,
+        Mistake("returned-variance",
+                "you returned the variance (about d_k); the standard deviation is its square root: "
+                "use .std(), or .var() ** 0.5."): d_k,
+        Mistake("sqrt-of-std",
+                "you took a square root too many: .std() is already the square root of the "
+                "variance."): d_k ** 0.25,
+        Mistake("std-of-single-products",
+                "you took the std of the single products q_i * k_i; sum them over the d_k features "
+                "first (one dot product per sample), then take the std across samples."): 1.0,
+        Mistake("mean-not-sum-over-features",
+                "you averaged q_i * k_i over the features; a dot product is their sum (the mean is "
+                "the dot product / d_k)."): 1 / math.sqrt(d_k),
+        Mistake("summed-over-samples",
+                "you summed over the samples axis: each dot product sums over the d_k features of "
+                "one (q, k) pair, and the std is taken across the n_samples pairs."): math.sqrt(n),
+        Mistake("q-dot-q",
+                "q and k must be independent draws: q . q has std sqrt(2 d_k).",
+                "used the same draw for q and k (q . q)"): math.sqrt(2 * d_k),
+        Mistake("uniform-0-1-entries",
+                "the entries must be N(0, 1): torch.randn, not torch.rand (uniform on [0, 1)).",
+                "drew the entries with torch.rand (uniform on [0, 1)), not torch.randn"):
+            math.sqrt(7 * d_k / 144),
+        Mistake("uniform-minus-1-1-entries",
+                "the entries must be N(0, 1): uniform on [-1, 1] has variance 1/3, not 1. Use "
+                "torch.randn.",
+                "drew the entries uniform on [-1, 1], not N(0, 1)"): math.sqrt(d_k) / 3,
     }
 
 
@@ -291,9 +392,8 @@ def _spread(t: Trial) -> None:
             f"pairs, not n_samples = {_SPREAD_N} (Var(result^2) / mean(result^2)^2 = {c:.3f}; {_SPREAD_N} pairs give "
             f"{c0:.3f}, accepted {c0 * _SPREAD_BAND[0]:.3f}..{c0 * _SPREAD_BAND[1]:.3f}).")
     if ratio < _SPREAD_BAND[0]:
-        t.fail(head, f"{_EXACTLY_N}: not a fixed number of your own, not 2 * n_samples, and not all n_samples**2 "
-               "pairs of q @ k.T.")
-    t.fail(head, f"{_EXACTLY_N}, and use all of them.")
+        t.fail(head, _TOO_MANY_PAIRS)
+    t.fail(head, _TOO_FEW_PAIRS)
 
 
 @exercise("2.3", "empirical std of q·k", points=2, stars=2, notebook=NB, section="1. The variance argument")
@@ -307,29 +407,27 @@ def dot_product_std(t: Trial) -> None:
             again, _, _, _ = _call_watched(t, d_k, n, seed, global_state=seeded(12345).get_state())
             if _value(t, again) == value:
                 t.fail("your function reseeded torch's global random number generator.",
-                       "do not call torch.manual_seed inside: it changes every other random number in the "
-                       f"program. The caller seeds `generator`; {_USE_GEN}.")
+                       _RESEEDED_GLOBAL)
             t.fail("your function drew from torch's global random number generator, so the seed the caller "
                    "put in `generator` does not control the result.",
-                   f"a torch.randn call without generator= uses the global generator: {_USE_GEN}.")
+                   _USED_GLOBAL)
         if not used:
             if value == expected[d_k]:
                 t.fail(f"you returned sqrt(d_k) = {expected[d_k]:g} exactly: the theoretical value, not a measurement.",
-                       f"sample n_samples pairs (q, k) and return the std of their dot products; {_USE_GEN}.")
-            t.fail("your function never drew from the generator it was given.",
-                   f"{_USE_GEN} (not your own torch.Generator, NumPy or Python's random).")
+                       _RETURNED_THEORY)
+            t.fail("your function never drew from the generator it was given.", _IGNORED_GENERATOR)
         if i == 0:
             # Same seed -> same result; another seed -> another result.
             again, _, _, _ = _call_watched(t, d_k, n, seed)
             if _value(t, again) != value:
                 t.fail(f"two generators seeded alike gave different results ({value!r} and {_value(t, again)!r}).",
-                       f"the result must depend only on d_k, n_samples and the generator: {_USE_GEN}.")
+                       _NOT_REPRODUCIBLE)
             other, _, _, g_other = _call_watched(t, d_k, n, seed + 1)
             if _value(t, other) == value:
                 if torch.equal(g_after, g_other):
                     t.fail("generators with different seeds gave the same result, and ended in the same state: "
                            "your function reseeds the generator it is given.",
-                           "do not call generator.manual_seed(...): the caller seeds it; " + _USE_GEN + ".")
+                           _RESEEDED_GENERATOR)
                 t.fail("generators with different seeds gave the same result: it does not depend on the numbers "
                        "drawn.", recipe=_RECIPE)
         tol = _rel_tol(d_k, n)

@@ -10,6 +10,7 @@ import torch
 from .. import nb01_qkv_shapes as att
 from .. import nb03_masks as ref
 from .core import Trial, describe, describe_case, draw, exercise, seeded
+from .feedback import Mistake
 
 __all__ = ["causal_mask", "padding_mask", "masked_softmax", "prefix_lm_mask", "packed_causal_mask", "find_mask_leaks"]
 
@@ -17,6 +18,16 @@ NB = "03_masks"
 
 POLARITY = ("the mask is inverted: True means *may attend* (the convention of "
             "torch.nn.functional.scaled_dot_product_attention), False means blocked.")
+_ADDITIVE_MASK = Mistake(
+    "additive-mask",
+    "this exercise asks for the boolean form (True = may attend). The additive form is derived "
+    "from it when you need it: torch.zeros(shape).masked_fill(~allowed, float('-inf')).",
+    "returned an additive (0 / -inf) mask instead of a bool one")
+_NUMBER_MASK = Mistake(
+    "number-mask",
+    "return a bool tensor, not 0/1 numbers: comparisons (`j <= i`, `j < L`) already give bool, and "
+    "torch.ones(..., dtype=torch.bool).tril() builds a bool triangle.",
+    "returned a 0/1 number mask instead of a bool one")
 
 
 
@@ -31,12 +42,10 @@ def _mask(t: Trial, got, expected: torch.Tensor, mistakes: dict, hint: str) -> N
     if isinstance(got, torch.Tensor) and got.dtype != torch.bool:
         if got.is_floating_point() and bool((got < 0).any()):
             t.fail(f"mask: expected dtype torch.bool, got {got.dtype} with negative entries: an additive (0 / -inf) mask.",
-                   "this exercise asks for the boolean form (True = may attend). The additive form is derived from it "
-                   "when you need it: torch.zeros(shape).masked_fill(~allowed, float('-inf')).")
-        t.fail(f"mask: expected dtype torch.bool, got {got.dtype}.",
-               "return a bool tensor, not 0/1 numbers: comparisons (`j <= i`, `j < L`) already give bool, and "
-               "torch.ones(..., dtype=torch.bool).tril() builds a bool triangle.")
-    t.tensor(got, expected, what="mask", mistakes={**mistakes, POLARITY: lambda: ~expected}, hint=hint)
+                   _ADDITIVE_MASK)
+        t.fail(f"mask: expected dtype torch.bool, got {got.dtype}.", _NUMBER_MASK)
+    mistakes = {**mistakes, Mistake("inverted-mask", POLARITY): lambda: ~expected}
+    t.tensor(got, expected, what="mask", mistakes=mistakes, hint=hint)
 
 
 # --------------------------------------------------------------------------- 3.1
@@ -49,12 +58,21 @@ def causal_mask(t: Trial) -> None:
     for T, expected in cases:
         got = t.call(T, case=describe_case(T=T))
         mistakes = {
-            "you built the upper triangle: row i is query i, so it must allow keys j <= i (the lower triangle "
-            "with the diagonal); the upper one lets every token read the future.": lambda: _tril(T).T,
-            "the diagonal is missing: a token may attend to itself (j <= i, not j < i); without it row 0 has "
-            "nothing allowed.": lambda: _tril(T, -1),
-            "your mask lets query i see key i + 1, one step into the future: the rule is j <= i.": lambda: _tril(T, 1),
-            "return the [T, T] mask itself; broadcasting adds the batch and head axes later.": lambda: _tril(T)[None, None],
+            Mistake("upper-triangle",
+                    "you built the upper triangle: row i is query i, so it must allow keys j <= i "
+                    "(the lower triangle with the diagonal); the upper one lets every token read "
+                    "the future."): lambda: _tril(T).T,
+            Mistake("missing-diagonal",
+                    "the diagonal is missing: a token may attend to itself (j <= i, not j < i); "
+                    "without it row 0 has nothing allowed."): lambda: _tril(T, -1),
+            Mistake("mask-off-by-one",
+                    "your mask lets query i see key i + 1, one step into the future: the rule is "
+                    "j <= i."): lambda: _tril(T, 1),
+            Mistake("added-batch-and-head-axes",
+                    "return the [T, T] mask itself; broadcasting adds the batch and head axes "
+                    "later.",
+                    "returned a [1, 1, T, T] mask instead of the [T, T] one"):
+                lambda: _tril(T)[None, None],
         }
         _mask(t, got, expected, mistakes, hint="torch.ones(T, T, dtype=torch.bool).tril(): True on and below the diagonal.")
 
@@ -78,20 +96,40 @@ def padding_mask(t: Trial) -> None:
         keys = j < L  # [B, T]
         queries = keys[:, None, :, None]  # [B, 1, T, 1]
         mistakes = {
-            "return [B, 1, 1, T], not [B, T]: the two singleton axes let it broadcast over heads and queries "
-            "(mask[:, None, None, :]).": lambda: keys,
-            "you masked queries (rows) instead of keys (columns): padding is hidden by blocking the padded *keys*, "
-            "the last axis, so the mask is [B, 1, 1, T].": lambda: queries,
-            "you masked queries (rows) instead of keys (columns): padded positions must be blocked as keys, the "
-            "last axis.": lambda: queries.expand(B, 1, T, T),
-            "return [B, 1, 1, T] and let broadcasting expand it over the queries, instead of a [B, 1, T, T] copy.": lambda: keys[:, None, None, :].expand(B, 1, T, T),
-            "off by one: a sequence of length L occupies positions 0..L-1, so key j is allowed iff j < L "
-            "(not j <= L).": lambda: (j <= L)[:, None, None, :],
-            "off by one: a sequence of length L occupies positions 0..L-1, so key j is allowed iff j < L "
-            "(not j < L - 1).": lambda: (j < L - 1)[:, None, None, :],
-            "the real tokens are at the start (right padding): key j is allowed iff j < lengths[b]; you allowed "
-            "the last lengths[b] positions (left padding).": lambda: (j >= T - L)[:, None, None, :],
-            POLARITY + " Careful: nn.MultiheadAttention's key_padding_mask uses the opposite (True = ignore).": lambda: ~keys[:, None, None, :],
+            Mistake("missing-singleton-axes",
+                    "return [B, 1, 1, T], not [B, T]: the two singleton axes let it broadcast "
+                    "over heads and queries (mask[:, None, None, :]).",
+                    "returned a [B, T] mask instead of [B, 1, 1, T]"): lambda: keys,
+            Mistake("masked-queries",
+                    "you masked queries (rows) instead of keys (columns): padding is hidden by "
+                    "blocking the padded *keys*, the last axis, so the mask is [B, 1, 1, T]."):
+                lambda: queries,
+            Mistake("masked-queries",
+                    "you masked queries (rows) instead of keys (columns): padded positions must "
+                    "be blocked as keys, the last axis."): lambda: queries.expand(B, 1, T, T),
+            Mistake("expanded-over-queries",
+                    "return [B, 1, 1, T] and let broadcasting expand it over the queries, instead "
+                    "of a [B, 1, T, T] copy.",
+                    "returned a [B, 1, T, T] copy instead of a broadcastable [B, 1, 1, T] mask"):
+                lambda: keys[:, None, None, :].expand(B, 1, T, T),
+            Mistake("off-by-one-allows-key-L",
+                    "off by one: a sequence of length L occupies positions 0..L-1, so key j is "
+                    "allowed iff j < L (not j <= L).",
+                    "off by one: allowed key j = L (j <= L instead of j < L)"):
+                lambda: (j <= L)[:, None, None, :],
+            Mistake("off-by-one-blocks-key-L-1",
+                    "off by one: a sequence of length L occupies positions 0..L-1, so key j is "
+                    "allowed iff j < L (not j < L - 1).",
+                    "off by one: blocked key j = L - 1 (j < L - 1 instead of j < L)"):
+                lambda: (j < L - 1)[:, None, None, :],
+            Mistake("left-padding",
+                    "the real tokens are at the start (right padding): key j is allowed iff j < "
+                    "lengths[b]; you allowed the last lengths[b] positions (left padding).",
+                    "allowed the last lengths[b] positions (left padding) instead of the first"):
+                lambda: (j >= T - L)[:, None, None, :],
+            Mistake("inverted-mask",
+                    POLARITY + " Careful: nn.MultiheadAttention's key_padding_mask uses the "
+                    "opposite (True = ignore)."): lambda: ~keys[:, None, None, :],
         }
         _mask(t, got, expected, mistakes, hint="(torch.arange(T) < lengths[:, None])[:, None, None, :]")
 
@@ -136,34 +174,58 @@ def _softmax_mistakes(s: torch.Tensor, allowed: torch.Tensor) -> dict:
         e = torch.exp(filled)
         return e / e.sum(-1, keepdim=True)
 
+    overflow = "exp overflowed: did not subtract each row's max before exp"
     mistakes = {
-        NAN_ROWS: lambda: torch.softmax(filled, -1),
-        "you masked after the softmax and renormalised: exact on paper, but when a blocked score is far larger "
-        "than the allowed ones (logits of 1e4) the allowed probabilities underflow to 0 before you renormalise. "
-        "Fill blocked scores with -inf before the softmax.": renormalised,
-        "you masked after the softmax: the zeroed weights no longer sum to 1, and the kept ones are divided by "
-        "a denominator that still contains the blocked keys (so blocked tokens still move the output). Fill "
-        "blocked scores with -inf *before* the softmax.": lambda: torch.softmax(s, -1) * a,
-        OVERFLOW: no_max,
-        OVERFLOW.replace("exp overflowed:", "exp overflowed (after the -inf fill):"): no_max_filled,
-        POLARITY + " You blocked the allowed keys and kept the others.": lambda: att.masked_softmax(s, ~allowed),
-        "the softmax runs over the keys, the last dim (dim=-1): each query's row sums to 1.": lambda: torch.softmax(filled, -2).nan_to_num(0.0),
-        "you multiplied the scores by the mask: a blocked score becomes 0, and exp(0) = 1 still gives it weight. "
-        "Hide blocked scores with -inf (scores.masked_fill(~allowed, float('-inf'))) before the softmax.":
+        Mistake("nan-in-empty-rows", NAN_ROWS): lambda: torch.softmax(filled, -1),
+        Mistake("masked-after-softmax-renormalised",
+                "you masked after the softmax and renormalised: exact on paper, but when a "
+                "blocked score is far larger than the allowed ones (logits of 1e4) the allowed "
+                "probabilities underflow to 0 before you renormalise. Fill blocked scores with "
+                "-inf before the softmax."): renormalised,
+        Mistake("masked-after-softmax",
+                "you masked after the softmax: the zeroed weights no longer sum to 1, and the "
+                "kept ones are divided by a denominator that still contains the blocked keys (so "
+                "blocked tokens still move the output). Fill blocked scores with -inf *before* "
+                "the softmax."): lambda: torch.softmax(s, -1) * a,
+        Mistake("exp-overflow", OVERFLOW, overflow): no_max,
+        Mistake("exp-overflow",
+                OVERFLOW.replace("exp overflowed:", "exp overflowed (after the -inf fill):"),
+                overflow): no_max_filled,
+        Mistake("inverted-mask", POLARITY + " You blocked the allowed keys and kept the others."):
+            lambda: att.masked_softmax(s, ~allowed),
+        Mistake("softmax-over-queries",
+                "the softmax runs over the keys, the last dim (dim=-1): each query's row sums to "
+                "1.",
+                "softmax over the queries (dim=-2) instead of over the keys"):
+            lambda: torch.softmax(filled, -2).nan_to_num(0.0),
+        Mistake("multiplied-scores-by-mask",
+                "you multiplied the scores by the mask: a blocked score becomes 0, and exp(0) = 1 "
+                "still gives it weight. Hide blocked scores with -inf "
+                "(scores.masked_fill(~allowed, float('-inf'))) before the softmax."):
             lambda: torch.softmax(s * a, -1),
-        "you used a sigmoid: each weight is then squashed on its own, and a row does not sum to 1. The softmax "
-        "normalises over the allowed keys: exp(s - max) / sum of exp over the row.":
-            lambda: torch.sigmoid(s).masked_fill(~a, 0.0),
+        Mistake("sigmoid-not-softmax",
+                "you used a sigmoid: each weight is then squashed on its own, and a row does not "
+                "sum to 1. The softmax normalises over the allowed keys: exp(s - max) / sum of "
+                "exp over the row."): lambda: torch.sigmoid(s).masked_fill(~a, 0.0),
     }
     # A finite fill instead of -inf: right where it is far below every allowed score and rows with
     # nothing allowed are set to zero (a -1e9 fill that does both passes); wrong otherwise.
     if empty_rows:
-        mistakes[f"you filled blocked scores with a finite number instead of -inf: a row with nothing allowed (here "
-                 f"{empty_rows}) then becomes uniform over all keys (1/T_k each) instead of all zeros."] = (
-            lambda: torch.softmax(s.masked_fill(~a, -1e9), -1))
+        finite = Mistake(
+            "finite-fill-uniform-empty-rows",
+            f"you filled blocked scores with a finite number instead of -inf: a row with "
+            f"nothing allowed (here {empty_rows}) then becomes uniform over all keys (1/T_k each) "
+            "instead of all zeros.",
+            "filled with a finite number: rows with nothing allowed became uniform, not zeros")
+        mistakes[finite] = lambda: torch.softmax(s.masked_fill(~a, -1e9), -1)
     for fill in (-1e4, -1e5, -1e6):
-        mistakes[f"you filled blocked scores with {_fill_text(fill)}, but here allowed scores go down to {lowest:.3g}: "
-                 "a blocked key can then outweigh an allowed one. Fill with -inf, which is below every score."] = (
+        too_high = Mistake(
+            "fill-above-allowed-scores",
+            f"you filled blocked scores with {_fill_text(fill)}, but here allowed scores go "
+            f"down to {lowest:.3g}: a blocked key can then outweigh an allowed one. Fill with "
+            "-inf, which is below every score.",
+            "filled blocked scores with a finite number that some allowed scores are below")
+        mistakes[too_high] = (
             lambda fill=fill: torch.where(any_row, torch.softmax(s.masked_fill(~a, fill), -1), 0.0))
     return mistakes
 
@@ -172,9 +234,12 @@ def _softmax_mistakes(s: torch.Tensor, allowed: torch.Tensor) -> dict:
           section="4.4 A row with nothing allowed: NaN, and how it spreads")
 def masked_softmax(t: Trial) -> None:
     t.error_hints = {
-        r"shape of the mask|must match the size|does not match": "allowed only *broadcasts* to scores (it may be "
-        "[T_q, T_k] or [B, 1, 1, T_k]): use scores.masked_fill(~allowed, float('-inf')) or torch.where, which "
-        "broadcast, instead of boolean indexing.",
+        r"shape of the mask|must match the size|does not match": Mistake(
+            "indexed-with-broadcast-mask",
+            "allowed only *broadcasts* to scores (it may be [T_q, T_k] or [B, 1, 1, T_k]): use "
+            "scores.masked_fill(~allowed, float('-inf')) or torch.where, which broadcast, instead "
+            "of boolean indexing.",
+            "indexed the scores with a mask that only broadcasts to them"),
     }
     g = seeded(300)
     B, H, T_q, T_k = 2, 3, 4, 6
@@ -212,14 +277,35 @@ def prefix_lm_mask(t: Trial) -> None:
         i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
         causal = j <= i
         mistakes = {
-            "the prefix sees the future: prefix positions may see the whole prefix, but not the suffix (the "
-            "tokens being generated). Only the [prefix_len, prefix_len] block becomes all True.": lambda: causal | (i < p),
-            "the prefix is positions 0..prefix_len-1: your bidirectional block is one too large.": lambda: causal | ((i <= p) & (j <= p)),
-            "the prefix is positions 0..prefix_len-1: your bidirectional block is one too small.": lambda: causal | ((i < p - 1) & (j < p - 1)),
-            "suffix positions must still see the whole prefix (and their own past): only the prefix's own block "
-            "changes from causal to full.": lambda: ((i < p) & (j < p)) | ((i >= p) & (j >= p) & causal),
-            "the prefix positions must see each other in both directions; you returned a plain causal mask.": lambda: causal,
-            "after the prefix, attention is causal: suffix tokens must not see later suffix tokens.": lambda: torch.ones(T, T, dtype=torch.bool),
+            Mistake("prefix-sees-suffix",
+                    "the prefix sees the future: prefix positions may see the whole prefix, but "
+                    "not the suffix (the tokens being generated). Only the [prefix_len, "
+                    "prefix_len] block becomes all True."): lambda: causal | (i < p),
+            Mistake("prefix-block-one-too-large",
+                    "the prefix is positions 0..prefix_len-1: your bidirectional block is one too "
+                    "large.",
+                    "the bidirectional prefix block is one position too large"):
+                lambda: causal | ((i <= p) & (j <= p)),
+            Mistake("prefix-block-one-too-small",
+                    "the prefix is positions 0..prefix_len-1: your bidirectional block is one too "
+                    "small.",
+                    "the bidirectional prefix block is one position too small"):
+                lambda: causal | ((i < p - 1) & (j < p - 1)),
+            Mistake("suffix-cannot-see-prefix",
+                    "suffix positions must still see the whole prefix (and their own past): only "
+                    "the prefix's own block changes from causal to full.",
+                    "suffix positions cannot see the prefix"):
+                lambda: ((i < p) & (j < p)) | ((i >= p) & (j >= p) & causal),
+            Mistake("plain-causal",
+                    "the prefix positions must see each other in both directions; you returned a "
+                    "plain causal mask.",
+                    "returned a plain causal mask (the prefix is not bidirectional)"):
+                lambda: causal,
+            Mistake("suffix-not-causal",
+                    "after the prefix, attention is causal: suffix tokens must not see later "
+                    "suffix tokens.",
+                    "suffix tokens see later suffix tokens (all True)"):
+                lambda: torch.ones(T, T, dtype=torch.bool),
         }
         _mask(t, got, expected, mistakes,
               hint="start from the causal mask and set the [prefix_len, prefix_len] top-left block to True.")
@@ -245,12 +331,24 @@ def packed_causal_mask(t: Trial) -> None:
         shifted = torch.bucketize(pos, cu[1:-1], right=False)  # boundaries one position late
         causal = _tril(N)
         mistakes = {
-            "tokens attend across sequence boundaries: packing must hide every other sequence, so the mask is "
-            "block-diagonal (same sequence) AND causal.": lambda: causal,
-            "within each sequence attention must be causal; your blocks are full (bidirectional).": lambda: seq[:, None] == seq[None, :],
-            "the sequence boundaries are off by one: sequence s occupies positions cu_seqlens[s] .. "
-            "cu_seqlens[s+1]-1, with cu_seqlens = [0, cumsum(seq_lens)].": lambda: (shifted[:, None] == shifted[None, :]) & causal,
-            "each sequence may see its own past, not only itself: you kept the diagonal only.": lambda: torch.eye(N, dtype=torch.bool),
+            Mistake("attends-across-sequences",
+                    "tokens attend across sequence boundaries: packing must hide every other "
+                    "sequence, so the mask is block-diagonal (same sequence) AND causal."):
+                lambda: causal,
+            Mistake("bidirectional-blocks",
+                    "within each sequence attention must be causal; your blocks are full "
+                    "(bidirectional).",
+                    "the blocks are full (bidirectional), not causal"):
+                lambda: seq[:, None] == seq[None, :],
+            Mistake("boundary-off-by-one",
+                    "the sequence boundaries are off by one: sequence s occupies positions "
+                    "cu_seqlens[s] .. cu_seqlens[s+1]-1, with cu_seqlens = [0, "
+                    "cumsum(seq_lens)]."): lambda: (shifted[:, None] == shifted[None, :]) & causal,
+            Mistake("diagonal-only",
+                    "each sequence may see its own past, not only itself: you kept the diagonal "
+                    "only.",
+                    "kept the diagonal only (each token sees only itself)"):
+                lambda: torch.eye(N, dtype=torch.bool),
         }
         _mask(t, got, expected, mistakes,
               hint="torch.block_diag(*[causal_mask(n) for n in seq_lens]), or (seq_id[:, None] == seq_id[None, :]) & causal.")
@@ -329,28 +427,83 @@ def _pairs_text(pairs) -> str:
     pairs = list(pairs)
     return "[" + ", ".join(map(str, pairs[:6])) + (", ..." if len(pairs) > 6 else "") + f"] ({len(pairs)})"
 
+# The mistakes find_mask_leaks names when it fails.
+_WRONG_PROBE = Mistake(
+    "probe-not-1-T-d_model",
+    "build x with shape [1, T, d_model] (T = allowed.shape[-1]), as a float tensor: "
+    "torch.randn(1, T, d_model, dtype=torch.float64).",
+    "called attention_fn with an x that is not a float [1, T, d_model] tensor")
+_RETURNED_NONE = Mistake("returned-None", "did you forget the `return` statement?")
+_RETURNED_TENSOR = Mistake(
+    "returned-tensor", "convert it: [tuple(p) for p in idx.tolist()] gives tuples of Python ints.",
+    "returned a tensor instead of a list of (i, j) tuples")
+_NOT_A_LIST = Mistake("not-a-list", "return sorted(pairs): a sorted list.",
+                      "returned something other than a list of pairs")
+_NOT_INT_TUPLES = Mistake(
+    "items-not-int-tuples",
+    "append tuple(int(i), int(j)) (a list [i, j] or a tensor element is not a tuple of ints).",
+    "the items are not tuples of two ints (lists or tensor elements)")
+_KEY_QUERY = Mistake(
+    "pairs-as-key-query",
+    "your pairs are (key, query): each pair is (i, j) = (query, key), the row and column of "
+    "allowed[i, j].")
+_ALLOWED_PAIRS = Mistake(
+    "reported-allowed-pairs",
+    "report only pairs with allowed[i, j] False: allowed pairs are supposed to change the output.",
+    "reported pairs that the mask allows")
+_DUPLICATES = Mistake(
+    "duplicate-pairs",
+    "each pair should appear once: collect the pairs in a set (or a boolean [T, T] matrix) across "
+    "perturbations, then sort.",
+    "reported the same pair more than once")
+_UNSORTED = Mistake(
+    "unsorted-pairs", "return the pairs sorted, by query i then key j: sorted(pairs).",
+    "returned the right pairs, unsorted")
+_NO_TOLERANCE = Mistake("round-off-counted-as-leak", ROUNDOFF,
+                        "counted float round-off as a leak (no tolerance, or one too small)")
+_EVERY_BLOCKED = Mistake(
+    "reported-every-blocked-pair",
+    "you reported every disallowed pair without testing it: a pair leaks only if perturbing the "
+    "input at j actually changes the output row i.")
+_NO_LEAKS = Mistake(
+    "found-no-leaks",
+    "you found no leaks, but perturbing the input at these keys changes these outputs: compare "
+    "the whole output row i before and after changing x[0, j], with a tolerance well above float "
+    "noise.",
+    "found no leaks where there are some")
+_MISSED_DENOMINATOR = Mistake(
+    "missed-denominator-leaks",
+    "you missed leaks through the softmax denominator: zeroing a weight *after* the softmax leaves "
+    "exp(score of j) in the denominator of row i. A change at j then rescales row i's output even "
+    "though its weight on j is 0. Start from a random base input (not zeros), so every score and "
+    "every output is non-trivial, and perturb with a random vector.")
+_UNCHANGED_PAIRS = Mistake(
+    "reported-unchanged-pairs",
+    "report a pair only when the output row actually moved (by more than a small tolerance) after "
+    "perturbing position j, never from the mask or the weights alone.",
+    "reported pairs whose output row does not move")
+
 
 @exercise("3.6", "find mask leaks by perturbation", points=3, stars=3, notebook=NB, section="5. Mask tests: perturb and watch")
 def find_mask_leaks(t: Trial) -> None:
     t.error_hints = {
-        r"attention_fn expects": "build x with shape [1, T, d_model] (T = allowed.shape[-1]), as a float tensor: "
-        "torch.randn(1, T, d_model, dtype=torch.float64).",
+        r"attention_fn expects": _WRONG_PROBE,
     }
     cases = [(*case, ref.find_mask_leaks(case[1], case[2], case[3])) for case in _leak_cases()]
     for name, fn, allowed, d_model, denominator, roundoff, expected in cases:
         got = t.call(fn, allowed, d_model, case=f"{name}: allowed=bool{list(allowed.shape)}, d_model={d_model}")
         if got is None:
-            t.fail("expected a list of (i, j) pairs, got None.", "did you forget the `return` statement?")
+            t.fail("expected a list of (i, j) pairs, got None.", _RETURNED_NONE)
         if isinstance(got, torch.Tensor):
             t.fail(f"expected a list of (i, j) tuples, got a tensor {describe(got)}.",
-                   "convert it: [tuple(p) for p in idx.tolist()] gives tuples of Python ints.")
+                   _RETURNED_TENSOR)
         if not isinstance(got, list):
-            t.fail(f"expected a list of (i, j) tuples, got {describe(got)}.", "return sorted(pairs): a sorted list.")
+            t.fail(f"expected a list of (i, j) tuples, got {describe(got)}.", _NOT_A_LIST)
         for p in got:
             if not (isinstance(p, tuple) and len(p) == 2
                     and all(isinstance(e, Integral) and not isinstance(e, bool) for e in p)):
                 t.fail(f"expected every item to be a tuple (i, j) of two ints, found {describe(p)}.",
-                       "append tuple(int(i), int(j)) (a list [i, j] or a tensor element is not a tuple of ints).")
+                       _NOT_INT_TUPLES)
         got = [(int(a), int(b)) for a, b in got]
         if got == expected:
             continue
@@ -359,35 +512,28 @@ def find_mask_leaks(t: Trial) -> None:
         g, e = set(got), set(expected)
         head = f"expected {_pairs_text(expected)}, got {_pairs_text(got)}."
         if g and {(b, a) for a, b in g} == e:
-            t.fail(head, "your pairs are (key, query): each pair is (i, j) = (query, key), the row and column of allowed[i, j].")
+            t.fail(head, _KEY_QUERY)
         if any(not (0 <= a < T and 0 <= b < T) for a, b in g):
-            t.fail(head, f"positions run from 0 to T-1 = {T - 1}.")
+            t.fail(head, Mistake("position-out-of-range", f"positions run from 0 to T-1 = {T - 1}.",
+                                 "reported positions outside 0..T-1"))
         if g - blocked:
             t.fail(head + f" {_pairs_text(sorted(g - blocked))} are allowed pairs.",
-                   "report only pairs with allowed[i, j] False: allowed pairs are supposed to change the output.")
+                   _ALLOWED_PAIRS)
         if len(g) != len(got):
-            t.fail(head, "each pair should appear once: collect the pairs in a set (or a boolean [T, T] matrix) "
-                   "across perturbations, then sort.")
+            t.fail(head, _DUPLICATES)
         if g == e:
-            t.fail(head, "return the pairs sorted, by query i then key j: sorted(pairs).")
+            t.fail(head, _UNSORTED)
         if roundoff and g > e:
-            t.fail(head + f" extra {_pairs_text(sorted(g - e))}.", ROUNDOFF)
+            t.fail(head + f" extra {_pairs_text(sorted(g - e))}.", _NO_TOLERANCE)
         if g == blocked:
-            t.fail(head, "you reported every disallowed pair without testing it: a pair leaks only if perturbing the "
-                   "input at j actually changes the output row i.")
+            t.fail(head, _EVERY_BLOCKED)
         if not g:
-            t.fail(head, "you found no leaks, but perturbing the input at these keys changes these outputs: compare "
-                   "the whole output row i before and after changing x[0, j], with a tolerance well above float noise.")
+            t.fail(head, _NO_LEAKS)
         if g < e and (e - g) <= denominator:
-            t.fail(head + f" missing {_pairs_text(sorted(e - g))}.",
-                   "you missed leaks through the softmax denominator: zeroing a weight *after* the softmax leaves "
-                   "exp(score of j) in the denominator of row i. A change at j then rescales row i's output even though "
-                   "its weight on j is 0. Start from a random base input (not zeros), so every score and every output is "
-                   "non-trivial, and perturb with a random vector.")
+            t.fail(head + f" missing {_pairs_text(sorted(e - g))}.", _MISSED_DENOMINATOR)
         if g > e:
             t.fail(head + f" extra {_pairs_text(sorted(g - e))}: perturbing x[0, j] leaves output row i of these "
-                   "pairs unchanged.", "report a pair only when the output row actually moved (by more than a small "
-                   "tolerance) after perturbing position j, never from the mask or the weights alone.")
+                   "pairs unchanged.", _UNCHANGED_PAIRS)
         t.fail(head + f" missing {_pairs_text(sorted(e - g))}, extra {_pairs_text(sorted(g - e))}.",
                recipe="perturb each position j in turn from a random float64 base input, and report (i, j) when "
                "output row i moves by more than a small tolerance and allowed[i, j] is False.")

@@ -9,6 +9,7 @@ import torch
 from .. import nb01_qkv_shapes as att
 from .. import nb04_backward as ref
 from .core import Trial, describe_case, eager_mistakes, exercise, seeded
+from .feedback import Mistake
 from .instruments import Calls, OpLog, op_name, warm_up
 
 __all__ = ["softmax_jacobian", "softmax_backward", "attention_backward"]
@@ -25,33 +26,67 @@ def _jacobian_mistakes(s: torch.Tensor) -> dict:
     outer = s[:, None] * s[None, :]
     eye = torch.eye(n, dtype=s.dtype)
     return {
-        "you kept only the diagonal s_i (1 - s_i). The off-diagonal entries d s_i / d z_j = -s_i s_j "
-        "are not zero: all outputs share one denominator, so every logit moves every output.": lambda: torch.diag(s * (1 - s)),
-        "you returned the diagonal s_i (1 - s_i) as a vector [n]: J is the [n, n] matrix diag(s) - s s^T, and its "
-        "off-diagonal entries -s_i s_j are not zero.": lambda: s * (1 - s),
-        "you returned diag(s): subtract the outer product s s^T (torch.outer(s, s)).": lambda: torch.diag(s),
-        "wrong sign on the outer product: J = diag(s) - s s^T (off-diagonal entries -s_i s_j are negative).": lambda: torch.diag(s) + outer,
-        "the whole sign is flipped: J = diag(s) - s s^T, not s s^T - diag(s).": lambda: outer - torch.diag(s),
-        "you dropped diag(s): J = diag(s) - s s^T.": lambda: -outer,
-        "the diagonal term is s_i delta_ij, diag(s), not the identity: J = diag(s) - s s^T (J[i, j] = s_i "
-        "(delta_ij - s_j), and s_i multiplies the delta too).": lambda: eye - outer,
-        "the factor s_i is missing: J[i, j] = s_i (delta_ij - s_j), not delta_ij - s_j; in matrix form "
-        "diag(s) - s s^T.": lambda: eye - s[None, :],
-        "the subtracted term is the outer product s_i s_j (torch.outer(s, s)), not s_j: diag(s) - s broadcasts "
-        "the vector s into every row.": lambda: torch.diag(s) - s[None, :],
-        "you used s_i (1 - s_j) for every entry: the 1 is delta_ij, 1 on the diagonal only, so J[i, j] = "
-        "s_i (delta_ij - s_j) = diag(s) - s s^T.": lambda: s[:, None] * (1 - s[None, :]),
-        "s @ s.T on a 1-D tensor is the dot product sum(s_i^2), a number, not the outer product: "
-        "use torch.outer(s, s) or s[:, None] * s[None, :].": lambda: torch.diag(s) - s @ s,
-        "s * s.T on a 1-D tensor is s_j^2 elementwise (.T leaves a 1-D tensor as it is), broadcast into every row; "
-        "the outer product is torch.outer(s, s) or s[:, None] * s[None, :].": lambda: torch.diag(s) - s * s,
-        "s is already the softmax output (probabilities): do not apply softmax to it again.": lambda: ref.softmax_jacobian(torch.softmax(s, -1)),
+        Mistake("diagonal-only",
+                "you kept only the diagonal s_i (1 - s_i). The off-diagonal entries d s_i / d z_j "
+                "= -s_i s_j are not zero: all outputs share one denominator, so every logit moves "
+                "every output."): lambda: torch.diag(s * (1 - s)),
+        Mistake("diagonal-as-vector",
+                "you returned the diagonal s_i (1 - s_i) as a vector [n]: J is the [n, n] matrix "
+                "diag(s) - s s^T, and its off-diagonal entries -s_i s_j are not zero."):
+            lambda: s * (1 - s),
+        Mistake("missing-outer-product",
+                "you returned diag(s): subtract the outer product s s^T (torch.outer(s, s))."):
+            lambda: torch.diag(s),
+        Mistake("plus-outer-product",
+                "wrong sign on the outer product: J = diag(s) - s s^T (off-diagonal entries -s_i "
+                "s_j are negative)."): lambda: torch.diag(s) + outer,
+        Mistake("flipped-sign",
+                "the whole sign is flipped: J = diag(s) - s s^T, not s s^T - diag(s)."):
+            lambda: outer - torch.diag(s),
+        Mistake("missing-diag-s", "you dropped diag(s): J = diag(s) - s s^T."): lambda: -outer,
+        Mistake("identity-not-diag-s",
+                "the diagonal term is s_i delta_ij, diag(s), not the identity: J = diag(s) - s "
+                "s^T (J[i, j] = s_i (delta_ij - s_j), and s_i multiplies the delta too).",
+                "used the identity instead of diag(s) (eye - s s^T)"): lambda: eye - outer,
+        Mistake("missing-factor-s_i",
+                "the factor s_i is missing: J[i, j] = s_i (delta_ij - s_j), not delta_ij - s_j; "
+                "in matrix form diag(s) - s s^T."): lambda: eye - s[None, :],
+        Mistake("minus-s-not-outer",
+                "the subtracted term is the outer product s_i s_j (torch.outer(s, s)), not s_j: "
+                "diag(s) - s broadcasts the vector s into every row.",
+                "subtracted the vector s (diag(s) - s) instead of the outer product"):
+            lambda: torch.diag(s) - s[None, :],
+        Mistake("one-minus-s_j-everywhere",
+                "you used s_i (1 - s_j) for every entry: the 1 is delta_ij, 1 on the diagonal "
+                "only, so J[i, j] = s_i (delta_ij - s_j) = diag(s) - s s^T."):
+            lambda: s[:, None] * (1 - s[None, :]),
+        Mistake("dot-not-outer",
+                "s @ s.T on a 1-D tensor is the dot product sum(s_i^2), a number, not the outer "
+                "product: use torch.outer(s, s) or s[:, None] * s[None, :].",
+                "subtracted s @ s.T, the dot product of a 1-D s, instead of the outer product"):
+            lambda: torch.diag(s) - s @ s,
+        Mistake("s-times-s.T",
+                "s * s.T on a 1-D tensor is s_j^2 elementwise (.T leaves a 1-D tensor as it is), "
+                "broadcast into every row; the outer product is torch.outer(s, s) or s[:, None] * "
+                "s[None, :].",
+                "subtracted s * s.T (elementwise on a 1-D s) instead of the outer product"):
+            lambda: torch.diag(s) - s * s,
+        Mistake("softmax-applied-again",
+                "s is already the softmax output (probabilities): do not apply softmax to it "
+                "again.",
+                "applied softmax again to s, which is already the softmax output"):
+            lambda: ref.softmax_jacobian(torch.softmax(s, -1)),
     }
 
 
 @exercise("4.1", "the softmax Jacobian", points=1, stars=1, notebook=NB, section="1. The softmax Jacobian")
 def softmax_jacobian(t: Trial) -> None:
-    t.error_hints = {r"cannot be multiplied|size of tensor|mismatch": "for a vector s of length n, the outer product is torch.outer(s, s) ([n, n])."}
+    t.error_hints = {
+        r"cannot be multiplied|size of tensor|mismatch": Mistake(
+            "outer-product-shapes",
+            "for a vector s of length n, the outer product is torch.outer(s, s) ([n, n]).",
+            "formed the outer product from shapes that do not fit"),
+    }
     cases = [torch.tensor([0.7, 0.2, 0.1])]  # seed 003's worked example
     for seed, (n, dtype) in enumerate([(5, torch.float64), (7, torch.float32), (4, torch.float32)]):
         cases.append(torch.softmax(1.5 * torch.randn(n, generator=seeded(400 + seed), dtype=dtype), dim=-1))
@@ -68,25 +103,54 @@ def softmax_jacobian(t: Trial) -> None:
 def _softmax_backward_mistakes(p: torch.Tensor, g: torch.Tensor) -> dict:
     pg = p * g
     return {
-        "you dropped the subtraction: J @ g = p * g - p * sum(p * g). The second term comes from the "
-        "off-diagonal -p_i p_j of the Jacobian.": lambda: pg,
-        "you summed over the wrong axis: the sum runs over the softmax axis, the last one "
-        "(dim=-1, keepdim=True), one sum per row.": lambda: p * (g - pg.sum(dim=-2, keepdim=True)),
-        "you summed over the wrong axis (dim=0): the sum runs over the softmax axis, the last one "
-        "(dim=-1, keepdim=True), one sum per row.": lambda: p * (g - pg.sum(dim=0, keepdim=True)),
-        "you summed over every entry: the sum is per row, over the last axis only (dim=-1, keepdim=True).": lambda: p * (g - pg.sum()),
-        "add keepdim=True to the row sum: without it the [..., n] -> [...] sums broadcast along the "
-        "wrong axis.": lambda: p * (g - pg.sum(dim=-1)),
-        "the sum is weighted by p: sum(p * grad_p), the average of grad_p under the distribution p.": lambda: p * (g - g.sum(dim=-1, keepdim=True)),
-        "multiply by p: the result is p * (grad_p - sum(p * grad_p)).": lambda: g - pg.sum(dim=-1, keepdim=True),
-        "use the sum of p * grad_p over the row, not its mean.": lambda: p * (g - pg.mean(dim=-1, keepdim=True)),
-        "the sign is flipped: p * (grad_p - sum(p * grad_p)), not p * (sum(p * grad_p) - grad_p).": lambda: p * (pg.sum(dim=-1, keepdim=True) - g),
-        "the subtracted row sum must be multiplied by p too: p * grad_p - p * sum(p * grad_p), i.e. "
-        "p * (grad_p - sum(p * grad_p)).": lambda: pg - pg.sum(dim=-1, keepdim=True),
-        "centre grad_p on its p-weighted mean, sum(p * grad_p) over the row, not on its plain mean: "
-        "p * (grad_p - (p * grad_p).sum(dim=-1, keepdim=True)).": lambda: p * (g - g.mean(dim=-1, keepdim=True)),
-        "you used only the diagonal of the Jacobian, p_i (1 - p_i): the off-diagonal -p_i p_j terms give "
-        "p * (grad_p - sum(p * grad_p)), a sum over the whole row.": lambda: p * (1 - p) * g,
+        Mistake("missing-subtraction",
+                "you dropped the subtraction: J @ g = p * g - p * sum(p * g). The second term "
+                "comes from the off-diagonal -p_i p_j of the Jacobian."): lambda: pg,
+        Mistake("sum-over-wrong-axis",
+                "you summed over the wrong axis: the sum runs over the softmax axis, the last one "
+                "(dim=-1, keepdim=True), one sum per row.",
+                "summed p * grad_p over the wrong axis (not dim=-1)"):
+            lambda: p * (g - pg.sum(dim=-2, keepdim=True)),
+        Mistake("sum-over-wrong-axis",
+                "you summed over the wrong axis (dim=0): the sum runs over the softmax axis, the "
+                "last one (dim=-1, keepdim=True), one sum per row.",
+                "summed p * grad_p over the wrong axis (not dim=-1)"):
+            lambda: p * (g - pg.sum(dim=0, keepdim=True)),
+        Mistake("summed-all-entries",
+                "you summed over every entry: the sum is per row, over the last axis only "
+                "(dim=-1, keepdim=True)."): lambda: p * (g - pg.sum()),
+        Mistake("missing-keepdim",
+                "add keepdim=True to the row sum: without it the [..., n] -> [...] sums broadcast "
+                "along the wrong axis.",
+                "row sum without keepdim=True, so it broadcasts along the wrong axis"):
+            lambda: p * (g - pg.sum(dim=-1)),
+        Mistake("unweighted-sum",
+                "the sum is weighted by p: sum(p * grad_p), the average of grad_p under the "
+                "distribution p.",
+                "summed grad_p without weighting it by p"):
+            lambda: p * (g - g.sum(dim=-1, keepdim=True)),
+        Mistake("missing-factor-p", "multiply by p: the result is p * (grad_p - sum(p * grad_p)).",
+                "forgot the factor p in front: grad_p - sum(p * grad_p)"):
+            lambda: g - pg.sum(dim=-1, keepdim=True),
+        Mistake("mean-not-sum", "use the sum of p * grad_p over the row, not its mean.",
+                "used the mean of p * grad_p over the row instead of its sum"):
+            lambda: p * (g - pg.mean(dim=-1, keepdim=True)),
+        Mistake("flipped-sign",
+                "the sign is flipped: p * (grad_p - sum(p * grad_p)), not p * (sum(p * grad_p) - "
+                "grad_p)."): lambda: p * (pg.sum(dim=-1, keepdim=True) - g),
+        Mistake("rowsum-not-times-p",
+                "the subtracted row sum must be multiplied by p too: p * grad_p - p * sum(p * "
+                "grad_p), i.e. p * (grad_p - sum(p * grad_p))."):
+            lambda: pg - pg.sum(dim=-1, keepdim=True),
+        Mistake("centred-on-plain-mean",
+                "centre grad_p on its p-weighted mean, sum(p * grad_p) over the row, not on its "
+                "plain mean: p * (grad_p - (p * grad_p).sum(dim=-1, keepdim=True)).",
+                "centred grad_p on its plain mean instead of its p-weighted mean"):
+            lambda: p * (g - g.mean(dim=-1, keepdim=True)),
+        Mistake("jacobian-diagonal-only",
+                "you used only the diagonal of the Jacobian, p_i (1 - p_i): the off-diagonal -p_i "
+                "p_j terms give p * (grad_p - sum(p * grad_p)), a sum over the whole row."):
+            lambda: p * (1 - p) * g,
     }
 
 
@@ -94,7 +158,10 @@ def _softmax_backward_mistakes(p: torch.Tensor, g: torch.Tensor) -> dict:
           section="2. Backward through softmax without the Jacobian")
 def softmax_backward(t: Trial) -> None:
     t.error_hints = {
-        r"must match the size|size of tensor": "the row sum needs keepdim=True, so that the [..., 1] sums broadcast against [..., n].",
+        r"must match the size|size of tensor": Mistake(
+            "missing-keepdim",
+            "the row sum needs keepdim=True, so that the [..., 1] sums broadcast against [..., n].",
+            "row sum without keepdim=True, so it broadcasts along the wrong axis"),
     }
     # (shape, dtype, causal-masked p): leading dims differ from n; a square [6, 6] case makes a
     # missing keepdim broadcast silently (and wrongly) instead of raising; masked rows hold zeros.
@@ -148,41 +215,83 @@ def _attention_mistakes(q, k, v, dO, causal) -> dict:
     p, ds = _p_ds(q, k, v, dO, allowed)
     good = _grads_from(q, k, dO, p, ds)
     mistakes = {
-        "grad_q and grad_k are sqrt(d_k) times too large: the forward divided the scores by sqrt(d_k), so "
-        "the chain rule multiplies dS by 1/sqrt(d_k) before forming grad_q and grad_k.": (ds @ k, ds.mT @ q, good[2]),
-        "you divided by sqrt(d_k) twice (by d_k): the scale enters once, dS / sqrt(d_k).": (good[0] * scale, good[1] * scale, good[2]),
-        "grad_k = dS^T @ q / sqrt(d_k): k enters the scores transposed (q k^T), so its gradient uses dS "
-        "transposed (dS.transpose(-2, -1)).": (good[0], ds @ q * scale, good[2]),
-        "grad_q = dS @ k / sqrt(d_k), without transposing dS (dS^T @ ... is the key's formula).": (ds.mT @ k * scale, good[1], good[2]),
-        "grad_v = P^T @ grad_out: value j collects gradient from every query that attended to it, which is "
-        "column j of P, so transpose P.": (good[0], good[1], p @ dO),
-        "the softmax backward lost its subtraction: dS = P * (dP - rowsum(P * dP)), with the row sum over "
-        "the keys (dim=-1, keepdim=True).": _grads_from(q, k, dO, *_p_ds(q, k, v, dO, allowed, subtract=False)),
-        "the row sum in the softmax backward runs over the keys, dim=-1 (one sum per query row), not dim=-2.": _grads_from(
-            q, k, dO, *_p_ds(q, k, v, dO, allowed, sum_dim=-2)),
-        "the row sum in the softmax backward is weighted by P: dS = P * (dP - rowsum(P * dP)), not "
-        "P * (dP - rowsum(dP)).": _grads_from(q, k, dO, *_p_ds(q, k, v, dO, allowed, weighted=False)),
+        Mistake("missing-scale",
+                "grad_q and grad_k are sqrt(d_k) times too large: the forward divided the scores "
+                "by sqrt(d_k), so the chain rule multiplies dS by 1/sqrt(d_k) before forming "
+                "grad_q and grad_k."): (ds @ k, ds.mT @ q, good[2]),
+        Mistake("scaled-twice",
+                "you divided by sqrt(d_k) twice (by d_k): the scale enters once, dS / sqrt(d_k)."):
+            (good[0] * scale, good[1] * scale, good[2]),
+        Mistake("grad_k-without-transpose",
+                "grad_k = dS^T @ q / sqrt(d_k): k enters the scores transposed (q k^T), so its "
+                "gradient uses dS transposed (dS.transpose(-2, -1)).",
+                "computed grad_k from dS instead of dS transposed"):
+            (good[0], ds @ q * scale, good[2]),
+        Mistake("grad_q-with-transposed-dS",
+                "grad_q = dS @ k / sqrt(d_k), without transposing dS (dS^T @ ... is the key's "
+                "formula).",
+                "computed grad_q from dS transposed instead of dS"):
+            (ds.mT @ k * scale, good[1], good[2]),
+        Mistake("grad_v-without-transpose",
+                "grad_v = P^T @ grad_out: value j collects gradient from every query that "
+                "attended to it, which is column j of P, so transpose P.",
+                "computed grad_v as P @ grad_out instead of P^T @ grad_out"):
+            (good[0], good[1], p @ dO),
+        Mistake("missing-subtraction",
+                "the softmax backward lost its subtraction: dS = P * (dP - rowsum(P * dP)), with "
+                "the row sum over the keys (dim=-1, keepdim=True)."):
+            _grads_from(q, k, dO, *_p_ds(q, k, v, dO, allowed, subtract=False)),
+        Mistake("rowsum-over-queries",
+                "the row sum in the softmax backward runs over the keys, dim=-1 (one sum per "
+                "query row), not dim=-2.",
+                "summed over the queries (dim=-2) in the softmax backward"):
+            _grads_from(q, k, dO, *_p_ds(q, k, v, dO, allowed, sum_dim=-2)),
+        Mistake("unweighted-rowsum",
+                "the row sum in the softmax backward is weighted by P: dS = P * (dP - rowsum(P * "
+                "dP)), not P * (dP - rowsum(dP)).",
+                "the softmax backward's row sum of dP is not weighted by P"):
+            _grads_from(q, k, dO, *_p_ds(q, k, v, dO, allowed, weighted=False)),
     }
     if q.shape[-1] != v.shape[-1]:
         c_v = math.sqrt(v.shape[-1]) * scale  # turns a 1/sqrt(d_k) into a 1/sqrt(d_v)
-        mistakes["the scale is 1/sqrt(d_k), the query/key width q.shape[-1], not 1/sqrt(d_v), the value width."] = (
-            good[0] / c_v, good[1] / c_v, good[2])
+        by_d_v = Mistake(
+            "scaled-by-sqrt-d_v",
+            "the scale is 1/sqrt(d_k), the query/key width q.shape[-1], not 1/sqrt(d_v), the value "
+            "width.",
+            "scaled by 1/sqrt(d_v), the value width, instead of 1/sqrt(d_k)")
+        mistakes[by_d_v] = (good[0] / c_v, good[1] / c_v, good[2])
     if causal:
         s = att.scaled_scores(q, k)
         zeroed = torch.softmax(s, dim=-1) * tril
-        mistakes["you zeroed the future weights after the softmax, so the rows of P no longer sum to 1: mask the "
-                 "scores before it (masked_fill with -inf where key j > query i), then softmax."] = _grads_from(
-            q, k, dO, *_p_ds(q, k, v, dO, None, p=zeroed))
-        mistakes["the future scores were set to 0, and exp(0) still gives them weight: fill them with -inf (or a "
-                 "very negative number) before the softmax."] = _grads_from(
-            q, k, dO, *_p_ds(q, k, v, dO, None, p=torch.softmax(s.masked_fill(~tril, 0.0), dim=-1)))
-        mistakes["causal=True: recompute P with the causal mask (query i sees keys j <= i). Without it P puts "
-                 "weight on future keys, and the gradients are those of bidirectional attention."] = _grads_from(q, k, dO, *_p_ds(q, k, v, dO, None))
+        after = Mistake(
+            "masked-after-softmax",
+            "you zeroed the future weights after the softmax, so the rows of P no longer sum to 1: "
+            "mask the scores before it (masked_fill with -inf where key j > query i), then "
+            "softmax.")
+        mistakes[after] = _grads_from(q, k, dO, *_p_ds(q, k, v, dO, None, p=zeroed))
+        zero_fill = Mistake(
+            "mask-fills-zero",
+            "the future scores were set to 0, and exp(0) still gives them weight: fill them with "
+            "-inf (or a very negative number) before the softmax.")
+        filled = torch.softmax(s.masked_fill(~tril, 0.0), dim=-1)
+        mistakes[zero_fill] = _grads_from(q, k, dO, *_p_ds(q, k, v, dO, None, p=filled))
+        ignored = Mistake(
+            "ignored-causal",
+            "causal=True: recompute P with the causal mask (query i sees keys j <= i). Without it "
+            "P puts weight on future keys, and the gradients are those of bidirectional attention.",
+            "ignored causal=True: computed P without the causal mask")
+        mistakes[ignored] = _grads_from(q, k, dO, *_p_ds(q, k, v, dO, None))
         triu = torch.ones(T, T, dtype=torch.bool).triu()
-        mistakes["your mask lets query i see keys j >= i (the future): True = may attend, on and below the "
-                 "diagonal (torch.ones(T, T, dtype=torch.bool).tril())."] = _grads_from(q, k, dO, *_p_ds(q, k, v, dO, triu))
+        upper = Mistake(
+            "upper-triangle-mask",
+            "your mask lets query i see keys j >= i (the future): True = may attend, on and below "
+            "the diagonal (torch.ones(T, T, dtype=torch.bool).tril()).")
+        mistakes[upper] = _grads_from(q, k, dO, *_p_ds(q, k, v, dO, triu))
     else:
-        mistakes["causal=False here: no mask; every query sees every key."] = _grads_from(q, k, dO, *_p_ds(q, k, v, dO, tril))
+        masked = Mistake("masked-when-not-causal",
+                         "causal=False here: no mask; every query sees every key.",
+                         "applied the causal mask although causal=False")
+        mistakes[masked] = _grads_from(q, k, dO, *_p_ds(q, k, v, dO, tril))
     return mistakes
 
 
@@ -247,6 +356,15 @@ def _close(a, b) -> bool:
 _FORMULAS = ("P = softmax(q k^T / sqrt(d_k)) with the causal mask when causal, dV = P^T dO, dP = dO v^T, "
              "dS = P * (dP - rowsum(P * dP)), dQ = dS k / sqrt(d_k), dK = dS^T q / sqrt(d_k)")
 _BY_HAND = f"this exercise asks for the gradients by hand ({_FORMULAS}); autograd is what the check compares against."
+_USED_AUTOGRAD = Mistake("used-autograd", _BY_HAND,
+                         "used automatic differentiation instead of the backward formulas")
+_FINITE_DIFFERENCES = Mistake(
+    "finite-differences", _BY_HAND,
+    "took numerical gradients from many forward passes (finite differences)")
+_WRONG_ORDER = Mistake(
+    "grads-in-wrong-order",
+    "the gradients are returned in the wrong order: return (grad_q, grad_k, grad_v), the order of "
+    "the inputs q, k, v.")
 _FORWARD_PASSES = 4  # exp/softmax work allowed, in forward passes (one computes P once, a careful one twice)
 
 
@@ -254,10 +372,14 @@ _FORWARD_PASSES = 4  # exp/softmax work allowed, in forward passes (one computes
           section="4. One attention head, backward by hand")
 def attention_backward(t: Trial) -> None:
     t.error_hints = {
-        r"saved tensor hooks|does not require grad|grad_fn|torch\.func|forward AD|dual": _BY_HAND,
-        r"cannot be multiplied|Expected size|must match the size|size of tensor|mismatch": "check each product's shapes: "
-        "dP = grad_out @ v^T ([T, d_v] @ [d_v, T]), grad_v = P^T @ grad_out, grad_q = dS @ k, grad_k = dS^T @ q. "
-        "Transpose the last two axes with .transpose(-2, -1) (or .mT); .T reverses every axis.",
+        r"saved tensor hooks|does not require grad|grad_fn|torch\.func|forward AD|dual":
+            _USED_AUTOGRAD,
+        r"cannot be multiplied|Expected size|must match the size|size of tensor|mismatch": Mistake(
+            "matmul-shapes-do-not-fit",
+            "check each product's shapes: dP = grad_out @ v^T ([T, d_v] @ [d_v, T]), grad_v = "
+            "P^T @ grad_out, grad_q = dS @ k, grad_k = dS^T @ q. Transpose the last two axes with "
+            ".transpose(-2, -1) (or .mT); .T reverses every axis.",
+            "a product in the backward got shapes that do not fit"),
     }
     warm_up()
     # (leading dims, T, d_k, d_v, causal): T, d_k, d_v all different, so a missing transpose shows.
@@ -277,17 +399,18 @@ def attention_backward(t: Trial) -> None:
         case = describe_case(q=q, k=k, v=v, grad_out=grad_out, causal=causal)
         got, seen = t.call_watched(_backward_watcher, (q, k, v, grad_out, causal), case=case)
         if seen.get("autograd"):
-            t.fail(f"your function used automatic differentiation ({seen['autograd'][0]}) to get the gradients.", _BY_HAND)
+            t.fail(f"your function used automatic differentiation ({seen['autograd'][0]}) to get "
+                   "the gradients.", _USED_AUTOGRAD)
         if seen.get("exp_work", 0) > _FORWARD_PASSES * seen["p_numel"]:
             t.fail(f"your function put more than {_FORWARD_PASSES} forward passes' worth of numbers through exp or "
                    f"softmax ({seen['exp_work']:,}; one pass computes P, {seen['p_numel']:,} numbers), and was "
                    "stopped: gradients from many forward passes are numerical differentiation (finite "
-                   "differences), not the backward formulas.", _BY_HAND)
+                   "differences), not the backward formulas.", _FINITE_DIFFERENCES)
         got = t.tuple(got, 3, names)
         for i, j in [(i, j) for i in range(3) for j in range(3) if i != j]:
             if _close(got[i], expected[j]) and not _close(got[i], expected[i]):
                 t.fail(f"your {names[i]} (item {i} of the tuple) holds {names[j]}.",
-                       "the gradients are returned in the wrong order: return (grad_q, grad_k, grad_v), the order of the inputs q, k, v.")
+                       _WRONG_ORDER)
         for i, name in enumerate(names):
             t.tensor(got[i], expected[i], what=f"{name} (compared with autograd in float64)",
                      mistakes={h: m[i] for h, m in mistakes.items() if not torch.allclose(m[i], expected[i])},

@@ -24,11 +24,13 @@ from ..configs import MODELS
 from ..nb01_qkv_shapes import scaled_dot_product_attention
 from ..nb03_masks import causal_mask
 from .core import Trial, describe_case, draw, eager_mistakes, exercise, flipped_causal, seeded
+from .feedback import Mistake
 from .instruments import OpLog, op_name, warm_up
 
 __all__ = ["repeat_kv", "grouped_query_attention", "kv_values_per_token", "mla_absorbed_scores"]
 
 NB = "06_kv_sharing"
+_SIGNATURE = "defined the function with other parameters than the contract's"
 
 
 # =========================================================================== 6.1
@@ -42,9 +44,12 @@ def _tiled(x: torch.Tensor, n_rep: int) -> torch.Tensor:
           section="2. repeat_kv, SDPA and the Triton kernel")
 def repeat_kv(t: Trial) -> None:
     t.error_hints = {
-        r"takes \d+ positional argument": "the signature is repeat_kv(x, n_rep).",
-        r"expanded size|must match the existing size": "insert a new axis for the copies first: "
-        "x[:, :, None] is [B, H_kv, 1, T, d], which expands to [B, H_kv, n_rep, T, d].",
+        r"takes \d+ positional argument": Mistake(
+            "wrong-signature", "the signature is repeat_kv(x, n_rep).", _SIGNATURE),
+        r"expanded size|must match the existing size": Mistake(
+            "expand-without-new-axis", "insert a new axis for the copies first: "
+            "x[:, :, None] is [B, H_kv, 1, T, d], which expands to [B, H_kv, n_rep, T, d].",
+            "expanded x without first inserting a new axis for the copies"),
     }
     # (B, H_kv, T, d, n_rep): H_kv > 1 first, so that the tiled and grouped layouts differ.
     shapes = [(2, 3, 5, 4, 2), (1, 2, 7, 6, 4), (3, 4, 2, 5, 6), (2, 3, 5, 4, 1), (1, 1, 6, 3, 5)]
@@ -58,19 +63,33 @@ def repeat_kv(t: Trial) -> None:
     for x, n_rep in cases:
         B, H_kv, T, d = x.shape
         mistakes = eager_mistakes({
-            "you tiled the heads (x.repeat(1, n_rep, 1, 1) gives kv heads 0, 1, ..., 0, 1, ...), so query "
-            "head h reads kv head h % H_kv. Each kv head must appear n_rep times in a row, so that head h "
-            "reads h // n_rep: expand a new axis after H_kv, or repeat_interleave on dim 1.": lambda: _tiled(x, n_rep),
-            "you repeated along the sequence axis (dim 2): the copies go on the heads axis, dim 1.": lambda: x.repeat_interleave(n_rep, dim=2),
-            "you returned the expanded 5-D view [B, H_kv, n_rep, T, d]: reshape it to "
-            "[B, H_kv * n_rep, T, d].": lambda: x[:, :, None].expand(B, H_kv, n_rep, T, d),
-            "you made n_rep - 1 copies of each kv head: n_rep is how many times each appears in the result "
-            "(H_kv * n_rep heads in all).": lambda: x.repeat_interleave(n_rep - 1, dim=1),
-            "you repeated along the last axis (d) and then reshaped: that spreads one head's numbers over "
-            "several heads. Put the copies on a new axis after H_kv, x[:, :, None].expand(...), then reshape.":
+            Mistake("tiled-heads",
+                    "you tiled the heads (x.repeat(1, n_rep, 1, 1) gives kv heads 0, 1, ..., 0, 1, "
+                    "...), so query head h reads kv head h % H_kv. Each kv head must appear n_rep "
+                    "times in a row, so that head h reads h // n_rep: expand a new axis after "
+                    "H_kv, or repeat_interleave on dim 1.",
+                    "tiled the kv heads (x.repeat: query head h reads h % H_kv, not h // n_rep)"):
+                lambda: _tiled(x, n_rep),
+            Mistake("repeated-on-sequence-axis",
+                    "you repeated along the sequence axis (dim 2): the copies go on the heads "
+                    "axis, dim 1."):
+                lambda: x.repeat_interleave(n_rep, dim=2),
+            Mistake("returned-5-D-view",
+                    "you returned the expanded 5-D view [B, H_kv, n_rep, T, d]: reshape it to "
+                    "[B, H_kv * n_rep, T, d]."): lambda: x[:, :, None].expand(B, H_kv, n_rep, T, d),
+            Mistake("n_rep-minus-1-copies",
+                    "you made n_rep - 1 copies of each kv head: n_rep is how many times each "
+                    "appears in the result (H_kv * n_rep heads in all)."):
+                lambda: x.repeat_interleave(n_rep - 1, dim=1),
+            Mistake("repeated-on-last-axis",
+                    "you repeated along the last axis (d) and then reshaped: that spreads one "
+                    "head's numbers over several heads. Put the copies on a new axis after H_kv, "
+                    "x[:, :, None].expand(...), then reshape."):
                 lambda: x.repeat_interleave(n_rep, dim=-1).reshape(B, H_kv * n_rep, T, d),
-            "you tiled the last axis (d) n_rep times and then reshaped: that spreads one head's numbers over "
-            "several heads. Put the copies on a new axis after H_kv, x[:, :, None].expand(...), then reshape.":
+            Mistake("tiled-last-axis",
+                    "you tiled the last axis (d) n_rep times and then reshaped: that spreads one "
+                    "head's numbers over several heads. Put the copies on a new axis after H_kv, "
+                    "x[:, :, None].expand(...), then reshape."):
                 lambda: x.repeat(1, 1, 1, n_rep).reshape(B, H_kv * n_rep, T, d),
         })
         planned.append((x, n_rep, ref.repeat_kv(x, n_rep).contiguous(), mistakes))
@@ -111,20 +130,28 @@ def _gqa_model(q, k, v, causal: bool, heads: str = "grouped", scale: str = "d", 
 def _gqa_mistakes(q, k, v, causal: bool) -> dict[str, torch.Tensor]:
     m = lambda **kw: lambda: _gqa_model(q, k, v, **{"causal": causal, **kw})  # noqa: E731
     models = {
-        "the key/value heads are tiled (x.repeat on the heads axis): query head h read kv head h % H_kv. "
-        "It must read kv head h // (H / H_kv): each kv head serves a block of consecutive query heads "
-        "(repeat_interleave, or expand + reshape).": m(heads="tiled"),
-        "every query head read kv head 0: each group of H / H_kv consecutive query heads has its own "
-        "kv head, h // (H / H_kv).": m(heads="first"),
-        "the scores are not scaled: divide q @ k^T by sqrt(d).": m(scale="none"),
-        "every query head read the last kv head: each group of H / H_kv consecutive query heads has its own "
-        "kv head, h // (H / H_kv).": m(heads="last"),
-        "you scaled the scores by 1/sqrt(H_kv * d): each head's scores are scaled by 1/sqrt(d), d the width of "
-        "one head's queries and keys.": m(scale="H_kv d"),
+        Mistake("tiled-kv-heads",
+                "the key/value heads are tiled (x.repeat on the heads axis): query head h read kv "
+                "head h % H_kv. It must read kv head h // (H / H_kv): each kv head serves a block "
+                "of consecutive query heads (repeat_interleave, or expand + reshape)."):
+            m(heads="tiled"),
+        Mistake("all-read-kv-head-0",
+                "every query head read kv head 0: each group of H / H_kv consecutive query heads "
+                "has its own kv head, h // (H / H_kv)."): m(heads="first"),
+        Mistake("unscaled-scores", "the scores are not scaled: divide q @ k^T by sqrt(d)."):
+            m(scale="none"),
+        Mistake("all-read-last-kv-head",
+                "every query head read the last kv head: each group of H / H_kv consecutive query "
+                "heads has its own kv head, h // (H / H_kv)."): m(heads="last"),
+        Mistake("scaled-by-sqrt-H_kv-d",
+                "you scaled the scores by 1/sqrt(H_kv * d): each head's scores are scaled by "
+                "1/sqrt(d), d the width of one head's queries and keys."): m(scale="H_kv d"),
     }
     if causal:
-        models["your causal mask also hides the diagonal (tril with diagonal=-1): a query may read its own key, "
-               "j <= i; the first query then has no key at all."] = m(mask="no_diagonal")
+        models[Mistake("mask-hides-diagonal",
+                       "your causal mask also hides the diagonal (tril with diagonal=-1): a query "
+                       "may read its own key, j <= i; the first query then has no key at all.")] = (
+            m(mask="no_diagonal"))
     models.update(flipped_causal(causal, m))
     return eager_mistakes(models)
 
@@ -133,9 +160,13 @@ def _gqa_mistakes(q, k, v, causal: bool) -> dict[str, torch.Tensor]:
           section="2. repeat_kv, SDPA and the Triton kernel")
 def grouped_query_attention(t: Trial) -> None:
     t.error_hints = {
-        r"must match the size|size of tensor|cannot be multiplied|Expected size": "q has H heads and k, v have "
-        "H_kv: repeat each kv head H // H_kv times on dim 1 (repeat_kv) before q @ k.transpose(-2, -1).",
-        r"takes \d+ positional argument": "the signature is grouped_query_attention(q, k, v, causal).",
+        r"must match the size|size of tensor|cannot be multiplied|Expected size": Mistake(
+            "kv-heads-not-repeated", "q has H heads and k, v have H_kv: repeat each kv head H // "
+            "H_kv times on dim 1 (repeat_kv) before q @ k.transpose(-2, -1).",
+            "multiplied q (H heads) by k, v (H_kv heads) without repeating the kv heads"),
+        r"takes \d+ positional argument": Mistake(
+            "wrong-signature", "the signature is grouped_query_attention(q, k, v, causal).",
+            _SIGNATURE),
     }
     # (B, H, H_kv, T, d): GQA with H_kv > 1, MQA (H_kv = 1), MHA (H_kv = H); no two sizes equal.
     shapes = [(2, 6, 2, 5, 4), (1, 4, 1, 7, 3), (3, 2, 2, 5, 8), (1, 9, 3, 4, 6)]
@@ -166,25 +197,46 @@ def _values_mistakes(kind: str, H: int, H_kv: int, d_h: int, d_c: int, d_r: int)
     right = ref.kv_values_per_token(kind, H, H_kv, d_h, d_c, d_r)
     m = {}
     if kind in ("mha", "gqa", "mqa"):
-        m["you counted bytes (2 per number, as in bf16): the question is how many numbers are "
-          "cached; bytes come later, times the dtype's size."] = 2 * right
-        m["you counted the keys only: the cache holds a key and a value per kv head, "
-          "2 * H_kv * d_h numbers."] = right // 2
+        m[Mistake("counted-bytes",
+                  "you counted bytes (2 per number, as in bf16): the question is how many numbers "
+                  "are cached; bytes come later, times the dtype's size.")] = 2 * right
+        m[Mistake("keys-only",
+                  "you counted the keys only: the cache holds a key and a value per kv head, "
+                  "2 * H_kv * d_h numbers.")] = right // 2
     if kind == "gqa":
-        m["you counted GQA with the query heads: only the H_kv key/value heads are cached, "
-          "2 * H_kv * d_h."] = 2 * H * d_h
-        m["you counted GQA's keys with the query heads and forgot the values: 2 * H_kv * d_h."] = H * d_h
+        m[Mistake("gqa-with-query-heads",
+                  "you counted GQA with the query heads: only the H_kv key/value heads are cached, "
+                  "2 * H_kv * d_h.")] = 2 * H * d_h
+        m[Mistake("gqa-keys-only-with-query-heads",
+                  "you counted GQA's keys with the query heads and forgot the values: "
+                  "2 * H_kv * d_h.")] = H * d_h
     if kind == "mqa":
-        m["MQA caches one key head and one value head, whatever H: 2 * d_h."] = 2 * H * d_h
+        m[Mistake("mqa-with-query-heads",
+                  "MQA caches one key head and one value head, whatever H: 2 * d_h.",
+                  "counted MQA's key/value heads as H instead of one")] = 2 * H * d_h
     if kind == "mla":
-        m["MLA counted twice: the latent c_kv is one vector from which both keys and values are "
-          "rebuilt, so it is cached once, with the RoPE key: d_c + d_r."] = 2 * (d_c + d_r)
-        m["MLA's decoupled RoPE key is missing: the cache holds the latent and the RoPE key, d_c + d_r."] = d_c
-        m["MLA's RoPE key is one d_r-wide key shared by all heads: d_c + d_r, not d_c + H * d_r."] = d_c + H * d_r
-        m["you counted MLA's latent twice and left out the RoPE key: d_c + d_r."] = 2 * d_c
-        m["that is the per-head cache MLA avoids (2 * H * d_h): MLA caches d_c + d_r numbers."] = 2 * H * d_h
-        m["you cached a latent per head: MLA's latent c_kv is one d_c-wide vector shared by all heads (the "
-          "heads' keys and values are rebuilt from it), so d_c + d_r."] = H * d_c + d_r
+        m[Mistake("mla-counted-twice",
+                  "MLA counted twice: the latent c_kv is one vector from which both keys and "
+                  "values are rebuilt, so it is cached once, with the RoPE key: d_c + d_r.",
+                  "counted MLA's latent and RoPE key twice (once for keys, once for values)")] = (
+            2 * (d_c + d_r))
+        m[Mistake("mla-missing-rope-key",
+                  "MLA's decoupled RoPE key is missing: the cache holds the latent and the RoPE "
+                  "key, d_c + d_r.")] = d_c
+        m[Mistake("mla-rope-key-per-head",
+                  "MLA's RoPE key is one d_r-wide key shared by all heads: d_c + d_r, not "
+                  "d_c + H * d_r.",
+                  "counted MLA's RoPE key once per head")] = d_c + H * d_r
+        m[Mistake("mla-latent-twice-no-rope-key",
+                  "you counted MLA's latent twice and left out the RoPE key: d_c + d_r.")] = 2 * d_c
+        m[Mistake("mla-as-per-head-cache",
+                  "that is the per-head cache MLA avoids (2 * H * d_h): MLA caches "
+                  "d_c + d_r numbers.",
+                  "counted MLA as a per-head key/value cache, 2 * H * d_h")] = 2 * H * d_h
+        m[Mistake("mla-latent-per-head",
+                  "you cached a latent per head: MLA's latent c_kv is one d_c-wide vector shared "
+                  "by all heads (the heads' keys and values are rebuilt from it), so "
+                  "d_c + d_r.")] = H * d_c + d_r
     return {h: v for h, v in m.items() if v != right}
 
 
@@ -192,9 +244,12 @@ def _values_mistakes(kind: str, H: int, H_kv: int, d_h: int, d_c: int, d_r: int)
           section="3. What a token costs in the cache")
 def kv_values_per_token(t: Trial) -> None:
     t.error_hints = {
-        r"takes \d+ positional argument": "the signature is kv_values_per_token(kind, n_heads, n_kv_heads, "
-        "head_dim, kv_lora_rank, rope_dim).",
-        r"unsupported operand type.*NoneType": "return a number for every kind: 'mha', 'gqa', 'mqa' and 'mla'.",
+        r"takes \d+ positional argument": Mistake(
+            "wrong-signature", "the signature is kv_values_per_token(kind, n_heads, n_kv_heads, "
+            "head_dim, kv_lora_rank, rope_dim).", _SIGNATURE),
+        r"unsupported operand type.*NoneType": Mistake(
+            "kind-not-handled", "return a number for every kind: 'mha', 'gqa', 'mqa' and 'mla'.",
+            "returned nothing (None) for one of the kinds"),
     }
     cases = [(cfg.kind, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.kv_lora_rank, cfg.rope_dim)
              for cfg in MODELS.values()]
@@ -260,10 +315,13 @@ def _ops_watcher(fn, args: tuple, options: None) -> tuple:
           section="6.3 Absorption")
 def mla_absorbed_scores(t: Trial) -> None:
     t.error_hints = {
-        r"cannot be multiplied|must match the size|size of tensor|Expected size": "w_uk[h] is [d_c, d_h]: "
-        "the query moves into the latent with q @ w_uk.transpose(-2, -1) ([B, H, T_q, d_c]); then "
-        "multiply by c_kv transposed, with a heads axis: c_kv.unsqueeze(1).transpose(-2, -1).",
-        r"takes \d+ positional argument": "the signature is mla_absorbed_scores(q, c_kv, w_uk).",
+        r"cannot be multiplied|must match the size|size of tensor|Expected size": Mistake(
+            "absorption-shape-mismatch", "w_uk[h] is [d_c, d_h]: the query moves into the latent "
+            "with q @ w_uk.transpose(-2, -1) ([B, H, T_q, d_c]); then multiply by c_kv transposed, "
+            "with a heads axis: c_kv.unsqueeze(1).transpose(-2, -1).",
+            "multiplied q, w_uk and c_kv with mismatched shapes"),
+        r"takes \d+ positional argument": Mistake(
+            "wrong-signature", "the signature is mla_absorbed_scores(q, c_kv, w_uk).", _SIGNATURE),
     }
     cases = []
     for i, (B, H, T_q, T, d_h, d_c) in enumerate(_MLA_CASES):
@@ -277,17 +335,32 @@ def mla_absorbed_scores(t: Trial) -> None:
     for q, c_kv, w_uk in cases:
         d_h, d_c = q.shape[-1], c_kv.shape[-1]
         mistakes = eager_mistakes({
-            "your scores are divided by sqrt(d_h): this function returns the unscaled scores "
-            "(q . k); the layer scales them later, by 1/sqrt(d_h + d_r) in MLA.": lambda: _mla_model(q, c_kv, w_uk, 1 / math.sqrt(d_h)),
-            "your scores are divided by sqrt(d_c): the contract is unscaled scores, and d_c is not the "
-            "width the dot product is taken over in the model (that is d_h, plus d_r for RoPE).": lambda: _mla_model(q, c_kv, w_uk, 1 / math.sqrt(d_c)),
-            "your scores are divided by d_h: this function returns unscaled scores.": lambda: _mla_model(q, c_kv, w_uk, 1 / d_h),
-            "every head used head 0's projection w_uk[0]: head h's query is absorbed with its own "
-            "w_uk[h] (keep the heads axis: q @ w_uk.transpose(-2, -1) broadcasts head by head).": lambda: _mla_model(q, c_kv, w_uk, first_head=True),
-            "head h used w_uk[H - 1 - h]: the heads of w_uk are in the order of q's heads (w_uk[h] belongs to "
-            "query head h), so no flip.": lambda: _mla_model(q, c_kv, w_uk.flip(0)),
-            "your scores are [B, H, T, T_q], the transpose: rows are queries and columns are the cached "
-            "tokens, [B, H, T_q, T] = q_latent @ c_kv^T.": lambda: _mla_model(q, c_kv, w_uk).transpose(-2, -1),
+            Mistake("scaled-by-sqrt-d_h",
+                    "your scores are divided by sqrt(d_h): this function returns the unscaled "
+                    "scores (q . k); the layer scales them later, by 1/sqrt(d_h + d_r) in MLA."):
+                lambda: _mla_model(q, c_kv, w_uk, 1 / math.sqrt(d_h)),
+            Mistake("scaled-by-sqrt-d_c",
+                    "your scores are divided by sqrt(d_c): the contract is unscaled scores, and "
+                    "d_c is not the width the dot product is taken over in the model (that is d_h, "
+                    "plus d_r for RoPE)."):
+                lambda: _mla_model(q, c_kv, w_uk, 1 / math.sqrt(d_c)),
+            Mistake("scaled-by-d_h",
+                    "your scores are divided by d_h: this function returns unscaled scores."):
+                lambda: _mla_model(q, c_kv, w_uk, 1 / d_h),
+            Mistake("w_uk0-for-every-head",
+                    "every head used head 0's projection w_uk[0]: head h's query is absorbed with "
+                    "its own w_uk[h] (keep the heads axis: q @ w_uk.transpose(-2, -1) broadcasts "
+                    "head by head)."):
+                lambda: _mla_model(q, c_kv, w_uk, first_head=True),
+            Mistake("w_uk-heads-flipped",
+                    "head h used w_uk[H - 1 - h]: the heads of w_uk are in the order of q's heads "
+                    "(w_uk[h] belongs to query head h), so no flip.",
+                    "used w_uk's heads in reverse order"):
+                lambda: _mla_model(q, c_kv, w_uk.flip(0)),
+            Mistake("transposed-scores",
+                    "your scores are [B, H, T, T_q], the transpose: rows are queries and columns "
+                    "are the cached tokens, [B, H, T_q, T] = q_latent @ c_kv^T."):
+                lambda: _mla_model(q, c_kv, w_uk).transpose(-2, -1),
         })
         planned.append((q, c_kv, w_uk, ref.mla_absorbed_scores(q, c_kv, w_uk), mistakes))
     warm_up()  # the first dispatch mode of a process imports torch._dynamo (seconds): not the learner's time
@@ -304,9 +377,13 @@ def mla_absorbed_scores(t: Trial) -> None:
                    f"holds keys c_kv @ w_uk[h] (d_h = {d_h} numbers per head per cached token; T = {T}). The "
                    "contract forbids it: at decode, building them costs 2 T d_c d_h FLOPs per head and "
                    "per step, the very cost absorption removes.",
-                   "absorb w_uk into the queries instead: move each head's queries into latent space "
-                   "first (q times w_uk[h] transposed: [B, H, T_q, d_c], nothing of size T in it), then "
-                   "score them against the cached latents. A three-operand einsum may contract c_kv with "
-                   "w_uk first: write the two steps yourself.",
+                   Mistake("formed-per-head-keys",
+                           "absorb w_uk into the queries instead: move each head's queries into "
+                           "latent space first (q times w_uk[h] transposed: [B, H, T_q, d_c], "
+                           "nothing of size T in it), then score them against the cached latents. "
+                           "A three-operand einsum may contract c_kv with w_uk first: write the "
+                           "two steps yourself.",
+                           "formed the per-head keys c_kv @ w_uk[h] instead of absorbing w_uk into "
+                           "the queries"),
                    recipe="q_latent = q @ w_uk.transpose(-2, -1)  # [B, H, T_q, d_c]; then "
                           "q_latent @ c_kv.unsqueeze(1).transpose(-2, -1)  # [B, H, T_q, T]")

@@ -23,11 +23,13 @@ from ..nb03_masks import sliding_window_mask
 from ..nb05_multihead import multi_head_attention
 from ..nb06_kv_sharing import repeat_kv
 from .core import Trial, describe_case, draw, exercise, seeded
+from .feedback import Mistake
 from .nb08_flops_memory import _known, check_count
 
 __all__ = ["kv_cache_bytes", "decode_step", "prefill_decode_flops", "ring_buffer_decode_step"]
 
 NB = "07_kv_cache"
+_SIGNATURE = "defined the function with other parameters than the contract's"
 
 
 # --------------------------------------------------------------------------- 7.1 kv_cache_bytes
@@ -36,24 +38,41 @@ NB = "07_kv_cache"
 def _cache_mistakes(B: int, T: int, L: int, H_kv: int, d: int, b: int) -> dict[str, float]:
     right = ref.kv_cache_bytes(B, T, L, H_kv, d, b)
     return _known({
-        "you counted the keys only: the cache holds a key AND a value per token, layer and kv head (the 2).": right / 2,
-        "you counted bits: dtype_bytes is already in bytes (bf16 = 2).": right * 8,
-        "you left out the layers: every layer has its own K and V caches, times n_layers.": right / L,
-        "you returned GB as a float: return the number of bytes, an int (divide by 1e9 only to print).": right / 1e9,
-        "you returned GiB as a float: return the number of bytes, an int (divide by 2**30 only to print).": right / 2**30,
-        "you left out the batch: each of the B sequences has its own cache.": right / B,
-        "you used head_dim where n_kv_heads belongs: the cache holds n_kv_heads heads of head_dim numbers "
-        "each, 2 * ... * n_kv_heads * head_dim * dtype_bytes.": right // H_kv * d,
-        "you ignored dtype_bytes (2 bytes, as for bf16, whatever the dtype): multiply by dtype_bytes.": right // b * 2,
-        "you ignored dtype_bytes: multiply by dtype_bytes, the size of one number.": right // b,
+        Mistake("keys-only",
+                "you counted the keys only: the cache holds a key AND a value per token, layer and "
+                "kv head (the 2)."): right / 2,
+        Mistake("counted-bits", "you counted bits: dtype_bytes is already in bytes (bf16 = 2)."):
+            right * 8,
+        Mistake("missing-layers",
+                "you left out the layers: every layer has its own K and V caches, times n_layers."):
+            right / L,
+        Mistake("returned-GB-float",
+                "you returned GB as a float: return the number of bytes, an int (divide by 1e9 "
+                "only to print)."): right / 1e9,
+        Mistake("returned-GiB-float",
+                "you returned GiB as a float: return the number of bytes, an int (divide by 2**30 "
+                "only to print)."): right / 2**30,
+        Mistake("missing-batch",
+                "you left out the batch: each of the B sequences has its own cache."): right / B,
+        Mistake("head_dim-for-n_kv_heads",
+                "you used head_dim where n_kv_heads belongs: the cache holds n_kv_heads heads of "
+                "head_dim numbers each, 2 * ... * n_kv_heads * head_dim * dtype_bytes."):
+            right // H_kv * d,
+        Mistake("dtype_bytes-hard-coded-2",
+                "you ignored dtype_bytes (2 bytes, as for bf16, whatever the dtype): multiply by "
+                "dtype_bytes."): right // b * 2,
+        Mistake("ignored-dtype_bytes",
+                "you ignored dtype_bytes: multiply by dtype_bytes, the size of one number."):
+            right // b,
     }, right)
 
 
 @exercise("7.1", "bytes of a KV cache", points=1, stars=1, notebook=NB, section="5. How big the cache gets")
 def kv_cache_bytes(t: Trial) -> None:
     t.error_hints = {
-        r"takes \d+ positional argument": "the signature is kv_cache_bytes(batch, seq_len, n_layers, n_kv_heads, "
-        "head_dim, dtype_bytes).",
+        r"takes \d+ positional argument": Mistake(
+            "wrong-signature", "the signature is kv_cache_bytes(batch, seq_len, n_layers, "
+            "n_kv_heads, head_dim, dtype_bytes).", _SIGNATURE),
     }
     llama = MODELS["Llama-3-8B"]
     # Llama-3-8B at 8,192 tokens in bf16 (exactly 1 GiB), then cases where no two sizes are equal
@@ -78,16 +97,24 @@ _RECIPE_72 = ("q, k, v = the projection of x_t split into heads ([B, H, 1, d_k] 
               "k_cache = torch.cat([k_cache, k], dim=2), the same for v; y_t = the merged heads of "
               "softmax(q k_cache^T / sqrt(d_k)) v_cache, times w_o (no mask: the new token may see every "
               "cached key); return y_t, k_cache, v_cache.")
-_NOT_ATTENDED = ("the new token's own key and value were not attended: append k and v to the caches "
-                 "first, then attend over the whole updated cache (a token attends to itself).")
-_TOP_LEFT = ("is_causal=True with one query aligns the causal mask top-left: the query is treated as "
-             "position 0 and sees only the first key. A single new token may see every cached key: "
-             "use no mask (or a bottom-right mask, causal_mask(T)[-1:]).")
-_PREPENDED = ("you put the new token at the start of the cache: append it at the end, "
-              "torch.cat([cache, new], dim=2), so that position t stays at index t.")
-_OLD_CACHE = ("you returned the cache you were given: return the updated caches (past + new token), "
-              "[B, H, T_past + 1, d_k].")
-_NEW_ONLY = "you returned only the new token's key/value: return the whole updated cache, past + new."
+_NOT_ATTENDED = Mistake("new-token-not-attended",
+                        "the new token's own key and value were not attended: append k and v to "
+                        "the caches first, then attend over the whole updated cache (a token "
+                        "attends to itself).")
+_TOP_LEFT = Mistake("is_causal-top-left",
+                    "is_causal=True with one query aligns the causal mask top-left: the query is "
+                    "treated as position 0 and sees only the first key. A single new token may see "
+                    "every cached key: use no mask (or a bottom-right mask, causal_mask(T)[-1:]).",
+                    "used is_causal=True with one query (a top-left mask: only the first key seen)")
+_PREPENDED = Mistake("prepended-to-cache",
+                     "you put the new token at the start of the cache: append it at the end, "
+                     "torch.cat([cache, new], dim=2), so that position t stays at index t.")
+_OLD_CACHE = Mistake("returned-old-cache",
+                     "you returned the cache you were given: return the updated caches (past + new "
+                     "token), [B, H, T_past + 1, d_k].")
+_NEW_ONLY = Mistake("returned-new-kv-only",
+                    "you returned only the new token's key/value: return the whole updated cache, "
+                    "past + new.")
 
 
 def _mha_weights(B: int, H: int, d_k: int, T: int, seed: int, dtype: torch.dtype):
@@ -108,13 +135,16 @@ def _step_models(x_t, k_cache, v_cache, w_qkv, w_o, H) -> dict[str, dict[str, to
     if k_cache.shape[2] > 0:
         y[_NOT_ATTENDED] = merge_heads(scaled_dot_product_attention(q, k_cache, v_cache)) @ w_o
     y[_TOP_LEFT] = merge_heads(F.scaled_dot_product_attention(q, K, V, is_causal=True)) @ w_o
-    y["you did not divide the scores by sqrt(d_k)."] = merge_heads(
+    y[Mistake("unscaled-scores", "you did not divide the scores by sqrt(d_k).")] = merge_heads(
         scaled_dot_product_attention(q * math.sqrt(q.shape[-1]), K, V)) @ w_o
-    y["you did not apply the output projection w_o to the merged heads."] = merge_heads(
+    y[Mistake("missing-output-projection",
+              "you did not apply the output projection w_o to the merged heads.")] = merge_heads(
         scaled_dot_product_attention(q, K, V))
     caches = {_PREPENDED: (torch.cat([k, k_cache], dim=2), torch.cat([v, v_cache], dim=2)),
               _OLD_CACHE: (k_cache, v_cache), _NEW_ONLY: (k, v),
-              "you returned the caches swapped: the order is (y_t, k_cache, v_cache).": (V, K)}
+              Mistake("swapped-caches",
+                      "you returned the caches swapped: the order is (y_t, k_cache, v_cache)."):
+                  (V, K)}
     k_models = {h: pair[0] for h, pair in caches.items()}
     v_models = {h: pair[1] for h, pair in caches.items()}
     return {"y_t": y, "k_cache": k_models, "v_cache": v_models}
@@ -131,11 +161,18 @@ def _compare_step(t: Trial, got, expected: tuple, models: dict) -> tuple[torch.T
 @exercise("7.2", "one decode step with a KV cache", points=3, stars=3, notebook=NB, section="2. One decode step")
 def decode_step(t: Trial) -> None:
     t.error_hints = {
-        r"takes \d+ positional argument": "the signature is decode_step(x_t, k_cache, v_cache, w_qkv, w_o, n_heads).",
-        r"Sizes of tensors must match|size of tensor a .* must match": "append along the sequence axis: the caches "
-        "and the new k, v are [B, H, T, d_k], so torch.cat([k_cache, k], dim=2).",
-        r"cannot be multiplied|mat1 and mat2": "x_t is [B, 1, D]: x_t @ w_qkv is [B, 1, 3D]; split it into q, k, v "
-        "([B, 1, D] each) and each into H heads [B, H, 1, d_k].",
+        r"takes \d+ positional argument": Mistake(
+            "wrong-signature",
+            "the signature is decode_step(x_t, k_cache, v_cache, w_qkv, w_o, n_heads).",
+            _SIGNATURE),
+        r"Sizes of tensors must match|size of tensor a .* must match": Mistake(
+            "cat-on-wrong-axis", "append along the sequence axis: the caches "
+            "and the new k, v are [B, H, T, d_k], so torch.cat([k_cache, k], dim=2).",
+            "appended to the caches along another axis than the sequence axis (dim 2)"),
+        r"cannot be multiplied|mat1 and mat2": Mistake(
+            "projection-shape-mismatch", "x_t is [B, 1, D]: x_t @ w_qkv is [B, 1, 3D]; split it "
+            "into q, k, v ([B, 1, D] each) and each into H heads [B, H, 1, d_k].",
+            "multiplied x_t, w_qkv or the heads with mismatched shapes"),
     }
     # Single steps: (B, H, d_k, T_past, dtype, seed). T_past = 0 is the first token after an empty prompt.
     steps = [(2, 3, 5, 7, torch.float32, 720), (1, 4, 3, 10, torch.float64, 721), (3, 2, 4, 0, torch.float32, 722)]
@@ -185,10 +222,15 @@ def _flops_model(P: int, N: int, d: int, L: int, use_cache: bool, *, shift: int 
     return L * total
 
 
-_OFF_BY_ONE = ("off by one in the context length: you used L = prompt_len + t - 1. Step t = 1..new_tokens "
-               "brings the sequence to L = prompt_len + t tokens: the new token attends to itself too.")
-_OFF_BY_ONE_UP = ("off by one in the context length: you used L = prompt_len + t + 1. Step t = 1..new_tokens "
-                  "brings the sequence to L = prompt_len + t tokens.")
+_OFF_BY_ONE = Mistake("context-one-short",
+                      "off by one in the context length: you used L = prompt_len + t - 1. Step "
+                      "t = 1..new_tokens brings the sequence to L = prompt_len + t tokens: the new "
+                      "token attends to itself too.",
+                      "used a context of prompt_len + t - 1 tokens at step t (one short)")
+_OFF_BY_ONE_UP = Mistake("context-one-long",
+                         "off by one in the context length: you used L = prompt_len + t + 1. Step "
+                         "t = 1..new_tokens brings the sequence to L = prompt_len + t tokens.",
+                         "used a context of prompt_len + t + 1 tokens at step t (one long)")
 
 
 def _prefill_mistakes(P: int, N: int, d: int, L: int, use_cache: bool) -> dict[str, float]:
@@ -197,23 +239,38 @@ def _prefill_mistakes(P: int, N: int, d: int, L: int, use_cache: bool) -> dict[s
     m = {
         _OFF_BY_ONE: _flops_model(P, N, d, L, use_cache, shift=-1),
         _OFF_BY_ONE_UP: _flops_model(P, N, d, L, use_cache, shift=+1),
-        "you did new_tokens - 1 decode steps: count one step per new token, t = 1..new_tokens.":
+        Mistake("one-step-short",
+                "you did new_tokens - 1 decode steps: count one step per new token, "
+                "t = 1..new_tokens."):
             _flops_model(P, N, d, L, use_cache, steps=max(N - 1, 0)),
-        "you forgot the prefill: processing the P prompt tokens first costs 8*d^2*P + 4*d*P^2 per layer.":
-            _flops_model(P, N, d, L, use_cache, prefill=False),
-        "you counted one layer only: multiply everything by n_layers.": right / L,
-        "you left out W_O: the projections cost 8*d^2 per token (Q, K, V and the output projection O), "
-        "not 6*d^2.": _flops_model(P, N, d, L, use_cache, proj_per_token=6),
-        "you counted multiplies only: a multiply-add counts 2 FLOPs (8*d^2 and 4*d*L, not 4*d^2 and 2*d*L).": right / 2,
-        ("you ignored use_cache: with a cache a step costs 8*d^2 + 4*d*L, without one 8*d^2*L + 4*d*L^2."
-         if use_cache else
-         "you ignored use_cache: without a cache every step recomputes all L tokens, 8*d^2*L + 4*d*L^2."): other,
+        Mistake("missing-prefill",
+                "you forgot the prefill: processing the P prompt tokens first costs 8*d^2*P + "
+                "4*d*P^2 per layer."): _flops_model(P, N, d, L, use_cache, prefill=False),
+        Mistake("one-layer-only", "you counted one layer only: multiply everything by n_layers."):
+            right / L,
+        Mistake("missing-W_O",
+                "you left out W_O: the projections cost 8*d^2 per token (Q, K, V and the output "
+                "projection O), not 6*d^2."): _flops_model(P, N, d, L, use_cache, proj_per_token=6),
+        Mistake("multiplies-only",
+                "you counted multiplies only: a multiply-add counts 2 FLOPs (8*d^2 and 4*d*L, not "
+                "4*d^2 and 2*d*L)."): right / 2,
+        Mistake("ignored-use_cache",
+                "you ignored use_cache: with a cache a step costs 8*d^2 + 4*d*L, without one "
+                "8*d^2*L + 4*d*L^2." if use_cache else
+                "you ignored use_cache: without a cache every step recomputes all L tokens, "
+                "8*d^2*L + 4*d*L^2."): other,
     }
     if use_cache:
-        m["with a cache only the new token is projected (8*d^2 per step, per layer): the past tokens' "
-          "keys and values come from the cache, not from recomputing the projections over the context."] = (
+        m[Mistake("cache-recomputes-projections",
+                  "with a cache only the new token is projected (8*d^2 per step, per layer): the "
+                  "past tokens' keys and values come from the cache, not from recomputing the "
+                  "projections over the context.",
+                  "projected the whole context at every cached step, not only the new token")] = (
             _flops_model(P, N, d, L, use_cache, cached_proj_over_context=True))
-        m["with a cache the new token is one query against L keys: 4*d*L per step, not 4*d*L^2."] = (
+        m[Mistake("cache-quadratic-attention",
+                  "with a cache the new token is one query against L keys: 4*d*L per step, not "
+                  "4*d*L^2.",
+                  "counted 4*d*L^2 attention FLOPs per cached step instead of 4*d*L")] = (
             _flops_model(P, N, d, L, use_cache, quadratic_cached=True))
     return _known(m, right)
 
@@ -222,8 +279,9 @@ def _prefill_mistakes(P: int, N: int, d: int, L: int, use_cache: bool) -> dict[s
           section="6. Prefill and decode, measured")
 def prefill_decode_flops(t: Trial) -> None:
     t.error_hints = {
-        r"takes \d+ positional argument": "the signature is prefill_decode_flops(prompt_len, new_tokens, d_model, "
-        "n_layers, use_cache).",
+        r"takes \d+ positional argument": Mistake(
+            "wrong-signature", "the signature is prefill_decode_flops(prompt_len, new_tokens, "
+            "d_model, n_layers, use_cache).", _SIGNATURE),
     }
     llama = MODELS["Llama-3-8B"]
     # (P, N, d, L): small cases with every size different, a prompt with no new tokens, and a
@@ -247,37 +305,64 @@ _RECIPE_74 = ("W = k_buf.shape[2]; copy the buffers (k_buf.clone(), v_buf.clone(
               "v_new[:, :, 0] into slot t % W; n = min(t + 1, W) slots are written; repeat those n keys and "
               "values for the H / H_kv query heads of each group (repeat_interleave(H // H_kv, dim=1)); "
               "o = softmax(q K^T / sqrt(d)) V over the n slots; return o, k_buf, v_buf.")
-_EMPTY_SLOTS = ("you attended over all W slots before the buffer was full: while t + 1 < W, slots t + 1 .. W - 1 "
-                "were never written in this sequence (they hold zeros or an earlier sequence's leftovers). "
-                "Attend over the min(t + 1, W) written slots only.")
-_W_PLUS_1 = ("off by one: you attended to W + 1 keys, the old buffer and the new key together, so the token "
-             "that falls out of the window (position t - W, in slot t % W) was still seen. Write the new key "
-             "into slot t % W first, then attend over the buffer: W keys.")
-_W_MINUS_1 = ("off by one: you attended to W - 1 keys. The window is the W tokens t - W + 1 .. t, the new "
-              "token and the oldest one (position t - W + 1, in slot (t + 1) % W) included.")
-_NEW_NOT_SEEN = ("the new token's own key and value were not attended: write them into slot t % W first, "
-                 "then attend over the written slots (a token attends to itself).")
-_NO_SCALE_74 = "you did not divide the scores by sqrt(d), d = q.shape[-1]."
-_IS_CAUSAL_74 = ("the query attended to slot 0 only: with one query and several keys, SDPA's is_causal=True "
-                 "aligns the mask top-left (query 0 sees key 0 alone; section 3's trap). The buffer holds only "
-                 "keys the new token may see: attend to all written slots with no mask.")
-_LAST_N = ("before the buffer is full the written slots are the first min(t + 1, W), 0 .. t (token p sits in "
-           "slot p % W), not the last ones.")
-_TILED = ("GQA heads in the wrong order: query head h reads key/value head h // (H / H_kv) (consecutive "
-          "groups: repeat_interleave(H // H_kv, dim=1), or notebook 06's repeat_kv), not h % H_kv (what "
-          ".repeat(1, H // H_kv, 1, 1) gives).")
-_SLOT_T_MINUS_1 = "you wrote the new token into slot (t - 1) % W: token t goes to slot t % W (t counts from 0)."
-_SLOT_T_PLUS_1 = "you wrote the new token into slot (t + 1) % W: token t goes to slot t % W."
-_SLOT_LAST = ("once the buffer was full you kept overwriting its last slot: token t goes to slot t % W, "
-              "which wraps around to slot 0 and overwrites the oldest token.")
-_ROLLED = ("your buffers are shifted (torch.roll, or dropping slot 0 and appending): token t must go to slot "
-           "t % W and every other slot stay where it is. A ring buffer writes one slot per step; shifting "
-           "copies the whole window every step.")
-_UNCHANGED = ("you returned the buffers you were given: return the updated copies, with the new key and value "
-              "in slot t % W.")
-_SWAPPED_74 = "you returned the buffers swapped: the order is (o, k_buf, v_buf)."
-_APPENDED = ("your buffer grew by one slot: a ring buffer keeps its W slots and overwrites slot t % W "
-             "(torch.cat appends, as the unbounded cache of exercise 7.2 does).")
+_EMPTY_SLOTS = Mistake("attended-unwritten-slots",
+                       "you attended over all W slots before the buffer was full: while t + 1 < W, "
+                       "slots t + 1 .. W - 1 were never written in this sequence (they hold zeros "
+                       "or an earlier sequence's leftovers). Attend over the min(t + 1, W) written "
+                       "slots only.")
+_W_PLUS_1 = Mistake("attended-W-plus-1-keys",
+                    "off by one: you attended to W + 1 keys, the old buffer and the new key "
+                    "together, so the token that falls out of the window (position t - W, in slot "
+                    "t % W) was still seen. Write the new key into slot t % W first, then attend "
+                    "over the buffer: W keys.",
+                    "attended to W + 1 keys: the old buffer and the new key together")
+_W_MINUS_1 = Mistake("attended-W-minus-1-keys",
+                     "off by one: you attended to W - 1 keys. The window is the W tokens "
+                     "t - W + 1 .. t, the new token and the oldest one (position t - W + 1, in "
+                     "slot (t + 1) % W) included.",
+                     "attended to W - 1 keys, leaving out the oldest token of the window")
+_NEW_NOT_SEEN = Mistake("new-token-not-attended",
+                        "the new token's own key and value were not attended: write them into slot "
+                        "t % W first, then attend over the written slots (a token attends to "
+                        "itself).")
+_NO_SCALE_74 = Mistake("unscaled-scores",
+                       "you did not divide the scores by sqrt(d), d = q.shape[-1].")
+_IS_CAUSAL_74 = Mistake("is_causal-top-left",
+                        "the query attended to slot 0 only: with one query and several keys, "
+                        "SDPA's is_causal=True aligns the mask top-left (query 0 sees key 0 alone; "
+                        "section 3's trap). The buffer holds only keys the new token may see: "
+                        "attend to all written slots with no mask.",
+                        "used is_causal=True with one query (a top-left mask: only slot 0 seen)")
+_LAST_N = Mistake("attended-last-n-slots",
+                  "before the buffer is full the written slots are the first min(t + 1, W), 0 .. t "
+                  "(token p sits in slot p % W), not the last ones.",
+                  "attended to the last slots before the buffer was full, not the first t + 1")
+_TILED = Mistake("tiled-kv-heads",
+                 "GQA heads in the wrong order: query head h reads key/value head h // (H / H_kv) "
+                 "(consecutive groups: repeat_interleave(H // H_kv, dim=1), or notebook 06's "
+                 "repeat_kv), not h % H_kv (what .repeat(1, H // H_kv, 1, 1) gives).",
+                 "tiled the key/value heads (query head h read h % H_kv, not h // (H / H_kv))")
+_SLOT_T_MINUS_1 = Mistake("slot-t-minus-1",
+                          "you wrote the new token into slot (t - 1) % W: token t goes to "
+                          "slot t % W (t counts from 0).")
+_SLOT_T_PLUS_1 = Mistake("slot-t-plus-1",
+                         "you wrote the new token into slot (t + 1) % W: token t goes to "
+                         "slot t % W.")
+_SLOT_LAST = Mistake("overwrote-last-slot",
+                     "once the buffer was full you kept overwriting its last slot: token t goes to "
+                     "slot t % W, which wraps around to slot 0 and overwrites the oldest token.")
+_ROLLED = Mistake("shifted-buffers",
+                  "your buffers are shifted (torch.roll, or dropping slot 0 and appending): token "
+                  "t must go to slot t % W and every other slot stay where it is. A ring buffer "
+                  "writes one slot per step; shifting copies the whole window every step.")
+_UNCHANGED = Mistake("returned-given-buffers",
+                     "you returned the buffers you were given: return the updated copies, with the "
+                     "new key and value in slot t % W.")
+_SWAPPED_74 = Mistake("swapped-buffers",
+                      "you returned the buffers swapped: the order is (o, k_buf, v_buf).")
+_APPENDED = Mistake("appended-to-buffer",
+                    "your buffer grew by one slot: a ring buffer keeps its W slots and overwrites "
+                    "slot t % W (torch.cat appends, as the unbounded cache of exercise 7.2 does).")
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: bool = True, tiled: bool = False) -> torch.Tensor:
@@ -368,14 +453,20 @@ def _describe_ring(args: tuple) -> str:
           section="9. Sliding windows: a ring-buffer cache")
 def ring_buffer_decode_step(t: Trial) -> None:
     t.error_hints = {
-        r"takes \d+ positional argument|missing \d+ required positional argument": "the signature is "
-        "ring_buffer_decode_step(q, k_new, v_new, k_buf, v_buf, t); "
-        "the window W is the buffers' length, k_buf.shape[2].",
-        r"out of bounds for dimension 2": "the buffers have W slots, 0 .. W - 1: token t goes to slot t % W, which "
-        "wraps around once t >= W.",
+        r"takes \d+ positional argument|missing \d+ required positional argument": Mistake(
+            "wrong-signature", "the signature is "
+            "ring_buffer_decode_step(q, k_new, v_new, k_buf, v_buf, t); "
+            "the window W is the buffers' length, k_buf.shape[2].", _SIGNATURE),
+        r"out of bounds for dimension 2": Mistake(
+            "slot-out-of-range", "the buffers have W slots, 0 .. W - 1: token t goes to "
+            "slot t % W, which wraps around once t >= W.",
+            "wrote to a slot past W - 1 (the slot index does not wrap around with t % W)"),
         r"must match the size of tensor b .* at non-singleton dimension 1|same (size|number of heads)|enable_gqa":
-            "q has H heads and the buffers H_kv: repeat each key/value head for the H / H_kv query heads of its "
-            "group (repeat_interleave(H // H_kv, dim=1), or notebook 06's repeat_kv) before the products.",
+            Mistake("kv-heads-not-repeated",
+                    "q has H heads and the buffers H_kv: repeat each key/value head for the H / "
+                    "H_kv query heads of its group (repeat_interleave(H // H_kv, dim=1), or "
+                    "notebook 06's repeat_kv) before the products.",
+                    "multiplied q's H heads by the buffers' H_kv heads without repeating them"),
     }
     # (B, H, H_kv, d, W, t, dtype, stale, seed): no two of B, H, H_kv, d, W equal in the first two.
     # Before the buffer fills (leftovers in the unwritten slots), after it wrapped twice, exactly

@@ -13,17 +13,30 @@ from collections.abc import Mapping
 from .. import nb08_flops_memory as ref
 from ..configs import MODELS, ModelConfig
 from .core import Trial, describe, describe_case, draw, exercise, seeded
+from .feedback import Mistake
 from .guard import key_text
 
 __all__ = ["attention_flops", "score_matrix_bytes", "max_seq_len_for_scores", "training_memory"]
 
 NB = "08_flops_memory"
+_SIGNATURE = "defined the function with other parameters than the contract's"
 
 
 def _known(mistakes: Mapping[str, float], expected: int) -> dict[str, float]:
     """Mistake models that differ from the right answer on this case."""
     return {h: v for h, v in mistakes.items() if not math.isclose(v, expected, rel_tol=1e-12)}
 
+
+
+_FLOAT_COUNT = Mistake("float-count",
+                       "counts of bytes and FLOPs are Python ints: use integer arithmetic (*, "
+                       "//, math.isqrt) and return the count itself, not a value scaled for "
+                       "printing (GB, GiB, GFLOP).",
+                       "returned a count as a float instead of an int")
+_COUNT_AS_STRING = Mistake("count-as-string",
+                           "return the number itself (an int), not text: no f-string, str() or "
+                           "format().",
+                           "returned a count as text (a string) instead of an int")
 
 
 def check_count(t: Trial, got, expected: int, what: str, mistakes: Mapping[str, float], hint: str) -> None:
@@ -34,22 +47,25 @@ def check_count(t: Trial, got, expected: int, what: str, mistakes: Mapping[str, 
     __tracebackhide__ = True
     if type(got) is float:
         matched = next((h for h, v in mistakes.items() if math.isclose(got, v, rel_tol=1e-9)), "")
-        t.fail(f"{what}: expected an int ({expected:,}), got the float {got!r}.", matched or
-               "counts of bytes and FLOPs are Python ints: use integer arithmetic (*, //, math.isqrt) and "
-               "return the count itself, not a value scaled for printing (GB, GiB, GFLOP).")
+        t.fail(f"{what}: expected an int ({expected:,}), got the float {got!r}.",
+               matched or _FLOAT_COUNT)
     if type(got) is str:
         t.fail(f"{what}: expected an int, got the string {got!r}.",
-               "return the number itself (an int), not text: no f-string, str() or format().")
+               _COUNT_AS_STRING)
     t.number(got, expected, what=what, integer=True, mistakes=mistakes, hint=hint)
 
 
 # --------------------------------------------------------------------------- 8.1 attention_flops
 
 KEYS = ("q_proj", "k_proj", "v_proj", "o_proj", "scores", "softmax", "weighted_values", "total")
-_MULT_ONLY = ("you counted multiplies only (n*d*k for a matmul): the course counts a multiply-add as "
-              "2 FLOPs, so [a x b] @ [b x c] costs 2*a*b*c.")
-_HALVED = ("you halved this part: the convention counts the full n x n square (no causal halving) and a "
-           "multiply-add as 2 FLOPs (not multiplies only): H * 2*n*n*d_h.")
+_MULT_ONLY = Mistake("multiplies-only",
+                     "you counted multiplies only (n*d*k for a matmul): the course counts a "
+                     "multiply-add as 2 FLOPs, so [a x b] @ [b x c] costs 2*a*b*c.")
+_HALVED = Mistake("halved-n-by-n-part",
+                  "you halved this part: the convention counts the full n x n square (no causal "
+                  "halving) and a multiply-add as 2 FLOPs (not multiplies only): H * 2*n*n*d_h.",
+                  "halved the scores or weighted values (causal halving, or multiplies only)")
+_CAUSAL_TRIANGLE = "counted only the causal triangle of the n x n square"
 _RECIPE_81 = ("q_proj = 2*n*d*H*d_h, k_proj = v_proj = 2*n*d*H_kv*d_h, o_proj = 2*n*H*d_h*d, "
               "scores = weighted_values = H*2*n*n*d_h, softmax = 6*H*n*n, total = the sum of the seven.")
 
@@ -58,40 +74,74 @@ def _flops_mistakes(n: int, d: int, H: int, H_kv: int, d_h: int) -> dict[str, di
     """For each key, the values known wrong implementations give, with their hints."""
     right = ref.attention_flops(n, d, H, H_kv, d_h)
     kv_with_h = {
-        "you counted the K and V projections with the query heads: with grouped-query attention "
-        "only H_kv key/value heads are projected, 2*n*d*H_kv*d_h each.": 2 * n * d * H * d_h,
-        "you counted the K and V projections as d x d matrices: W_K and W_V are [d, H_kv*d_h] "
-        "(grouped-query attention), 2*n*d*H_kv*d_h each.": 2 * n * d * d,
+        Mistake("kv_proj-with-query-heads",
+                "you counted the K and V projections with the query heads: with grouped-query "
+                "attention only H_kv key/value heads are projected, 2*n*d*H_kv*d_h each."):
+            2 * n * d * H * d_h,
+        Mistake("kv_proj-as-d-by-d",
+                "you counted the K and V projections as d x d matrices: W_K and W_V are [d, "
+                "H_kv*d_h] (grouped-query attention), 2*n*d*H_kv*d_h each."): 2 * n * d * d,
     }
     m: dict[str, dict[str, float]] = {
         "q_proj": {_MULT_ONLY: right["q_proj"] / 2,
-                   "W_Q is [d, H*d_h]: q_proj = 2*n*d*H*d_h (H*d_h need not equal d).": 2 * n * d * d},
+                   Mistake("W_Q-as-d-by-d",
+                           "W_Q is [d, H*d_h]: q_proj = 2*n*d*H*d_h (H*d_h need not equal d).",
+                           "counted W_Q as d x d instead of [d, H*d_h]"): 2 * n * d * d},
         "k_proj": {**kv_with_h, _MULT_ONLY: right["k_proj"] / 2},
         "v_proj": {**kv_with_h, _MULT_ONLY: right["v_proj"] / 2},
         "o_proj": {_MULT_ONLY: right["o_proj"] / 2,
-                   "W_O is [H*d_h, d]: o_proj = 2*n*H*d_h*d (H*d_h need not equal d).": 2 * n * d * d},
+                   Mistake("W_O-as-d-by-d",
+                           "W_O is [H*d_h, d]: o_proj = 2*n*H*d_h*d (H*d_h need not equal d).",
+                           "counted W_O as d x d instead of [H*d_h, d]"): 2 * n * d * d},
         "scores": {_HALVED: right["scores"] / 2,
-                   "the scores are computed for every query head: H * 2*n*n*d_h, not once.": 2 * n * n * d_h,
-                   "the scores are computed for every query head (H of them), not per key/value head: "
-                   "GQA shares K, not the score matrices.": H_kv * 2 * n * n * d_h,
-                   "causal halving is not counted here (the convention counts the full n x n square).":
-                   right["scores"] / 2 + H * n * d_h},
-        "softmax": {"you counted 5*n^2 per head for the softmax: the convention counts scale (1) + "
-                    "softmax (~5) = 6 FLOPs per score, 6*H*n*n.": 5 * H * n * n,
-                    "the softmax runs on every head's n x n scores: 6*H*n*n, not 6*n*n.": 6 * n * n,
-                    "you left out the softmax: scale + softmax count 6 FLOPs per score, 6*H*n*n.": 0},
+                   Mistake("scores-for-one-head",
+                           "the scores are computed for every query head: H * 2*n*n*d_h, not once.",
+                           "counted the scores for one head instead of every query head"):
+                       2 * n * n * d_h,
+                   Mistake("scores-per-kv-head",
+                           "the scores are computed for every query head (H of them), not per "
+                           "key/value head: GQA shares K, not the score matrices.",
+                           "counted the scores per key/value head instead of per query head"):
+                       H_kv * 2 * n * n * d_h,
+                   Mistake("causal-triangle",
+                           "causal halving is not counted here (the convention counts the full n x "
+                           "n square).", _CAUSAL_TRIANGLE): right["scores"] / 2 + H * n * d_h},
+        "softmax": {Mistake("softmax-5-per-score",
+                            "you counted 5*n^2 per head for the softmax: the convention counts "
+                            "scale (1) + softmax (~5) = 6 FLOPs per score, 6*H*n*n."):
+                        5 * H * n * n,
+                    Mistake("softmax-for-one-head",
+                            "the softmax runs on every head's n x n scores: 6*H*n*n, not 6*n*n.",
+                            "counted the softmax for one head instead of every head"): 6 * n * n,
+                    Mistake("missing-softmax",
+                            "you left out the softmax: scale + softmax count 6 FLOPs per score, "
+                            "6*H*n*n."): 0},
         "weighted_values": {_HALVED: right["weighted_values"] / 2,
-                            "causal halving is not counted here (the convention counts the full n x n "
-                            "square).": right["weighted_values"] / 2 + H * n * d_h,
-                            "the weighted values are computed for every query head: H * 2*n*n*d_h.": 2 * n * n * d_h,
-                            "the weighted values are computed for every query head (H of them), not per "
-                            "key/value head.": H_kv * 2 * n * n * d_h},
-        "total": {"your total leaves out the softmax: total is the sum of all seven parts.":
-                  right["total"] - right["softmax"],
-                  "your total counts only the projections: add scores, softmax and weighted values.":
-                  right["q_proj"] + right["k_proj"] + right["v_proj"] + right["o_proj"],
-                  "your total counts only the attention core: add the four projections.":
-                  right["scores"] + right["softmax"] + right["weighted_values"]},
+                            Mistake("causal-triangle",
+                                    "causal halving is not counted here (the convention counts the "
+                                    "full n x n square).", _CAUSAL_TRIANGLE):
+                                right["weighted_values"] / 2 + H * n * d_h,
+                            Mistake("weighted_values-for-one-head",
+                                    "the weighted values are computed for every query head: "
+                                    "H * 2*n*n*d_h.",
+                                    "counted the weighted values for one head instead of every "
+                                    "query head"): 2 * n * n * d_h,
+                            Mistake("weighted_values-per-kv-head",
+                                    "the weighted values are computed for every query head (H of "
+                                    "them), not per key/value head.",
+                                    "counted the weighted values per key/value head instead of per "
+                                    "query head"): H_kv * 2 * n * n * d_h},
+        "total": {Mistake("total-without-softmax",
+                          "your total leaves out the softmax: total is the sum of all seven "
+                          "parts."):
+                      right["total"] - right["softmax"],
+                  Mistake("total-projections-only",
+                          "your total counts only the projections: add scores, softmax and "
+                          "weighted values."):
+                      right["q_proj"] + right["k_proj"] + right["v_proj"] + right["o_proj"],
+                  Mistake("total-attention-core-only",
+                          "your total counts only the attention core: add the four projections."):
+                      right["scores"] + right["softmax"] + right["weighted_values"]},
     }
     return {key: _known(models, right[key]) for key, models in m.items()}
 
@@ -100,7 +150,10 @@ def _flops_mistakes(n: int, d: int, H: int, H_kv: int, d_h: int) -> dict[str, di
           section="2. One attention layer, part by part")
 def attention_flops(t: Trial) -> None:
     t.error_hints = {
-        r"takes \d+ positional argument": "the signature is attention_flops(n, d_model, n_heads, n_kv_heads, head_dim).",
+        r"takes \d+ positional argument": Mistake(
+            "wrong-signature",
+            "the signature is attention_flops(n, d_model, n_heads, n_kv_heads, head_dim).",
+            _SIGNATURE),
     }
     mav, base = MODELS["Llama-4-Maverick"], MODELS["Transformer (base)"]
     # (n, d, H, H_kv, d_h): a small GQA layer whose H*d_h (24) differs from d (20) and where no two
@@ -119,11 +172,15 @@ def attention_flops(t: Trial) -> None:
         got = t.call(n, d, H, H_kv, d_h, case=describe_case(n=n, d_model=d, n_heads=H, n_kv_heads=H_kv, head_dim=d_h))
         if not isinstance(got, Mapping):
             t.fail(f"expected a dict with the keys {', '.join(KEYS)}; got {describe(got)}.",
-                   "return {'q_proj': ..., 'k_proj': ..., ..., 'total': ...}: one int per part.")
+                   Mistake("not-a-dict",
+                           "return {'q_proj': ..., 'k_proj': ..., ..., 'total': ...}: one int "
+                           "per part.",
+                           "returned something other than a dict of the parts"))
         missing = [k for k in KEYS if k not in got]
         if missing:
             t.fail(f"your dict lacks the key(s) {', '.join(repr(k) for k in missing)} (it has {', '.join(sorted(key_text(k) for k in got))}).",
-                   f"use exactly these names: {', '.join(KEYS)}.")
+                   Mistake("missing-keys", f"use exactly these names: {', '.join(KEYS)}.",
+                           "returned a dict that lacks some of the keys (or names them otherwise)"))
         values = {k: got[k] for k in KEYS}
         for key in KEYS:
             check_count(t, values[key], expected[key], f"[{key!r}]", mistakes[key], _RECIPE_81)
@@ -135,18 +192,37 @@ def attention_flops(t: Trial) -> None:
 def _bytes_mistakes(B: int, H: int, T: int, b: int) -> dict[str, float]:
     right = ref.score_matrix_bytes(B, H, T, b)
     return _known({
-        "you left out the batch: every one of the B sequences has its own scores, B*H*T*T*dtype_bytes.": H * T * T * b,
-        "you left out the heads: every head has its own T x T scores, B*H*T*T*dtype_bytes.": B * T * T * b,
-        "you halved the square for the causal mask: a kernel that stores S stores all T*T entries "
-        "(the masked ones are -inf, not absent).": B * H * T * (T + 1) // 2 * b,
-        "you halved the square for the causal mask: a kernel that stores S stores all T*T entries.": right / 2,
-        "you returned GiB as a float: return the number of bytes, an int (divide by 2**30 only to print).": right / 2**30,
-        "you returned GB as a float: return the number of bytes, an int (divide by 1e9 only to print).": right / 1e9,
-        "you counted entries, not bytes: multiply by dtype_bytes.": B * H * T * T,
-        "you counted bits: bytes are B*H*T*T*dtype_bytes (dtype_bytes is already in bytes).": right * 8,
-        "you counted T entries per head, not T*T: the score matrix of one head is T x T (every query against "
-        "every key).": B * H * T * b,
-        "you ignored dtype_bytes (2 bytes, as for fp16, whatever the dtype): multiply by dtype_bytes.": B * H * T * T * 2,
+        Mistake("missing-batch",
+                "you left out the batch: every one of the B sequences has its own scores, "
+                "B*H*T*T*dtype_bytes."): H * T * T * b,
+        Mistake("missing-heads",
+                "you left out the heads: every head has its own T x T scores, "
+                "B*H*T*T*dtype_bytes."):
+            B * T * T * b,
+        Mistake("halved-for-causal",
+                "you halved the square for the causal mask: a kernel that stores S stores all T*T "
+                "entries (the masked ones are -inf, not absent)."): B * H * T * (T + 1) // 2 * b,
+        Mistake("halved-for-causal",
+                "you halved the square for the causal mask: a kernel that stores S stores all T*T "
+                "entries."): right / 2,
+        Mistake("returned-GiB-float",
+                "you returned GiB as a float: return the number of bytes, an int (divide by 2**30 "
+                "only to print)."): right / 2**30,
+        Mistake("returned-GB-float",
+                "you returned GB as a float: return the number of bytes, an int (divide by 1e9 "
+                "only to print)."): right / 1e9,
+        Mistake("counted-entries", "you counted entries, not bytes: multiply by dtype_bytes."):
+            B * H * T * T,
+        Mistake("counted-bits",
+                "you counted bits: bytes are B*H*T*T*dtype_bytes (dtype_bytes is already in "
+                "bytes)."):
+            right * 8,
+        Mistake("linear-in-T",
+                "you counted T entries per head, not T*T: the score matrix of one head is T x T "
+                "(every query against every key)."): B * H * T * b,
+        Mistake("dtype_bytes-hard-coded-2",
+                "you ignored dtype_bytes (2 bytes, as for fp16, whatever the dtype): multiply by "
+                "dtype_bytes."): B * H * T * T * 2,
     }, right)
 
 
@@ -154,7 +230,10 @@ def _bytes_mistakes(B: int, H: int, T: int, b: int) -> dict[str, float]:
           section="6. The memory of the scores")
 def score_matrix_bytes(t: Trial) -> None:
     t.error_hints = {
-        r"takes \d+ positional argument": "the signature is score_matrix_bytes(batch, n_heads, seq_len, dtype_bytes).",
+        r"takes \d+ positional argument": Mistake(
+            "wrong-signature",
+            "the signature is score_matrix_bytes(batch, n_heads, seq_len, dtype_bytes).",
+            _SIGNATURE),
     }
     # A small case with every size different (B > 1, 4-byte numbers: counting entries, halving and
     # dropping a size all give different numbers), the SDPA course page's example (B=4, H=32,
@@ -171,17 +250,25 @@ def score_matrix_bytes(t: Trial) -> None:
 
 # --------------------------------------------------------------------------- 8.3 max_seq_len_for_scores
 
-_ONE_PAST = ("one past the boundary: the scores of the T you returned do not fit. Return the largest T "
-             "with B*H*T*T*dtype_bytes <= budget (an exact fit counts).")
-_ROUNDED = ("you rounded the square root to the nearest integer (or up): the scores of that T do not fit. "
-            "Round down: math.isqrt(budget_bytes // (batch * n_heads * dtype_bytes)).")
-_FLOAT_SQRT = ("a float square root is off by one here: float64 has 53 bits, so above 2**52 math.sqrt "
-               "(and ** 0.5) round. Use the integer square root: math.isqrt(budget_bytes // (batch * "
-               "n_heads * dtype_bytes)).")
+_ONE_PAST = Mistake("one-past-boundary",
+                    "one past the boundary: the scores of the T you returned do not fit. Return "
+                    "the largest T with B*H*T*T*dtype_bytes <= budget (an exact fit counts).",
+                    "returned one more than the largest T whose scores fit")
+_ROUNDED = Mistake("rounded-sqrt",
+                   "you rounded the square root to the nearest integer (or up): the scores of that "
+                   "T do not fit. Round down: math.isqrt(budget_bytes // (batch * n_heads * "
+                   "dtype_bytes)).")
+_FLOAT_SQRT = Mistake("float-sqrt",
+                      "a float square root is off by one here: float64 has 53 bits, so above 2**52 "
+                      "math.sqrt (and ** 0.5) round. Use the integer square root: "
+                      "math.isqrt(budget_bytes // (batch * n_heads * dtype_bytes)).",
+                      "took a float square root, which rounds for large budgets")
 
 
-_EXACT_FIT = ("an exact fit is left out: when T*T*batch*n_heads*dtype_bytes equals the budget, T fits (<=, "
-              "not <).")
+_EXACT_FIT = Mistake("exact-fit-excluded",
+                     "an exact fit is left out: when T*T*batch*n_heads*dtype_bytes equals the "
+                     "budget, T fits (<=, not <).",
+                     "left out an exact fit (< instead of <=)")
 
 
 def _seq_mistakes(budget: int, B: int, H: int, b: int, huge: bool) -> dict[str, float]:
@@ -192,9 +279,15 @@ def _seq_mistakes(budget: int, B: int, H: int, b: int, huge: bool) -> dict[str, 
     if right > 0 and right * right == q:  # an exact fit
         m[_EXACT_FIT] = right - 1
     m |= {
-        "you ignored the batch: the budget holds B score matrices, one per sequence.": math.isqrt(budget // (H * b)),
-        "you ignored the heads: each of the H heads has its own T x T scores.": math.isqrt(budget // (B * b)),
-        "you ignored dtype_bytes: each score takes dtype_bytes bytes.": math.isqrt(budget // (B * H)),
+        Mistake("ignored-batch",
+                "you ignored the batch: the budget holds B score matrices, one per sequence."):
+            math.isqrt(budget // (H * b)),
+        Mistake("ignored-heads",
+                "you ignored the heads: each of the H heads has its own T x T scores."):
+            math.isqrt(budget // (B * b)),
+        Mistake("ignored-dtype_bytes",
+                "you ignored dtype_bytes: each score takes dtype_bytes bytes."):
+            math.isqrt(budget // (B * H)),
     }
     return _known(m, right)
 
@@ -224,7 +317,10 @@ def _drawn_seq_case() -> tuple[int, int, int, int, bool]:
           section="7. The longest context that fits")
 def max_seq_len_for_scores(t: Trial) -> None:
     t.error_hints = {
-        r"takes \d+ positional argument": "the signature is max_seq_len_for_scores(budget_bytes, batch, n_heads, dtype_bytes).",
+        r"takes \d+ positional argument": Mistake(
+            "wrong-signature",
+            "the signature is max_seq_len_for_scores(budget_bytes, batch, n_heads, dtype_bytes).",
+            _SIGNATURE),
     }
     planned = [(c, ref.max_seq_len_for_scores(*c[:4]), _seq_mistakes(*c)) for c in [*_SEQ_CASES, _drawn_seq_case()]]
     for (budget, B, H, b, _), expected, mistakes in planned:
@@ -237,14 +333,21 @@ def max_seq_len_for_scores(t: Trial) -> None:
 # --------------------------------------------------------------------------- 8.4 training_memory
 
 PARTS = ("weights", "gradients", "optimizer", "activations", "total")
-_OPT_8N = ("the optimizer holds 12 bytes per parameter: the fp32 master weights (4) and AdamW's two "
-           "fp32 moments m and v (4 each). You have 8: you left out the master weights or one of "
-           "AdamW's two moments, or counted m and v in bf16 (2 bytes each; they stay fp32).")
-_OPT_4N = ("the optimizer holds 12 bytes per parameter: the fp32 master weights (4) and AdamW's two "
-           "fp32 moments m and v (4 each). You have 4: only one of the three, or m and v in bf16 "
-           "without the master weights.")
-_TIED = ("the embeddings are untied: the input embedding and the output matrix are two [vocab, d] "
-         "matrices, both counted in N = dense_param_count(cfg).")
+_OPT_8N = Mistake("optimizer-8-bytes",
+                  "the optimizer holds 12 bytes per parameter: the fp32 master weights (4) and "
+                  "AdamW's two fp32 moments m and v (4 each). You have 8: you left out the master "
+                  "weights or one of AdamW's two moments, or counted m and v in bf16 (2 bytes "
+                  "each; they stay fp32).",
+                  "counted the optimizer at 8 bytes per parameter instead of 12")
+_OPT_4N = Mistake("optimizer-4-bytes",
+                  "the optimizer holds 12 bytes per parameter: the fp32 master weights (4) and "
+                  "AdamW's two fp32 moments m and v (4 each). You have 4: only one of the three, "
+                  "or m and v in bf16 without the master weights.",
+                  "counted the optimizer at 4 bytes per parameter instead of 12")
+_TIED = Mistake("tied-embeddings",
+                "the embeddings are untied: the input embedding and the output matrix are two "
+                "[vocab, d] matrices, both counted in N = dense_param_count(cfg).",
+                "counted the embeddings as tied (one [vocab, d] matrix instead of two)")
 _RECIPE_84 = ("N = dense_param_count(cfg); weights 2N, gradients 2N, optimizer 12N; activations = 2 bytes * "
               "batch * seq_len * (n_layers * (one layer's numbers per token) + 2d + vocab), one layer = "
               "4d + 2*H*d_h + 2*H_kv*d_h + 4*d_ff (+ H*seq_len naive; only d with recompute, plus one "
@@ -268,58 +371,111 @@ def _training_mistakes(cfg, B: int, T: int, attention: str) -> dict[str, dict[st
         return acts + 2 * B * T * (L * delta if full else delta)
 
     a: dict[str, float] = {
-        "your activations are not multiplied by the number of layers: every one of the L layers saves "
-        "its own tensors.": 2 * B * T * (per_layer + head + recomputed),
-        "you left out the batch: every one of the batch's sequences saves its own activations.": acts / B,
-        "you left out seq_len: each of the seq_len tokens of a sequence saves its own activations.": acts / T,
-        "activations are bf16 under this convention, 2 bytes per number, not 4 (fp32).": 2 * acts,
-        "you counted numbers, not bytes: each activation takes 2 bytes (bf16).": acts // 2,
-        "you left out the head: the final norm's input and output (d each) and the log-probabilities "
-        "(vocab) of every token.": acts - 2 * B * T * head,
-        "K and V are saved with their H_kv key/value heads (grouped-query attention does not repeat "
-        "them): 2*H_kv*d_h per token, not 2*H*d_h.": with_layer(2 * (H - H_kv) * d_h),
-        "the SwiGLU MLP saves four tensors of d_ff per token: the gate (SiLU's input), silu(gate) and "
-        "up (the product's inputs) and their product (W_down's input).": with_layer(-f),
-        "each norm saves its input and its output (the input of the next matrix products): 2d per "
-        "norm, 4d per layer.": with_layer(-2 * d),
+        Mistake("activations-one-layer",
+                "your activations are not multiplied by the number of layers: every one of the L "
+                "layers saves its own tensors."): 2 * B * T * (per_layer + head + recomputed),
+        Mistake("missing-batch",
+                "you left out the batch: every one of the batch's sequences saves its own "
+                "activations."): acts / B,
+        Mistake("missing-seq_len",
+                "you left out seq_len: each of the seq_len tokens of a sequence saves its own "
+                "activations."): acts / T,
+        Mistake("activations-fp32",
+                "activations are bf16 under this convention, 2 bytes per number, not 4 (fp32).",
+                "counted the activations in fp32 (4 bytes) instead of bf16 (2)"): 2 * acts,
+        Mistake("activations-as-numbers",
+                "you counted numbers, not bytes: each activation takes 2 bytes (bf16)."): acts // 2,
+        Mistake("missing-head",
+                "you left out the head: the final norm's input and output (d each) and the "
+                "log-probabilities (vocab) of every token."): acts - 2 * B * T * head,
+        Mistake("kv-repeated",
+                "K and V are saved with their H_kv key/value heads (grouped-query attention does "
+                "not repeat them): 2*H_kv*d_h per token, not 2*H*d_h.",
+                "saved K and V with H heads instead of the H_kv key/value heads"):
+            with_layer(2 * (H - H_kv) * d_h),
+        Mistake("mlp-three-d_ff-tensors",
+                "the SwiGLU MLP saves four tensors of d_ff per token: the gate (SiLU's input), "
+                "silu(gate) and up (the product's inputs) and their product (W_down's input).",
+                "counted three d_ff-wide tensors for the SwiGLU MLP instead of four"):
+            with_layer(-f),
+        Mistake("norm-output-missing",
+                "each norm saves its input and its output (the input of the next matrix products): "
+                "2d per norm, 4d per layer.",
+                "counted d per norm instead of 2d (its input and its output)"): with_layer(-2 * d),
     }
     if attention == "flash":
-        a["you counted the T x T probabilities under FlashAttention: it never stores P, only its output "
-          "(and one log-sum-exp per row, not counted)."] = with_layer(H * T)
+        a[Mistake("flash-keeps-P",
+                  "you counted the T x T probabilities under FlashAttention: it never stores P, "
+                  "only its output (and one log-sum-exp per row, not counted).")] = (
+            with_layer(H * T))
     if attention == "naive":
-        a["naive attention saves the probabilities P for backward: H*seq_len numbers per token per "
-          "layer (B*H*T*T per layer)."] = with_layer(-H * T)
-        a["you halved P for the causal mask: the softmax writes all T x T probabilities (the masked "
-          "ones are 0, not absent)."] = acts - L * B * H * T * (T - 1)
-        a["you halved P for the causal mask: the softmax writes all T x T probabilities."] = \
-            acts - L * B * H * T * T
-        a["P has one T x T matrix per query head (H of them), not per key/value head."] = \
-            with_layer(-(H - H_kv) * T)
+        a[Mistake("naive-missing-P",
+                  "naive attention saves the probabilities P for backward: H*seq_len numbers per "
+                  "token per layer (B*H*T*T per layer).",
+                  "left out the probabilities P that naive attention saves")] = with_layer(-H * T)
+        a[Mistake("P-halved-for-causal",
+                  "you halved P for the causal mask: the softmax writes all T x T probabilities "
+                  "(the masked ones are 0, not absent).")] = acts - L * B * H * T * (T - 1)
+        a[Mistake("P-halved-for-causal",
+                  "you halved P for the causal mask: the softmax writes all T x T "
+                  "probabilities.")] = (
+            acts - L * B * H * T * T)
+        a[Mistake("P-per-kv-head",
+                  "P has one T x T matrix per query head (H of them), not per key/value head.",
+                  "counted P per key/value head instead of per query head")] = (
+            with_layer(-(H - H_kv) * T))
     if attention == "recompute":
-        a["the backward pass recomputes one layer at a time: add that layer's FlashAttention "
-          "activations less its input (already kept)."] = acts - 2 * B * T * recomputed
-        a["the recomputed layer's input is the checkpoint already kept: add one layer's activations "
-          "less d."] = acts + 2 * B * T * d
-        a["with full recomputation each layer keeps only its input (d per token), not all its "
-          "activations."] = acts + 2 * B * T * L * (flash_layer - d)
+        a[Mistake("recompute-layer-missing",
+                  "the backward pass recomputes one layer at a time: add that layer's "
+                  "FlashAttention activations less its input (already kept).",
+                  "left out the one layer whose activations backward recomputes")] = (
+            acts - 2 * B * T * recomputed)
+        a[Mistake("recompute-layer-input-twice",
+                  "the recomputed layer's input is the checkpoint already kept: add one layer's "
+                  "activations less d.",
+                  "counted the recomputed layer's input a second time")] = acts + 2 * B * T * d
+        a[Mistake("recompute-keeps-all",
+                  "with full recomputation each layer keeps only its input (d per token), not all "
+                  "its activations.",
+                  "kept every layer's activations under full recomputation")] = (
+            acts + 2 * B * T * L * (flash_layer - d))
     total = right["total"]
+    left_out = [("total-without-weights-or-gradients", "weights or the gradients (2N bytes each)",
+                 2 * n),
+                ("total-without-optimizer", "optimizer", 12 * n),
+                ("total-without-activations", "activations", acts)]
     m = {
-        "weights": {"the weights are bf16 under this convention (2 bytes per parameter); the fp32 copy "
-                    "is the optimizer's master weights.": 4 * n,
-                    "you counted parameters, not bytes: bf16 weights take 2 bytes each.": n, _TIED: 2 * n_tied},
-        "gradients": {"the gradients are bf16 (2 bytes per parameter), like the weights.": 4 * n,
-                      "you left out the gradients: one per parameter, 2 bytes (bf16).": 0, _TIED: 2 * n_tied},
+        "weights": {Mistake("weights-fp32",
+                            "the weights are bf16 under this convention (2 bytes per parameter); "
+                            "the fp32 copy is the optimizer's master weights.",
+                            "counted the weights in fp32 (4 bytes) instead of bf16 (2)"): 4 * n,
+                    Mistake("weights-as-parameters",
+                            "you counted parameters, not bytes: bf16 weights take 2 bytes "
+                            "each."): n,
+                    _TIED: 2 * n_tied},
+        "gradients": {Mistake("gradients-fp32",
+                              "the gradients are bf16 (2 bytes per parameter), like the weights.",
+                              "counted the gradients in fp32 (4 bytes) instead of bf16 (2)"): 4 * n,
+                      Mistake("missing-gradients",
+                              "you left out the gradients: one per parameter, 2 bytes (bf16)."): 0,
+                      _TIED: 2 * n_tied},
         "optimizer": {_OPT_8N: 8 * n, _OPT_4N: 4 * n, _TIED: 12 * n_tied,
-                      "the optimizer's 12 bytes per parameter are the fp32 master weights and m and v; the "
-                      "bf16 weights and gradients have keys of their own.": 16 * n},
+                      Mistake("optimizer-16-bytes",
+                              "the optimizer's 12 bytes per parameter are the fp32 master weights "
+                              "and m and v; the bf16 weights and gradients have keys of their own.",
+                              "counted the bf16 weights and gradients in the optimizer too "
+                              "(16 bytes)"):
+                          16 * n},
         "activations": a,
-        "total": {f"your total leaves out the {k}: total is the sum of weights, gradients, optimizer and "
-                  "activations.": total - v for k, v in [("weights or the gradients (2N bytes each)", 2 * n),
-                                                         ("optimizer", 12 * n), ("activations", acts)]}
-        | {"you returned GiB as a float: return the number of bytes, an int (divide by 2**30 only to "
-           "print).": total / 2**30,
-           "you returned GB as a float: return the number of bytes, an int (divide by 1e9 only to "
-           "print).": total / 1e9},
+        "total": {Mistake(slug, f"your total leaves out the {k}: total is the sum of weights, "
+                          "gradients, optimizer and activations."): total - v
+                  for slug, k, v in left_out}
+        | {Mistake("returned-GiB-float",
+                   "you returned GiB as a float: return the number of bytes, an int (divide by "
+                   "2**30 only to print)."): total / 2**30,
+           Mistake("returned-GB-float",
+                   "you returned GB as a float: return the number of bytes, an int (divide by 1e9 "
+                   "only to print)."): total / 1e9},
     }
     return {key: _known(models, right[key]) for key, models in m.items()}
 
@@ -345,7 +501,9 @@ def training_memory(t: Trial) -> None:
     t.forbidden_references = {"training_memory", "activation_numbers", "saved_numbers", "layer_activation_numbers",
                               "head_activation_numbers", "max_batch"}
     t.error_hints = {
-        r"takes \d+ positional argument": "the signature is training_memory(cfg, batch, seq_len, attention).",
+        r"takes \d+ positional argument": Mistake(
+            "wrong-signature", "the signature is training_memory(cfg, batch, seq_len, attention).",
+            _SIGNATURE),
     }
     # A small GQA model in which no two sizes are equal (H*d_h != d, T != B), under each strategy;
     # Llama-3-8B at its 8,192-token context; an MHA model; then one drawn from a seed.
@@ -362,12 +520,15 @@ def training_memory(t: Trial) -> None:
                      describe_case(batch=B, seq_len=T, attention=attention))
         if not isinstance(got, Mapping):
             t.fail(f"expected a dict with the keys {', '.join(PARTS)}; got {describe(got)}.",
-                   "return {'weights': ..., 'gradients': ..., 'optimizer': ..., 'activations': ..., "
-                   "'total': ...}: one int of bytes per part.")
+                   Mistake("not-a-dict", "return {'weights': ..., 'gradients': ..., 'optimizer': "
+                           "..., 'activations': ..., 'total': ...}: one int of bytes per part.",
+                           "returned something other than a dict of the parts"))
         missing = [k for k in PARTS if k not in got]
         if missing:
             t.fail(f"your dict lacks the key(s) {', '.join(repr(k) for k in missing)} (it has "
-                   f"{', '.join(sorted(key_text(k) for k in got))}).", f"use exactly these names: {', '.join(PARTS)}.")
+                   f"{', '.join(sorted(key_text(k) for k in got))}).",
+                   Mistake("missing-keys", f"use exactly these names: {', '.join(PARTS)}.",
+                           "returned a dict that lacks some of the keys (or names them otherwise)"))
         values = {k: got[k] for k in PARTS}
         for key in PARTS:
             check_count(t, values[key], expected[key], f"[{key!r}]", mistakes[key], _RECIPE_84)

@@ -192,7 +192,7 @@ def _pct(x: float) -> str:
 def status_chart(stats: list[ExerciseStats], title: str) -> str:
     """A stacked horizontal bar per exercise (passed / failed / not attempted), as inline SVG
     with a title and a description that say the same numbers in words."""
-    bar_w, left, row_h = 520, 150, 28
+    bar_w, left, row_h = 520, 190, 28
     height = row_h * len(stats) + 40
     words = "; ".join(f"{e.id} {e.name}: {e.passed} passed, {e.failed} failed, {e.not_attempted} not attempted"
                       for e in stats)
@@ -202,8 +202,8 @@ def status_chart(stats: list[ExerciseStats], title: str) -> str:
              f'<title id="{uid}t">{_e(title)}</title><desc id="{uid}d">{_e(words)}.</desc>']
     for i, e in enumerate(stats):
         y = 10 + i * row_h
-        parts.append(f'<text x="{left - 8}" y="{y + 17}" text-anchor="end" font-size="13">{_e(e.id)} '
-                     f'{_e(e.name[:16])}</text>')
+        label = e.name if len(e.name) <= 22 else e.name[:21] + "…"
+        parts.append(f'<text x="{left - 8}" y="{y + 17}" text-anchor="end" font-size="13">{_e(e.id)} {_e(label)}</text>')
         x = float(left)
         for status, n in (("passed", e.passed), ("failed", e.failed), ("not attempted", e.not_attempted)):
             if not n:
