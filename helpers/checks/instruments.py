@@ -30,6 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from torch.utils._pytree import tree_flatten
 
 from . import guard as _guard
+from .feedback import Mistake
 
 if TYPE_CHECKING:
     from .core import Trial
@@ -342,12 +343,17 @@ def check_stays_in_torch(t: Trial, seen: Watched, what: str, reads_limit: int | 
     if seen.exported:
         t.fail(f"your function took {what} out of PyTorch ({seen.exported}): the check follows your computation "
                "through PyTorch's operations to see how it reads the data, and cannot follow work done in NumPy or "
-               "on Python lists.", "keep the data in torch tensors (torch.exp, .amax, @ ...) from start to end.")
+               "on Python lists.",
+               Mistake("data-left-torch", "keep the data in torch tensors (torch.exp, .amax, @ "
+                       "...) from start to end.",
+                       "took the data out of PyTorch (NumPy, Python lists)"))
     if reads_limit is not None and seen.scalar_reads >= reads_limit:
         t.fail(f"your function read {what} into {seen.scalar_reads} Python numbers one at a time (.item(), "
                "float(), a loop over elements): the check follows your computation through PyTorch's operations "
                "and cannot follow arithmetic on Python numbers.",
-               "work on blocks as tensors: x[..., s:s + block_size] and torch operations on it.")
+               Mistake("read-numbers-one-at-a-time", "work on blocks as tensors: x[..., s:s + "
+                       "block_size] and torch operations on it.",
+                       "read the data one Python number at a time (.item(), float(), loops)"))
 
 
 # --------------------------------------------------------------------------- kernel launches and guarded memory (9.3, 9.4)

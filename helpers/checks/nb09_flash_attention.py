@@ -20,6 +20,7 @@ import torch
 
 from .. import nb09_flash_attention as ref
 from .core import Trial, describe_case, eager_mistakes, exercise, seeded
+from .feedback import Mistake
 from .instruments import (
     MAX_LIKE,
     call_logged,
@@ -93,38 +94,59 @@ _ONLINE_HINT = ("one pass over blocks: m_new = max(m, block max); l = l * exp(m 
 
 def _online_mistakes(x: torch.Tensor, bs: int) -> dict:
     mistakes = {
-        "when a block raises the running max from m to m_new, the sum so far was taken relative to the old max: "
-        "rescale it, l = l * exp(m - m_new) + sum(exp(block - m_new)).": lambda: _online_model(x, bs, rescale=False),
-        "the rescale factor is inverted: when the max rises from m to m_new, multiply l by exp(m - m_new) (at most "
-        "1), not exp(m_new - m). (While m is still -inf, exp(m_new - m) is exp(+inf) = inf, and 0 * inf = NaN.)": lambda: _online_model(
-            x, bs, inverse="nan"),
-        "the rescale factor is inverted: when the max rises from m to m_new, multiply l by exp(m - m_new) (at most "
-        "1), not exp(m_new - m).": lambda: _online_model(x, bs, inverse="first"),
-        "the last, shorter block was left out of the running max and sum: loop "
-        "`for s in range(0, n, block_size)` (the slice x[..., s:s + block_size] is shorter at the end).": lambda: _online_model(x, bs, drop_last=True),
-        "each block misses its last entry: the block is x[..., s:s + block_size] (the end of a slice is "
-        "excluded already), not x[..., s:s + block_size - 1].": lambda: _online_model(x, bs, short_slices=True),
-        "l holds the sum of the last block only: accumulate over the blocks, l = l * exp(m - m_new) + "
-        "sum(exp(block - m_new)), so that the final l sums the whole row.": lambda: _online_model(x, bs, accumulate=False),
-        "the final division is missing: return exp(x - m) / l (l[..., None]), so that each row sums to 1.": lambda: _online_model(
-            x, bs, normalise=False),
-        "each block was divided by the sum of the blocks read so far: the sum is only complete after the last block, "
-        "so compute the output once, exp(x - m) / l with the final m and l, after the loop.": lambda: _online_model(
-            x, bs, per_block=True),
+        Mistake("sum-not-rescaled", "when a block raises the running max from m to m_new, the sum "
+                "so far was taken relative to the old max: rescale it, l = l * exp(m - m_new) + "
+                "sum(exp(block - m_new)).",
+                "the running sum l is not rescaled when a block raises the max"):
+            lambda: _online_model(x, bs, rescale=False),
+        Mistake("rescale-factor-inverted", "the rescale factor is inverted: when the max rises "
+                "from m to m_new, multiply l by exp(m - m_new) (at most 1), not exp(m_new - m). "
+                "(While m is still -inf, exp(m_new - m) is exp(+inf) = inf, and 0 * inf = NaN.)"):
+            lambda: _online_model(x, bs, inverse="nan"),
+        Mistake("rescale-factor-inverted", "the rescale factor is inverted: when the max rises "
+                "from m to m_new, multiply l by exp(m - m_new) (at most 1), not exp(m_new - m)."):
+            lambda: _online_model(x, bs, inverse="first"),
+        Mistake("last-block-dropped", "the last, shorter block was left out of the running max and "
+                "sum: loop `for s in range(0, n, block_size)` (the slice x[..., s:s + block_size] "
+                "is shorter at the end)."):
+            lambda: _online_model(x, bs, drop_last=True),
+        Mistake("block-slice-one-short", "each block misses its last entry: the block is x[..., "
+                "s:s + block_size] (the end of a slice is excluded already), not x[..., s:s + "
+                "block_size - 1]."):
+            lambda: _online_model(x, bs, short_slices=True),
+        Mistake("sum-not-accumulated", "l holds the sum of the last block only: accumulate over "
+                "the blocks, l = l * exp(m - m_new) + sum(exp(block - m_new)), so that the final l "
+                "sums the whole row."):
+            lambda: _online_model(x, bs, accumulate=False),
+        Mistake("missing-final-division", "the final division is missing: return exp(x - m) / l "
+                "(l[..., None]), so that each row sums to 1."):
+            lambda: _online_model(x, bs, normalise=False),
+        Mistake("normalised-per-block", "each block was divided by the sum of the blocks read so "
+                "far: the sum is only complete after the last block, so compute the output once, "
+                "exp(x - m) / l with the final m and l, after the loop."):
+            lambda: _online_model(x, bs, per_block=True),
         # (On a row with nothing allowed both of the next two give NaN: the first names that case.)
-        "a row that is entirely -inf (nothing allowed) gives all zeros in this course, never NaN: its sum l "
-        "stays 0, so divide by l only where l > 0 (and subtract 0 instead of an infinite max).": lambda: _online_model(
-            x, bs, guard_empty=False),
-        "a block that is entirely -inf leaves the running max at -inf, and exp(-inf - (-inf)) = exp(nan) = NaN: "
-        "while m is still -inf, subtract 0 instead (torch.where(torch.isfinite(m), m, 0)).": lambda: _online_model(
-            x, bs, guard_max=False),
+        Mistake("nan-on-empty-row", "a row that is entirely -inf (nothing allowed) gives all zeros "
+                "in this course, never NaN: its sum l stays 0, so divide by l only where l > 0 "
+                "(and subtract 0 instead of an infinite max).",
+                "a row with nothing allowed gives NaN (0 / 0) instead of zeros"):
+            lambda: _online_model(x, bs, guard_empty=False),
+        Mistake("nan-on-masked-block", "a block that is entirely -inf leaves the running max at "
+                "-inf, and exp(-inf - (-inf)) = exp(nan) = NaN: while m is still -inf, subtract 0 "
+                "instead (torch.where(torch.isfinite(m), m, 0)).",
+                "a fully masked block gives NaN: -inf minus a running max still at -inf"):
+            lambda: _online_model(x, bs, guard_max=False),
     }
     if bool((x[torch.isfinite(x)].abs() > 88).any()):  # only here does exp(x) overflow (or underflow) in float32
         no_max = ("subtract the running max before exp: exp(x) overflows for x > 88 in float32 (here |x| ~ 1e4), "
                   "while exp(x - m) <= 1")
-        mistakes[no_max + "."] = lambda: _online_model(x, bs, subtract_max=False)
-        mistakes[no_max + "; and on a row whose entries are all far below 0, every exp(x) underflows to 0, so "
-                 "l = 0 and 0 / 0 = NaN."] = lambda: _online_model(x, bs, subtract_max=False, guard_empty=False)
+        no_max_description = "the running max is not subtracted before exp (exp overflows)"
+        underflow = ("; and on a row whose entries are all far below 0, every exp(x) underflows "
+                     "to 0, so l = 0 and 0 / 0 = NaN.")
+        mistakes[Mistake("max-not-subtracted", no_max + ".", no_max_description)] = (
+            lambda: _online_model(x, bs, subtract_max=False))
+        mistakes[Mistake("max-not-subtracted", no_max + underflow, no_max_description)] = (
+            lambda: _online_model(x, bs, subtract_max=False, guard_empty=False))
     # A running max started at 0 rather than -inf is right until a whole row lies far below 0: there exp(x - 0)
     # underflows to 0 for every entry, so l = 0 (x_big has such a row).
     row_max = x.double().amax(dim=-1)
@@ -134,11 +156,15 @@ def _online_mistakes(x: torch.Tensor, bs: int) -> dict:
                          f"(here one row's largest entry is {float(row_max[far].max()):.4g}), exp(x - 0) underflows to "
                          "0, so l = 0 and the row comes out {}. Start with m = torch.full(x.shape[:-1], float('-inf')): "
                          "then the largest entry gives exp(m - m) = 1.")
-        mistakes[start_at_zero.format("as zeros")] = lambda: _online_model(x, bs, max_from_zero=True)
-        mistakes[start_at_zero.format("as 0 / 0 = NaN")] = lambda: _online_model(x, bs, max_from_zero=True, guard_empty=False)
+        mistakes[Mistake("max-starts-at-0", start_at_zero.format("as zeros"))] = (
+            lambda: _online_model(x, bs, max_from_zero=True))
+        mistakes[Mistake("max-starts-at-0", start_at_zero.format("as 0 / 0 = NaN"))] = (
+            lambda: _online_model(x, bs, max_from_zero=True, guard_empty=False))
     for axis in range(x.dim() - 1):
-        mistakes[f"your output is the softmax over axis {axis} (size {x.shape[axis]}), not over the last axis: "
-                 "read blocks x[..., s:s + block_size] and take every max and sum over dim=-1."] = (
+        mistakes[Mistake("softmax-over-wrong-axis", f"your output is the softmax over axis {axis} "
+                         f"(size {x.shape[axis]}), not over the last axis: read blocks x[..., s:s "
+                         "+ block_size] and take every max and sum over dim=-1.",
+                         "the softmax is taken over another axis than the last")] = (
             lambda axis=axis: torch.softmax(x.double(), dim=axis).to(x.dtype))
     return mistakes
 
@@ -183,8 +209,10 @@ def _check_reads_blocks(t: Trial, ops: list, x: torch.Tensor, bs: int) -> None:
         if is_reduction(op) and n in first:
             t.fail(f"your function reduced whole rows of x at once ({op} on a {list(first)} tensor, rows of "
                    f"{n}): block_size={bs} is not used.",
-                   "read x in blocks x[..., s:s + block_size] and fold each block into a running max m and a "
-                   "running sum l; only the final exp(x - m) / l touches the whole row, elementwise.")
+                   Mistake("whole-rows-reduced", "read x in blocks x[..., s:s + block_size] and "
+                           "fold each block into a running max m and a running sum l; only the "
+                           "final exp(x - m) / l touches the whole row, elementwise.",
+                           "reduced whole rows at once instead of reading x in blocks"))
     covered = 0  # how many numbers went through a max before the first exp
     for op, _, _, numels in ops:
         if is_exp_like(op):
@@ -195,17 +223,23 @@ def _check_reads_blocks(t: Trial, ops: list, x: torch.Tensor, bs: int) -> None:
         t.fail(f"your function took the maximum over all of x ({covered} numbers through max operations, x has "
                f"{x.numel()}) before its first exp: that is the two-pass safe softmax (a pass for the max, a pass "
                "for the sum), not the online one.",
-               "fold each block in as it arrives: exp(block - m_new) right away, and rescale the sum so far by "
-               "exp(m_old - m_new) when a block raises the max. In attention the scores are never stored, so a "
-               "second pass would mean computing q @ k^T twice.")
+               Mistake("two-pass-softmax", "fold each block in as it arrives: exp(block - m_new) "
+                       "right away, and rescale the sum so far by exp(m_old - m_new) when a block "
+                       "raises the max. In attention the scores are never stored, so a second pass "
+                       "would mean computing q @ k^T twice.",
+                       "two-pass softmax: took the max over all of x before any exp"))
 
 
 @exercise("9.1", "online softmax", points=2, stars=2, notebook=NB, section="2. The online softmax")
 def online_softmax(t: Trial) -> None:
     t.error_hints = {
-        r"must match the size|size of tensor": "keep the running max and sum one per row (shape x.shape[:-1]) and "
-        "add [..., None] when you subtract them from a block.",
-        r"takes \d+ positional argument": "the signature is online_softmax(x, block_size).",
+        r"must match the size|size of tensor": Mistake(
+            "state-shape-mismatch", "keep the running max and sum one per row (shape x.shape[:-1]) "
+            "and add [..., None] when you subtract them from a block.",
+            "the running max or sum does not broadcast against a block (shape mismatch)"),
+        r"takes \d+ positional argument": Mistake(
+            "wrong-signature", "the signature is online_softmax(x, block_size).",
+            "the function's parameters differ from the contract's"),
     }
     t.forbidden_references = set(_COURSE_FUNCTIONS)
     cases = [(x, bs, structural, ref.online_softmax(x, bs), eager_mistakes(_online_mistakes(x, bs)))
@@ -287,39 +321,67 @@ def _tiled_out_mistakes(q, k, v, causal: bool, bs: int) -> dict[str, Callable]:
     """hint -> a zero-argument callable giving out of a known wrong tiled forward (for eager_mistakes)."""
     out = lambda **kw: _tiled_model(q, k, v, causal, bs, **kw)[0].to(q.dtype)  # noqa: E731
     mistakes = {
-        "the accumulator was not rescaled: when the running max grows, multiply acc by alpha = exp(m - m_new) "
-        "before adding p @ v_block (l gets the same factor).": lambda: out(rescale_acc=False),
-        "the running sum l was not rescaled: when the running max grows, l = l * alpha + rowsum(p), with "
-        "alpha = exp(m - m_new), just like acc.": lambda: out(rescale_l=False),
-        "neither acc nor l was rescaled when the running max grew: multiply both by alpha = exp(m - m_new).": lambda: out(rescale_acc=False, rescale_l=False),
-        "the final normalisation is missing: out = acc / l (l[..., None]) once all key blocks are done.": lambda: out(normalise=False),
-        "the scores are not scaled: multiply q @ k^T by 1 / sqrt(d).": lambda: out(scale=1.0),
-        "you divided the scores by d; the scale is 1 / sqrt(d).": lambda: out(scale=1 / q.shape[-1]),
-        "m, l and acc carry over from one query block to the next: create them afresh (m = -inf, l = 0, "
-        "acc = 0) inside the loop over query blocks, before its loop over key blocks.": lambda: out(carry_state=True),
+        Mistake("acc-not-rescaled", "the accumulator was not rescaled: when the running max grows, "
+                "multiply acc by alpha = exp(m - m_new) before adding p @ v_block (l gets the same "
+                "factor)."):
+            lambda: out(rescale_acc=False),
+        Mistake("l-not-rescaled", "the running sum l was not rescaled: when the running max grows, "
+                "l = l * alpha + rowsum(p), with alpha = exp(m - m_new), just like acc."):
+            lambda: out(rescale_l=False),
+        Mistake("acc-and-l-not-rescaled", "neither acc nor l was rescaled when the running max "
+                "grew: multiply both by alpha = exp(m - m_new)."):
+            lambda: out(rescale_acc=False, rescale_l=False),
+        Mistake("missing-final-normalisation", "the final normalisation is missing: out = acc / l "
+                "(l[..., None]) once all key blocks are done."):
+            lambda: out(normalise=False),
+        Mistake("scores-not-scaled", "the scores are not scaled: multiply q @ k^T by 1 / sqrt(d)."):
+            lambda: out(scale=1.0),
+        Mistake("scores-divided-by-d", "you divided the scores by d; the scale is 1 / sqrt(d)."):
+            lambda: out(scale=1 / q.shape[-1]),
+        Mistake("state-carried-across-query-blocks", "m, l and acc carry over from one query block "
+                "to the next: create them afresh (m = -inf, l = 0, acc = 0) inside the loop over "
+                "query blocks, before its loop over key blocks."):
+            lambda: out(carry_state=True),
     }
     if causal:
+        hides_past = ("the causal mask hides the past instead of the future: query i sees keys "
+                      "j <= i, so mask j > i (torch.arange(ks, ke)[None, :] > "
+                      "torch.arange(qs, qe)[:, None]), not j < i.")
+        nan_later = (" (With j < i hidden, the first key block of a later query block is entirely "
+                     "masked, and exp(-inf - (-inf)) gives NaN.)")
         mistakes.update({
-            "the diagonal block was skipped: with causal=True, query block [qs, qe) needs every key block up to "
-            "and including its own, i.e. keys 0..qe-1 (range(0, qe, block_size)); only blocks to the right of "
-            "the diagonal are skipped.": lambda: out(skip_diag=True),
-            "the causal mask also hides the diagonal: query i may attend to key i (mask keys j > i, not j >= i).": lambda: out(strict=True),
-            "the causal mask hides the past instead of the future: query i sees keys j <= i, so mask j > i "
-            "(torch.arange(ks, ke)[None, :] > torch.arange(qs, qe)[:, None]), not j < i.": lambda: out(swapped=True),
-            "the causal mask hides the past instead of the future: query i sees keys j <= i, so mask j > i "
-            "(torch.arange(ks, ke)[None, :] > torch.arange(qs, qe)[:, None]), not j < i. (With j < i hidden, the "
-            "first key block of a later query block is entirely masked, and exp(-inf - (-inf)) gives NaN.)": lambda: out(
-                swapped=True, guard_max=False),
-            "the causal mask uses positions inside the tile: compare the global positions qs + row and ks + col "
-            "(torch.arange(qs, qe)[:, None] < torch.arange(ks, ke)[None, :]).": lambda: out(local_rows=True, local_cols=True),
-            "the causal mask counts the keys from 0 in every tile: column c of the tile is key ks + c, so compare "
-            "torch.arange(ks, ke)[None, :] with torch.arange(qs, qe)[:, None].": lambda: out(local_cols=True),
-            "the causal mask counts the queries from 0 in every tile: row r of the tile is query qs + r, so compare "
-            "torch.arange(qs, qe)[:, None] with torch.arange(ks, ke)[None, :].": lambda: out(local_rows=True),
-            "causal=True was ignored: mask keys j > i (and skip the key blocks right of the diagonal).": lambda: _tiled_model(q, k, v, False, bs)[0].to(q.dtype),
+            Mistake("diagonal-block-skipped", "the diagonal block was skipped: with causal=True, "
+                    "query block [qs, qe) needs every key block up to and including its own, i.e. "
+                    "keys 0..qe-1 (range(0, qe, block_size)); only blocks to the right of the "
+                    "diagonal are skipped."):
+                lambda: out(skip_diag=True),
+            Mistake("mask-hides-diagonal", "the causal mask also hides the diagonal: query i may "
+                    "attend to key i (mask keys j > i, not j >= i)."):
+                lambda: out(strict=True),
+            Mistake("mask-hides-past", hides_past):
+                lambda: out(swapped=True),
+            Mistake("mask-hides-past", hides_past + nan_later):
+                lambda: out(swapped=True, guard_max=False),
+            Mistake("mask-uses-tile-positions", "the causal mask uses positions inside the tile: "
+                    "compare the global positions qs + row and ks + col (torch.arange(qs, qe)[:, "
+                    "None] < torch.arange(ks, ke)[None, :])."):
+                lambda: out(local_rows=True, local_cols=True),
+            Mistake("mask-keys-from-0-per-tile", "the causal mask counts the keys from 0 in every "
+                    "tile: column c of the tile is key ks + c, so compare torch.arange(ks, "
+                    "ke)[None, :] with torch.arange(qs, qe)[:, None]."):
+                lambda: out(local_cols=True),
+            Mistake("mask-queries-from-0-per-tile", "the causal mask counts the queries from 0 in "
+                    "every tile: row r of the tile is query qs + r, so compare torch.arange(qs, "
+                    "qe)[:, None] with torch.arange(ks, ke)[None, :]."):
+                lambda: out(local_rows=True),
+            Mistake("ignored-causal", "causal=True was ignored: mask keys j > i (and skip the key "
+                    "blocks right of the diagonal)."):
+                lambda: _tiled_model(q, k, v, False, bs)[0].to(q.dtype),
         })
     else:
-        mistakes["causal=False here, but the output is causally masked: only mask when causal is True."] = lambda: _tiled_model(q, k, v, True, bs)[0].to(q.dtype)
+        mistakes[Mistake("masked-when-not-causal", "causal=False here, but the output is causally "
+                         "masked: only mask when causal is True.")] = (
+            lambda: _tiled_model(q, k, v, True, bs)[0].to(q.dtype))
     return mistakes
 
 
@@ -331,12 +393,16 @@ def _ragged_mistakes(q, k, v, causal: bool, bs: int, got: Any) -> dict[str, Call
     t_full = T - T % bs
     out = lambda **kw: _tiled_model(q, k, v, causal, bs, **kw)[0].to(q.dtype)  # noqa: E731
     return {
-        "the last, shorter key block was dropped (and perhaps the last query block too): loop "
-        "`for ks in range(0, T, block_size)` and slice k[..., ks:ks + block_size, :], shorter at the end; the "
-        "same for the query blocks.": lambda: torch.cat([out(drop_keys=True)[..., :t_full, :], got[..., t_full:, :]], dim=-2),
-        f"rows {t_full}..{T - 1} are wrong, rows before are right: the last, shorter query block was dropped or "
-        "mishandled. Loop `for qs in range(0, T, block_size)`; the slice q[..., qs:qs + block_size, :] is "
-        "shorter at the end.": lambda: torch.cat([out()[..., :t_full, :], got[..., t_full:, :]], dim=-2),
+        Mistake("last-key-block-dropped", "the last, shorter key block was dropped (and perhaps "
+                "the last query block too): loop `for ks in range(0, T, block_size)` and slice "
+                "k[..., ks:ks + block_size, :], shorter at the end; the same for the query "
+                "blocks."):
+            lambda: torch.cat([out(drop_keys=True)[..., :t_full, :], got[..., t_full:, :]], dim=-2),
+        Mistake("last-query-block-wrong", f"rows {t_full}..{T - 1} are wrong, rows before are "
+                "right: the last, shorter query block was dropped or mishandled. Loop `for qs in "
+                "range(0, T, block_size)`; the slice q[..., qs:qs + block_size, :] is shorter at "
+                "the end.", "the last, shorter query block was dropped or mishandled"):
+            lambda: torch.cat([out()[..., :t_full, :], got[..., t_full:, :]], dim=-2),
     }
 
 
@@ -346,13 +412,19 @@ def _tiled_lse_mistakes(q, k, v, causal: bool, bs: int) -> dict[str, Callable]:
         return m, l
 
     return {
-        "lse is in log2 units: the contract is the natural log, lse = m + log(l) (divide a log2 value by log2(e)).": lambda: (
-            (stats()[0] + stats()[1].log()) * LOG2E).float(),
-        "lse = m + log2(l) mixes units: m is in natural-log units, so take the natural log of l, lse = m + log(l).": lambda: (
-            stats()[0] + stats()[1].log2()).float(),
-        "lse is only the running max m: add log(l), lse = m + log(l).": lambda: stats()[0].float(),
-        "lse is only log(l): add the running max, lse = m + log(l).": lambda: stats()[1].log().float(),
-        "lse is the running sum l itself: the log-sum-exp is lse = m + log(l).": lambda: stats()[1].float(),
+        Mistake("lse-in-log2", "lse is in log2 units: the contract is the natural log, lse = m + "
+                "log(l) (divide a log2 value by log2(e))."):
+            lambda: ((stats()[0] + stats()[1].log()) * LOG2E).float(),
+        Mistake("lse-mixes-log-units", "lse = m + log2(l) mixes units: m is in natural-log units, "
+                "so take the natural log of l, lse = m + log(l)."):
+            lambda: (stats()[0] + stats()[1].log2()).float(),
+        Mistake("lse-is-m", "lse is only the running max m: add log(l), lse = m + log(l)."):
+            lambda: stats()[0].float(),
+        Mistake("lse-is-log-l", "lse is only log(l): add the running max, lse = m + log(l)."):
+            lambda: stats()[1].log().float(),
+        Mistake("lse-is-l", "lse is the running sum l itself: the log-sum-exp is lse = m + "
+                "log(l)."):
+            lambda: stats()[1].float(),
     }
 
 
@@ -362,21 +434,28 @@ def _check_tiles(t: Trial, ops: list, T: int, bs: int) -> None:
     for op, _, _, _ in ops:
         if "scaled_dot_product" in op or "flash_attention" in op or "efficient_attention" in op:
             t.fail(f"your function called torch's fused attention ({op}).",
-                   "compute the scores of each [block_size, block_size] tile yourself (q_block @ k_block^T) and "
-                   "combine the tiles with the running max, sum and accumulator.")
+                   Mistake("called-fused-attention", "compute the scores of each [block_size, "
+                           "block_size] tile yourself (q_block @ k_block^T) and combine the tiles "
+                           "with the running max, sum and accumulator.",
+                           "called torch's fused attention instead of computing the tiles"))
     for op, _, outs, _ in ops:
         for shape in outs:
             if len(shape) >= 2 and shape[-1] >= T and shape[-2] >= T:
                 t.fail(f"your function created a {list(shape)} tensor ({op}): with T = {T} and block_size = {bs} "
                        "that is a full [T, T] matrix, the memory FlashAttention exists to avoid.",
-                       "hold one [block_size, block_size] tile of scores at a time; build the causal mask of a tile "
-                       "from torch.arange(qs, qe)[:, None] and torch.arange(ks, ke)[None, :], not from a [T, T] mask.")
+                       Mistake("formed-full-TxT-tensor", "hold one [block_size, block_size] tile "
+                               "of scores at a time; build the causal mask of a tile from "
+                               "torch.arange(qs, qe)[:, None] and torch.arange(ks, ke)[None, :], "
+                               "not from a [T, T] mask.",
+                               "formed a full [T, T] tensor (scores or mask) instead of tiles"))
     for op, first, _, _ in ops:
         if is_reduction(op) and len(first) >= 2 and first[-1] >= T:
             t.fail(f"your function reduced over all {T} keys at once ({op} on a {list(first)} tensor): a strip of "
                    "scores against every key is not a tile.",
-                   "split the keys into blocks too: loop over key blocks inside the query-block loop and combine "
-                   "them with the running max m, sum l and accumulator acc.")
+                   Mistake("reduced-over-all-keys", "split the keys into blocks too: loop over key "
+                           "blocks inside the query-block loop and combine them with the running "
+                           "max m, sum l and accumulator acc.",
+                           "reduced over all keys at once instead of over key blocks"))
 
 
 _TILED_HINT = ("for each key block: s = q_blk @ k_blk^T / sqrt(d); m_new = max(m, rowmax(s)); alpha = exp(m - m_new); "
@@ -398,9 +477,13 @@ _TILED_CASES = [
 @exercise("9.2", "tiled FlashAttention in PyTorch", points=3, stars=3, notebook=NB, section="3. Tiled attention in PyTorch")
 def flash_attention_tiled(t: Trial) -> None:
     t.error_hints = {
-        r"must match the size|size of tensor|cannot be multiplied": "tile shapes: s = q_blk @ k_blk.transpose(-2, -1) is "
-        "[B, H, bq, bk]; m and l are [B, H, bq] (use [..., None] to broadcast them against s and acc).",
-        r"takes \d+ positional argument": "the signature is flash_attention_tiled(q, k, v, causal, block_size).",
+        r"must match the size|size of tensor|cannot be multiplied": Mistake(
+            "tile-shape-mismatch", "tile shapes: s = q_blk @ k_blk.transpose(-2, -1) is [B, H, bq, "
+            "bk]; m and l are [B, H, bq] (use [..., None] to broadcast them against s and acc).",
+            "tile shapes do not match (m and l not broadcast with [..., None])"),
+        r"takes \d+ positional argument": Mistake(
+            "wrong-signature", "the signature is flash_attention_tiled(q, k, v, causal, "
+            "block_size).", "the function's parameters differ from the contract's"),
     }
     t.forbidden_references = set(_COURSE_FUNCTIONS)
     cases = []
@@ -420,7 +503,8 @@ def flash_attention_tiled(t: Trial) -> None:
                  mistakes={**out_mistakes, **_ragged_mistakes(q, k, v, causal, bs, out)})
         if isinstance(lse, torch.Tensor) and lse.shape != ref_lse.shape:
             t.fail(f"lse: expected shape {list(ref_lse.shape)} (one number per query row), got {list(lse.shape)}.",
-                   "lse = m + log(l) has the shape of the running max: [B, H, T] (squeeze a trailing 1).")
+                   Mistake("lse-wrong-shape", "lse = m + log(l) has the shape of the running max: "
+                           "[B, H, T] (squeeze a trailing 1).", "lse is not of shape [B, H, T]"))
         t.tensor(lse, ref_lse, what="lse", hint="lse = m + log(l), the natural-log log-sum-exp of each row of scaled "
                  "(and masked) scores.", mistakes=lse_mistakes)
         if T > bs:

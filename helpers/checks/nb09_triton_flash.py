@@ -31,8 +31,9 @@ from typing import Any
 import torch
 
 from .. import nb01_qkv_shapes as att
-from .core import Trial, describe, describe_case, exercise, seeded
+from .core import _RETURNED_NONE, Trial, describe, describe_case, exercise, seeded
 from .diagnose import ranges_text
+from .feedback import Mistake
 from .instruments import (
     EMPTY_FILL,
     KERNEL,
@@ -56,29 +57,64 @@ _KERNEL_FILES = {str(_HELPERS / "nb09_triton_flash.py")}
 
 
 _TRITON_ERRORS = {
-    r"Block pointers have been removed": "tl.make_block_ptr and tl.advance were removed from recent Triton versions "
-    f"(this machine has Triton {triton_version()}), on a GPU as in the interpreter: load tiles with pointer "
-    "arithmetic and masks, tl.load(K + offsets, mask=offs_n[:, None] < T, other=0.0) (section 4), or with "
-    "tl.make_tensor_descriptor.",
-    r"not supported in interpreter mode": "Triton's interpreter cannot run this operation (the message names it): "
-    "it runs only compiled, on a GPU. Write the kernel with tl.load, tl.store, tl.dot and elementwise operations.",
-    r"decorated with @triton\.jit before": "run `setup()` "
-    "(helpers.runtime) before the cell that defines your kernel, then run that cell again: Triton decides between "
-    "compiling and interpreting when a kernel is decorated.",
-    r"active drivers|no GPU|Found no NVIDIA driver|not compiled with CUDA": "your launcher asked Triton or torch for a GPU, and there is "
-    "none: in Triton's interpreter only the kernel launch itself runs. Remove GPU queries from the launcher "
-    "(triton.runtime.driver.active..., device properties, triton.testing.do_bench, torch.cuda...).",
-    r"arange.*power of 2|power of two": "tl.arange needs a power of 2: use block sizes like 16, 32, 64 and pass the "
-    "head dim d as a tl.constexpr (HEAD_DIM).",
-    r"constexpr": "sizes used in tl.arange, tl.zeros and tile shapes must be tl.constexpr arguments (BLOCK_M, "
-    "BLOCK_N, HEAD_DIM).",
-    r"out of resource|shared memory": "the tiles do not fit in this GPU's shared memory: use smaller BLOCK_M / "
-    "BLOCK_N (or fewer num_stages).",
-    r"[Ii]nput shapes should have M >= 16|K >= 16|N >= 16": "tl.dot needs both tiles at least 16 x 16: use "
-    "BLOCK_M, BLOCK_N and HEAD_DIM of 16 or more.",
-    r"[Bb]oth operands must be same dtype|dtype mismatch.*dot": "tl.dot needs both tiles in the same dtype: convert "
-    "p to v's dtype first, tl.dot(p.to(v.dtype), v).",
+    r"Block pointers have been removed": Mistake(
+        "used-make_block_ptr", "tl.make_block_ptr and tl.advance were removed from recent Triton "
+        f"versions (this machine has Triton {triton_version()}), on a GPU as in the interpreter: "
+        "load tiles with pointer arithmetic and masks, tl.load(K + offsets, mask=offs_n[:, None] < "
+        "T, other=0.0) (section 4), or with tl.make_tensor_descriptor.",
+        "used tl.make_block_ptr / tl.advance, removed from this Triton version"),
+    r"not supported in interpreter mode": Mistake(
+        "op-not-in-interpreter", "Triton's interpreter cannot run this operation (the message "
+        "names it): it runs only compiled, on a GPU. Write the kernel with tl.load, tl.store, "
+        "tl.dot and elementwise operations.", "used an operation Triton's interpreter cannot run"),
+    r"decorated with @triton\.jit before": Mistake(
+        "kernel-defined-before-setup", "run `setup()` (helpers.runtime) before the cell that "
+        "defines your kernel, then run that cell again: Triton decides between compiling and "
+        "interpreting when a kernel is decorated.", "defined the kernel before running setup()"),
+    r"active drivers|no GPU|Found no NVIDIA driver|not compiled with CUDA": Mistake(
+        "launcher-asks-for-gpu", "your launcher asked Triton or torch for a GPU, and there is "
+        "none: in Triton's interpreter only the kernel launch itself runs. Remove GPU queries from "
+        "the launcher (triton.runtime.driver.active..., device properties, "
+        "triton.testing.do_bench, torch.cuda...).",
+        "the launcher queries a GPU, and there is none (Triton's interpreter)"),
+    r"arange.*power of 2|power of two": Mistake(
+        "arange-not-power-of-2", "tl.arange needs a power of 2: use block sizes like 16, 32, 64 "
+        "and pass the head dim d as a tl.constexpr (HEAD_DIM).",
+        "tl.arange over a size that is not a power of 2"),
+    r"constexpr": Mistake(
+        "size-not-constexpr", "sizes used in tl.arange, tl.zeros and tile shapes must be "
+        "tl.constexpr arguments (BLOCK_M, BLOCK_N, HEAD_DIM).",
+        "a size in tl.arange, tl.zeros or a tile shape is not a tl.constexpr"),
+    r"out of resource|shared memory": Mistake(
+        "tiles-exceed-shared-memory", "the tiles do not fit in this GPU's shared memory: use "
+        "smaller BLOCK_M / BLOCK_N (or fewer num_stages)."),
+    r"[Ii]nput shapes should have M >= 16|K >= 16|N >= 16": Mistake(
+        "dot-tile-under-16", "tl.dot needs both tiles at least 16 x 16: use BLOCK_M, BLOCK_N and "
+        "HEAD_DIM of 16 or more.", "tl.dot on a tile smaller than 16 x 16"),
+    r"[Bb]oth operands must be same dtype|dtype mismatch.*dot": Mistake(
+        "dot-dtype-mismatch", "tl.dot needs both tiles in the same dtype: convert p to v's dtype "
+        "first, tl.dot(p.to(v.dtype), v).", "tl.dot on tiles of different dtypes"),
 }
+
+# What _kernel_watcher can observe, by slug: the watcher runs in the notebook's process and hands
+# back plain data (the message and the slug), and the check names the mistake from this table.
+_WATCHED = {m.slug: m for m in (
+    Mistake("store-past-end", "mask every tl.store with the rows (or keys) that exist, e.g. "
+            "mask=offs_m[:, None] < T for a [BLOCK_M, HEAD_DIM] tile and mask=offs_m < T for lse.",
+            "a tl.store without a mask wrote past the end of a tensor"),
+    Mistake("no-kernel-launched", "launch your kernel, `_kernel[grid](...)`, and return what it "
+            "wrote.", "no Triton kernel ran during the function"),
+    Mistake("launched-course-kernel", "write the kernel in the notebook: the point of the exercise "
+            "is to build it.", "launched the course's kernel instead of their own"),
+    Mistake("attention-in-pytorch", "pass q, k, v and the output tensors to the kernel and do the "
+            "arithmetic on them inside it; in PyTorch only allocate outputs, compute launch "
+            "parameters (and, in the backward, D = rowsum(dO * O)).",
+            "computed with q, k and v in PyTorch instead of in the kernel"),
+    Mistake("data-left-torch", "pass q, k, v themselves to the kernel and do the arithmetic inside "
+            "it.", "took q, k or v out of PyTorch (NumPy, Python lists)"),
+    Mistake("read-numbers-one-at-a-time", "pass q, k, v themselves to the kernel and do the "
+            "arithmetic inside it.", "read q, k or v one Python number at a time"),
+)}
 
 
 def _flat_tensors(x: Any, depth: int = 0) -> list:
@@ -95,7 +131,8 @@ def _kernel_watcher(fn: Any, args: tuple, options: dict) -> tuple[Any, dict]:
     """A watcher (``Trial.call_watched``): ``fn(*args)`` with guarded allocations, kernel launches
     recorded and the data of the arguments named in ``options["sources"]`` (name -> position)
     followed. Observes, in order, what is wrong with how the output was computed (``failures``:
-    (message, hint) pairs) and which sources each output tensor's data comes from (``written``)."""
+    (message, slug) pairs, the slug a key of :data:`_WATCHED`) and which sources each output
+    tensor's data comes from (``written``)."""
     sources = {name: args[i] for name, i in options["sources"].items()}
     watched = {"q", "k", "v"}
     prov, calls, guard = Provenance(sources, watched), Calls(), GuardAllocations()
@@ -107,30 +144,26 @@ def _kernel_watcher(fn: Any, args: tuple, options: dict) -> tuple[Any, dict]:
     failures = []
     if guard.overrun():
         failures.append(("your kernel wrote past the end of a tensor it stores into (the memory just after out, lse or a "
-                         "gradient changed).",
-                         "mask every tl.store with the rows (or keys) that exist, e.g. mask=offs_m[:, None] < T for a "
-                         "[BLOCK_M, HEAD_DIM] tile and mask=offs_m < T for lse."))
+                         "gradient changed).", "store-past-end"))
     if not launches.launches:
-        failures.append(("no Triton kernel ran during your function.", "launch your kernel, `_kernel[grid](...)`, and "
-                         "return what it wrote."))
+        failures.append(("no Triton kernel ran during your function.", "no-kernel-launched"))
     if any(f in _KERNEL_FILES for _, f, _ in launches.launches) and not options["is_reference"]:
         failures.append(("your function launched the course's kernel (helpers/nb09_triton_flash.py) instead of your own.",
-                         "write the kernel in the notebook: the point of the exercise is to build it."))
+                         "launched-course-kernel"))
     where = "your kernels" if len({name for name, _, _ in launches.launches}) > 1 else "your kernel"
     if prov.mixed:
         failures.append((f"your function computed with q, k and v in PyTorch ({prov.mixed[0]}): in this exercise the "
                          f"attention is computed in {where}, not in PyTorch around it.",
-                         "pass q, k, v and the output tensors to the kernel and do the arithmetic on them inside it; in "
-                         "PyTorch only allocate outputs, compute launch parameters (and, in the backward, D = rowsum(dO * O))."))
+                         "attention-in-pytorch"))
     how = next((how for how, x in calls.exported
                 if x.numel() > 1 and prov.sources(x) & watched and KERNEL not in prov.sources(x)), "")
     if how:
         failures.append((f"your function took q, k or v out of PyTorch ({how}): in this exercise the attention is "
-                         f"computed in {where}.", "pass q, k, v themselves to the kernel and do the arithmetic inside it."))
+                         f"computed in {where}.", "data-left-torch"))
     if prov.scalar_reads >= sources["q"].numel() // 2:
         failures.append((f"your function read q, k or v into {prov.scalar_reads} Python numbers one at a time: in this "
                          f"exercise the attention is computed in {where}.",
-                         "pass q, k, v themselves to the kernel and do the arithmetic inside it."))
+                         "read-numbers-one-at-a-time"))
     return out, {"failures": failures, "written": [sorted(prov.sources(x)) for x in _flat_tensors(out)]}
 
 
@@ -143,11 +176,14 @@ def _call_kernel(t: Trial, *args: Any, sources: dict[str, int], case: str) -> tu
         import triton  # noqa: F401
     except ImportError:
         t.fail("Triton is not installed here (it is Linux-only), so this exercise cannot run on this machine.",
-               "run this notebook on Linux or in Colab (Runtime > Change runtime type > GPU).")
+               Mistake("triton-not-installed", "run this notebook on Linux or in Colab (Runtime > "
+                       "Change runtime type > GPU).",
+                       "Triton is not installed where the notebook ran"))
     warm_up()
     got, seen = t.call_watched(_kernel_watcher, args, {"sources": sources, "is_reference": t.is_reference}, case=case)
     if seen["failures"]:
-        t.fail(*seen["failures"][0])
+        message, slug = seen["failures"][0]
+        t.fail(message, _WATCHED.get(slug, "") if isinstance(slug, str) else "")
     return got, {id(x): set(w) for x, w in zip(_flat_tensors(got), seen["written"])}
 
 
@@ -159,8 +195,10 @@ def _written_by_kernel(t: Trial, written: dict, got: torch.Tensor, what: str, ne
         read = ", ".join(sorted(have - {KERNEL})) or "none of the inputs"
         t.fail(f"{what} was not written by a Triton kernel that read {' and '.join(sorted(needs))} (its data comes "
                f"from: {read}).",
-               f"launch your kernel with {', '.join(sorted(needs))} and {what} among its arguments, let it store the "
-               f"result into {what}, and return that tensor.")
+               Mistake("output-not-written-by-kernel", "launch your kernel with "
+                       f"{', '.join(sorted(needs))} and {what} among its arguments, let it store "
+                       f"the result into {what}, and return that tensor.",
+                       "the returned tensor was not written by a kernel that read the inputs"))
 
 
 def _attention64(q, k, v, causal: bool):
@@ -212,16 +250,21 @@ def _unwritten(got: torch.Tensor, what: str) -> tuple[str, str]:
     slices_all, slices_any = per_row.all(-1), marker.reshape(B, H, -1).any(-1)
     if bool(slices_all.any()) and bool((slices_all == slices_any).all()):
         missing = [tuple(x) for x in slices_all.nonzero().tolist()]
-        return (f"{what}[b, h] was never written for {len(missing)} of the B * H = {B * H} (batch, head) slices "
-                f"(first {missing[0]}): the grid's second axis must launch B * H programs, one per batch and head "
-                "(program_id(1) = b * H + h).", "")
+        return (Mistake("missing-batch-head-programs", f"{what}[b, h] was never written for "
+                        f"{len(missing)} of the B * H = {B * H} (batch, head) slices (first "
+                        f"{missing[0]}): the grid's second axis must launch B * H programs, one "
+                        "per batch and head (program_id(1) = b * H + h).",
+                        "the grid does not launch B * H programs, one per batch and head"), "")
     rows = per_row.all(0).all(0)
     if bool(rows.any()) and bool((per_row == rows).all()):
         r0 = int(rows.nonzero()[0])
         if bool(rows[r0:].all()):
-            return (f"rows {r0}..{T - 1} of {what} were never written (in every batch and head), rows before were: "
-                    f"T = {T} ends in a partial block. Launch triton.cdiv(T, BLOCK_M) programs along the query "
-                    "axis, not T // BLOCK_M, and store the partial block with mask offs_m < T.", "")
+            return (Mistake("partial-block-not-launched", f"rows {r0}..{T - 1} of {what} were "
+                            f"never written (in every batch and head), rows before were: T = {T} "
+                            "ends in a partial block. Launch triton.cdiv(T, BLOCK_M) programs "
+                            "along the query axis, not T // BLOCK_M, and store the partial block "
+                            "with mask offs_m < T.",
+                            "no program for the last, partial block (T // BLOCK_M programs)"), "")
     first = marker.nonzero()[0].tolist()
     return "", f"some entries were never written, first at index {first}"
 
@@ -245,9 +288,11 @@ def _slices(got: torch.Tensor, expected: torch.Tensor, tol: dict, what: str) -> 
         what_offset = ("the batch offset" if all(f[1] == w[1] for w, f in found.items())
                        else "the head offset" if all(f[0] == w[0] for w, f in found.items()) else "the offsets")
         verb = "are" if what_offset == "the offsets" else "is"
-        return (f"{what}[{b}, {h}] holds the result of (batch, head) ({b2}, {h2}): {what_offset} of a program {verb} "
-                "wrong. With program_id(1) = b * H + h, offset q, k, v and the output by b * stride_b + h * stride_h "
-                "(b = program_id(1) // H, h = program_id(1) % H).", "")
+        return (Mistake("wrong-batch-head-offset", f"{what}[{b}, {h}] holds the result of (batch, "
+                        f"head) ({b2}, {h2}): {what_offset} of a program {verb} wrong. With "
+                        "program_id(1) = b * H + h, offset q, k, v and the output by b * stride_b "
+                        "+ h * stride_h (b = program_id(1) // H, h = program_id(1) % H).",
+                        "a program works on another (batch, head) slice: wrong offsets"), "")
     right = [tuple(x) for x in ok.nonzero().tolist()]
     where = f"wrong in (batch, head) slices {wrong[:6]}{' ...' if len(wrong) > 6 else ''}"
     return "", where + (f", right in {right[:4]}{' ...' if len(right) > 4 else ''}" if right else "")
@@ -271,8 +316,10 @@ def _split_forward(t: Trial, got: Any) -> tuple[Any, Any]:
         return got, None
     if isinstance(got, (tuple, list)) and len(got) == 2 and isinstance(got[0], torch.Tensor):
         return got[0], got[1]
+    wrong_type = Mistake("wrong-return-type", "return out (or out, lse).",
+                         "returned neither a tensor nor a tuple (out, lse)")
     t.fail(f"expected the output tensor, or a tuple (out, lse), got {describe(got)}.",
-           "did you forget the `return` statement?" if got is None else "return out (or out, lse).")
+           _RETURNED_NONE if got is None else wrong_type)
     return None, None
 
 
@@ -284,6 +331,11 @@ def _probe(T: int, d: int = 128, seed: int = 0) -> tuple[torch.Tensor, torch.Ten
     return q, k, torch.eye(T, d).view(1, 1, T, d)
 
 
+_HIDES_DIAGONAL = "the causal mask also hides the diagonal (query i may attend to key i)"
+_SKIPPED_BLOCKS = "key blocks were skipped: some keys get no weight"
+_NOT_SCALED = "the scores are not scaled by 1 / sqrt(d)"
+
+
 def _weights_hint(P: torch.Tensor, P_ref: torch.Tensor, raw: torch.Tensor, causal: bool, d: int, ragged: bool) -> str:
     """Name the mistake from the attention weights P [T, T] a kernel produced (float64, CPU), or ''."""
     T = P.shape[-1]
@@ -292,58 +344,85 @@ def _weights_hint(P: torch.Tensor, P_ref: torch.Tensor, raw: torch.Tensor, causa
     if causal:
         future = torch.ones(T, T, dtype=torch.bool).triu(1)
         if (P.nan_to_num(0.0)[future].abs() > 1e-4).any():
-            return ("queries put weight on future keys (j > i): the causal condition is reversed or on the wrong axis. "
-                    "Rows are queries, columns keys: keep scores where offs_m[:, None] >= offs_n[None, :], and do not "
-                    "loop past the diagonal block.")
+            return Mistake("attends-to-future", "queries put weight on future keys (j > i): the "
+                           "causal condition is reversed or on the wrong axis. Rows are queries, "
+                           "columns keys: keep scores where offs_m[:, None] >= offs_n[None, :], "
+                           "and do not loop past the diagonal block.")
         if nan_rows[0] and not nan_rows.all():
             first_ok = int((~nan_rows).nonzero()[0])
             if first_ok == 1:
-                return ("row 0 is NaN: with causal=True query 0 sees only key 0, and your mask hid it. Query i may attend "
-                        "to keys j <= i: keep scores where offs_m[:, None] >= offs_n[None, :].")
+                return Mistake("mask-hides-diagonal", "row 0 is NaN: with causal=True query 0 sees "
+                               "only key 0, and your mask hid it. Query i may attend to keys j <= "
+                               "i: keep scores where offs_m[:, None] >= offs_n[None, :].",
+                               _HIDES_DIAGONAL)
             if not nan_rows[first_ok:].any():
-                return (f"rows 0..{first_ok - 1} are NaN: they saw no key at all, so the diagonal block was skipped. "
-                        "With causal=True, query block start_m needs key blocks up to and including its own: loop "
-                        "`for start_n in range(0, min((start_m + 1) * BLOCK_M, T), BLOCK_N)`.")
+                return Mistake("diagonal-block-skipped", f"rows 0..{first_ok - 1} are NaN: they "
+                               "saw no key at all, so the diagonal block was skipped. With "
+                               "causal=True, query block start_m needs key blocks up to and "
+                               "including its own: loop `for start_n in range(0, min((start_m + 1) "
+                               "* BLOCK_M, T), BLOCK_N)`.", "the diagonal key block was skipped")
     if nan_rows.any():
         return ""
     if causal and (P.diagonal()[1:].abs() < 1e-6).all():
-        return ("no query attends to itself: the mask hides the diagonal. Query i may attend to keys j <= i "
-                "(offs_m[:, None] >= offs_n[None, :], not >).")
+        return Mistake("mask-hides-diagonal", "no query attends to itself: the mask hides the "
+                       "diagonal. Query i may attend to keys j <= i (offs_m[:, None] >= "
+                       "offs_n[None, :], not >).", _HIDES_DIAGONAL)
     dead = ((P.abs() < 1e-12) & (P_ref > 1e-9)).any(0) & ~(P.abs() >= 1e-12).any(0)  # keys nobody weighs
     if dead.any():
         keys = dead.nonzero().flatten().tolist()
         if keys[-1] == T - 1 and keys == list(range(keys[0], T)):
-            return (f"keys {keys[0]}..{T - 1} got no weight from any query: the loop over key blocks stops before the "
-                    f"last, partial block (T = {T}). Loop `for start_n in range(0, hi, BLOCK_N)` with hi = T "
-                    "(or the causal limit), and mask the keys >= T of that block instead of skipping it.")
-        return (f"keys {ranges_text(keys)} got no weight from any query: those key blocks were skipped. Every query "
-                "block must visit every key block (with causal=True: up to and including its diagonal block).")
+            return Mistake("last-key-block-skipped", f"keys {keys[0]}..{T - 1} got no weight from "
+                           "any query: the loop over key blocks stops before the last, partial "
+                           f"block (T = {T}). Loop `for start_n in range(0, hi, BLOCK_N)` with hi "
+                           "= T (or the causal limit), and mask the keys >= T of that block "
+                           "instead of skipping it.",
+                           "the loop over key blocks stops before the last, partial block")
+        return Mistake("key-blocks-skipped", f"keys {ranges_text(keys)} got no weight from any "
+                       "query: those key blocks were skipped. Every query block must visit every "
+                       "key block (with causal=True: up to and including its diagonal block).",
+                       _SKIPPED_BLOCKS)
     if causal:
         past = ~future & (P_ref > 1e-6)
         if (P[past].abs() < 1e-9).any():
-            return ("some keys j <= i got no weight at all: key blocks were skipped. With causal=True the loop over key "
-                    "blocks runs up to the end of this query block, (start_m + 1) * BLOCK_M, diagonal block included.")
+            return Mistake("key-blocks-skipped", "some keys j <= i got no weight at all: key "
+                           "blocks were skipped. With causal=True the loop over key blocks runs up "
+                           "to the end of this query block, (start_m + 1) * BLOCK_M, diagonal "
+                           "block included.", _SKIPPED_BLOCKS)
     sums = P.sum(dim=-1)
     if not torch.allclose(sums, torch.ones_like(sums), atol=1e-3):
         if torch.allclose(P / sums[:, None], P_ref, atol=1e-4, rtol=1e-2):
             if bool((sums > 1).all()):
-                return ("the weights are right up to a factor per row, the row's sum l (> 1): divide the accumulator "
-                        "by l at the end (acc / l_i[:, None]).")
+                return Mistake("missing-final-normalisation", "the weights are right up to a "
+                               "factor per row, the row's sum l (> 1): divide the accumulator by l "
+                               "at the end (acc / l_i[:, None]).",
+                               "the accumulator is not divided by the running sum l at the end")
             if ragged and bool((sums < 1).all()):
-                return (f"T = {T} is not a multiple of the block here, and keys at positions >= T got weight: the "
-                        "weights on the real keys sum to less than 1 (row 0: "
-                        f"{float(sums[0]):.3f}). After loading k and v with mask=offs_n[:, None] < T, other=0.0, set "
-                        "the scores of those keys to -inf: qk = tl.where(offs_n[None, :] < T, qk, float('-inf')).")
+                return Mistake("padded-keys-not-masked", f"T = {T} is not a multiple of the block "
+                               "here, and keys at positions >= T got weight: the weights on the "
+                               f"real keys sum to less than 1 (row 0: {float(sums[0]):.3f}). After "
+                               "loading k and v with mask=offs_n[:, None] < T, other=0.0, set the "
+                               "scores of those keys to -inf: qk = tl.where(offs_n[None, :] < T, "
+                               "qk, float('-inf')).",
+                               "keys at positions >= T got weight (scores not set to -inf)")
         return ""
     # Rows sum to 1: compare the effective softmax temperature with known mistakes.
     for factor, hint in (
-        (math.sqrt(d), "the scores are not scaled by 1 / sqrt(d) (sm_scale)."),
-        (1 / math.sqrt(d), "the scores were divided by d; the scale is 1 / sqrt(d)."),
-        (math.log(2), "you used exp2 on scores that were not multiplied by log2(e): exp(x) = exp2(x * log2(e)), so "
-                      "scale the scores by sm_scale * log2(e) (one multiply) before tl.exp2."),
-        (LOG2E, "you multiplied the scores by log2(e) but then used tl.exp; with the log2(e) factor use tl.exp2."),
-        (math.sqrt(d) * LOG2E, "the scores are not scaled by 1 / sqrt(d), and log2(e) is applied with tl.exp."),
-        (math.sqrt(d) * math.log(2), "the scores are not scaled by 1 / sqrt(d) (the log2(e) factor is right)."),
+        (math.sqrt(d), Mistake("scores-not-scaled", "the scores are not scaled by 1 / sqrt(d) "
+                               "(sm_scale).", _NOT_SCALED)),
+        (1 / math.sqrt(d), Mistake("scores-divided-by-d", "the scores were divided by d; the scale "
+                                   "is 1 / sqrt(d).")),
+        (math.log(2), Mistake("exp2-without-log2e", "you used exp2 on scores that were not "
+                              "multiplied by log2(e): exp(x) = exp2(x * log2(e)), so scale the "
+                              "scores by sm_scale * log2(e) (one multiply) before tl.exp2.",
+                              "used tl.exp2 on scores not multiplied by log2(e)")),
+        (LOG2E, Mistake("log2e-with-exp", "you multiplied the scores by log2(e) but then used "
+                        "tl.exp; with the log2(e) factor use tl.exp2.",
+                        "multiplied the scores by log2(e) but used tl.exp")),
+        (math.sqrt(d) * LOG2E, Mistake("not-scaled-and-log2e-with-exp", "the scores are not scaled "
+                                       "by 1 / sqrt(d), and log2(e) is applied with tl.exp.")),
+        (math.sqrt(d) * math.log(2), Mistake("scores-not-scaled", "the scores are not scaled by 1 "
+                                             "/ sqrt(d) (the log2(e) factor is right).",
+                                             _NOT_SCALED)),
     ):
         allowed = att.causal_mask(T) if causal else None
         if torch.allclose(P, att.masked_softmax(raw * scale * factor, allowed), atol=1e-4, rtol=1e-2):
@@ -354,12 +433,16 @@ def _weights_hint(P: torch.Tensor, P_ref: torch.Tensor, raw: torch.Tensor, causa
 def _rescale_hint(out: torch.Tensor, q, k, v, causal: bool, tol: dict) -> str:
     """Is ``out`` a tiled forward without a rescale (for some power-of-2 key block size)? Name it, or ''."""
     variants = {
-        "the accumulator was not rescaled: when a key block raises the running max, multiply acc by alpha = "
-        "exp2(m_i - m_new) before adding the new block (l_i gets the same factor).": dict(rescale_acc=False),
-        "the running sum l_i was not rescaled: when a key block raises the running max, l_i = l_i * alpha + "
-        "rowsum(p) with alpha = exp2(m_i - m_new), just like acc.": dict(rescale_l=False),
-        "neither acc nor l_i was rescaled when a key block raised the running max: multiply both by alpha = "
-        "exp2(m_i - m_new) before adding the new block.": dict(rescale_acc=False, rescale_l=False),
+        Mistake("acc-not-rescaled", "the accumulator was not rescaled: when a key block raises the "
+                "running max, multiply acc by alpha = exp2(m_i - m_new) before adding the new "
+                "block (l_i gets the same factor)."): dict(rescale_acc=False),
+        Mistake("l-not-rescaled", "the running sum l_i was not rescaled: when a key block raises "
+                "the running max, l_i = l_i * alpha + rowsum(p) with alpha = exp2(m_i - m_new), "
+                "just like acc."): dict(rescale_l=False),
+        Mistake("acc-and-l-not-rescaled", "neither acc nor l_i was rescaled when a key block "
+                "raised the running max: multiply both by alpha = exp2(m_i - m_new) before adding "
+                "the new block."):
+            dict(rescale_acc=False, rescale_l=False),
     }
     T = q.shape[-2]
     for hint, kw in variants.items():
@@ -415,9 +498,12 @@ def _forward_case(t: Trial, c: dict, passed: list[str]) -> None:
         P = out.detach().double().cpu()[0, 0, :, :T]
         if not diagnosis and not where and "probe" in kind:
             if kind == "ragged-probe" and torch.isnan(P).any() and "probe" in passed:
-                diagnosis = ("NaN now that T is not a multiple of the block (the cases with T = 128 passed): your kernel "
-                             "read past the end of q, k or v (the memory after them holds NaN here). Mask the loads: "
-                             "tl.load(k_ptrs, mask=offs_n[:, None] < T, other=0.0), and the same for q (offs_m) and v.")
+                diagnosis = Mistake("unmasked-loads", "NaN now that T is not a multiple of the "
+                                    "block (the cases with T = 128 passed): your kernel read past "
+                                    "the end of q, k or v (the memory after them holds NaN here). "
+                                    "Mask the loads: tl.load(k_ptrs, mask=offs_n[:, None] < T, "
+                                    "other=0.0), and the same for q (offs_m) and v.",
+                                    "loads past the end of q, k or v are not masked (ragged T)")
             diagnosis = diagnosis or _weights_hint(P, c["P64"][0, 0], c["raw"][0, 0], causal, d, kind == "ragged-probe")
         if not diagnosis and not where:
             diagnosis, where = _slices(out, expected, tol, "out")
@@ -426,12 +512,16 @@ def _forward_case(t: Trial, c: dict, passed: list[str]) -> None:
         if not diagnosis and not where:
             rows = _rows(out, expected, tol, T)
             if rows and T % 16:
-                diagnosis = (f"{rows} of out (the last, partial query block: T = {T}) are wrong, the rows before are "
-                             "right: mask that block's loads, scores and stores with offs < T.")
+                diagnosis = Mistake("partial-block-not-masked", f"{rows} of out (the last, partial "
+                                    f"query block: T = {T}) are wrong, the rows before are right: "
+                                    "mask that block's loads, scores and stores with offs < T.",
+                                    "the last, partial query block is not masked (offs < T)")
             elif causal and "plain-" + str((B, H, T, d, dtype)) in passed:
-                diagnosis = ("the same shapes passed with causal=False, so look at the causal parts: keep scores where "
-                             "offs_m[:, None] >= offs_n[None, :], and loop over key blocks up to the end of this query "
-                             "block, (start_m + 1) * BLOCK_M.")
+                diagnosis = Mistake("causal-part-wrong", "the same shapes passed with "
+                                    "causal=False, so look at the causal parts: keep scores where "
+                                    "offs_m[:, None] >= offs_n[None, :], and loop over key blocks "
+                                    "up to the end of this query block, (start_m + 1) * BLOCK_M.",
+                                    "wrong with causal=True only (mask or loop bounds)")
         what = f"out ({where})" if where else "out"
     t.tensor(out, expected, what=what, hint=_FWD_HINT, diagnosis=diagnosis, **tol)
     if T > 1:  # with one key, out = v: a kernel's output is then also a copy of an input
@@ -440,14 +530,20 @@ def _forward_case(t: Trial, c: dict, passed: list[str]) -> None:
         ref_lse = c["lse"]
         if isinstance(lse, torch.Tensor) and lse.shape != ref_lse.shape:
             t.fail(f"lse: expected shape {list(ref_lse.shape)} ([B, H, T]), got {list(lse.shape)}.",
-                   "allocate lse as torch.empty((B, H, T), dtype=torch.float32, device=q.device), or return only out.")
+                   Mistake("lse-wrong-shape", "allocate lse as torch.empty((B, H, T), "
+                           "dtype=torch.float32, device=q.device), or return only out.",
+                           "lse is not of shape [B, H, T]"))
         if isinstance(lse, torch.Tensor) and lse.dtype != torch.float32:
-            t.fail(f"lse: expected float32, got {lse.dtype}.", "keep the running statistics m_i, l_i and lse in float32.")
+            t.fail(f"lse: expected float32, got {lse.dtype}.",
+                   Mistake("lse-not-float32", "keep the running statistics m_i, l_i and lse in "
+                           "float32.", "lse is not float32"))
         lse_diag = _unwritten(lse[..., None], "lse")[0] if isinstance(lse, torch.Tensor) else ""
         t.tensor(lse, ref_lse, what="lse", diagnosis=lse_diag, hint="lse = (m_i + tl.log2(l_i)) * ln(2) when m_i is in "
                  "log2 units (natural log: m + log(l)).", **_tol(dtype, dev, "lse"), mistakes={
-                     "lse is in log2 units: multiply m_i + log2(l_i) by ln(2) to get the natural log.": lambda: ref_lse * LOG2E,
-                     "lse is only the running max: add the log of the running sum, lse = m + log(l).": lambda: (
+                     Mistake("lse-in-log2", "lse is in log2 units: multiply m_i + log2(l_i) by "
+                             "ln(2) to get the natural log."): lambda: ref_lse * LOG2E,
+                     Mistake("lse-is-m", "lse is only the running max: add the log of the running "
+                             "sum, lse = m + log(l)."): lambda: (
                          c["raw"] / math.sqrt(d)).masked_fill(causal & ~att.causal_mask(T), float("-inf")).amax(-1).to(
                          device=dev, dtype=torch.float32),
                  })
@@ -460,8 +556,10 @@ def _dtype_check(t: Trial, got: torch.Tensor, dtype: torch.dtype, what: str) -> 
     __tracebackhide__ = True
     if isinstance(got, torch.Tensor) and got.dtype != dtype:
         t.fail(f"{what}: expected dtype {dtype} (the inputs' dtype), got {got.dtype}.",
-               "allocate it like the inputs (torch.empty_like(q)) and convert the float32 accumulator when you "
-               "store it: tl.store(ptrs, acc.to(Out.dtype.element_ty), mask=...).")
+               Mistake("wrong-output-dtype", "allocate it like the inputs (torch.empty_like(q)) "
+                       "and convert the float32 accumulator when you store it: tl.store(ptrs, "
+                       "acc.to(Out.dtype.element_ty), mask=...).",
+                       "the output is not in the inputs' dtype"))
 
 
 # (B, H, T, d, causal, dtype) after the probes: several batches and heads, short and ragged T.
@@ -524,18 +622,26 @@ def _backward_mistakes(q, k, v, lse, do, causal: bool, which: int, dtype, dev) -
         return lambda: _backward64(q, k, v, lse, do, causal, **kw)[which].to(device=dev, dtype=dtype)
 
     mistakes = {
-        "the gradients of q and k miss the softmax scale: S = sm_scale * Q K^T, so dQ = sm_scale * dS K and "
-        "dK = sm_scale * dS^T Q.": g(scale_grads=False),
-        "D is missing: dS = P * (dP - D) with D = rowsum(dO * O) (one number per query row), not P * dP.": g(use_delta=False),
-        "P was recomputed with lse in the wrong units: lse is a natural log; with tl.exp2 use "
-        "exp2(qk * sm_scale * log2(e) - lse * log2(e)).": g(lse_units="log2-missed"),
+        Mistake("grads-miss-sm_scale", "the gradients of q and k miss the softmax scale: S = "
+                "sm_scale * Q K^T, so dQ = sm_scale * dS K and dK = sm_scale * dS^T Q."):
+            g(scale_grads=False),
+        Mistake("missing-D", "D is missing: dS = P * (dP - D) with D = rowsum(dO * O) (one number "
+                "per query row), not P * dP."):
+            g(use_delta=False),
+        Mistake("lse-wrong-units", "P was recomputed with lse in the wrong units: lse is a natural "
+                "log; with tl.exp2 use exp2(qk * sm_scale * log2(e) - lse * log2(e))."):
+            g(lse_units="log2-missed"),
     }
     if which == 2:
-        mistakes["dV = P^T dO (keys x queries times queries x d): transpose P."] = g(dv_transposed=False)
+        mistakes[Mistake("P-not-transposed-in-dV", "dV = P^T dO (keys x queries times queries x "
+                         "d): transpose P.",
+                         "computed dV with P instead of P^T")] = g(dv_transposed=False)
     if causal:
-        mistakes["the causal mask is missing in the backward pass: P recomputed from lse must be 0 for keys j > i "
-                 "(tl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0))."] = g(mask="none")
-        mistakes["the backward mask also hides the diagonal: query i attends to key i (keep j <= i)."] = g(mask="strict")
+        mistakes[Mistake("backward-mask-missing", "the causal mask is missing in the backward "
+                         "pass: P recomputed from lse must be 0 for keys j > i (tl.where(offs_m[:, "
+                         "None] >= offs_n[None, :], p, 0.0)).")] = g(mask="none")
+        mistakes[Mistake("backward-mask-hides-diagonal", "the backward mask also hides the "
+                         "diagonal: query i attends to key i (keep j <= i).")] = g(mask="strict")
     return mistakes
 
 
@@ -592,23 +698,32 @@ def flash_attention_triton_backward(t: Trial) -> None:
             if isinstance(g, torch.Tensor) and g.shape == e.shape and g.dtype == e.dtype and not _close(g, e, **tol):
                 diagnosis, where = _unwritten(g, what)
                 if not diagnosis and not where and torch.isnan(g).any() and T % 16 and any(p[2] % 16 == 0 for p in passed):
-                    diagnosis = (f"NaN now that T is not a multiple of the block here (T = {T}; the cases with T = 128 "
-                                 "passed): your kernels read past the end of q, k, v, dO, lse or D (the memory after them "
-                                 "holds NaN here). Mask those loads with offs < T (other=0), set P to 0 for positions "
-                                 ">= T (tl.where), and mask the stores.")
+                    diagnosis = Mistake("unmasked-loads", "NaN now that T is not a multiple of the "
+                                        f"block here (T = {T}; the cases with T = 128 passed): "
+                                        "your kernels read past the end of q, k, v, dO, lse or D "
+                                        "(the memory after them holds NaN here). Mask those loads "
+                                        "with offs < T (other=0), set P to 0 for positions >= T "
+                                        "(tl.where), and mask the stores.",
+                                        "loads past the end of the inputs are not masked")
                 if not diagnosis and not where:
                     diagnosis, where = _slices(g, e, tol, what)
                 if not diagnosis and not where:
                     rows = _rows(g, e, tol, T)
                     if rows and T % 16:
-                        diagnosis = (f"{rows} of {what} (the last, partial block: T is not a multiple of the block here) "
-                                     "are wrong, the rows before are right: mask the loads of that block with offs < T "
-                                     "(other=0), set P to 0 for positions >= T, and mask the stores.")
+                        diagnosis = Mistake("partial-block-not-masked", f"{rows} of {what} (the "
+                                            "last, partial block: T is not a multiple of the block "
+                                            "here) are wrong, the rows before are right: mask the "
+                                            "loads of that block with offs < T (other=0), set P to "
+                                            "0 for positions >= T, and mask the stores.",
+                                            "the last, partial block is not masked (offs < T)")
                     elif causal and (B, H, T, d, dtype, False) in passed:
-                        diagnosis = ("the same shapes passed with causal=False, so look at the causal parts: P must be 0 "
-                                     "for keys j > i (offs_m[:, None] >= offs_n[None, :]) in both kernels, and the loops "
-                                     "must cover every pair j <= i: dK/dV from the key block's first query on, dQ up to "
-                                     "the end of its query block.")
+                        diagnosis = Mistake("causal-part-wrong", "the same shapes passed with "
+                                            "causal=False, so look at the causal parts: P must be "
+                                            "0 for keys j > i (offs_m[:, None] >= offs_n[None, :]) "
+                                            "in both kernels, and the loops must cover every pair "
+                                            "j <= i: dK/dV from the key block's first query on, dQ "
+                                            "up to the end of its query block.",
+                                            "wrong with causal=True only (mask or loop bounds)")
                 what = f"{what} ({where})" if where else what
             t.tensor(g, e, what=what, hint=_BWD_HINTS[name], diagnosis=diagnosis, **tol,
                      mistakes=_backward_mistakes(c["q"], c["k"], c["v"], c["lse"], c["do"], causal, which, dtype, dev))

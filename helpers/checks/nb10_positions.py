@@ -19,6 +19,7 @@ import torch
 
 from .. import nb10_positions as ref
 from .core import Trial, describe_case, draw, eager_mistakes, exercise, seeded
+from .feedback import Mistake
 
 __all__ = ["rope", "alibi_bias", "llama3_rope_frequencies"]
 
@@ -51,28 +52,46 @@ def _rope_mistakes(x: torch.Tensor, positions: torch.Tensor, base: float) -> dic
     i = torch.arange(d // 2, dtype=torch.float64)
     freqs = base ** (-2 * i / d)
     m = lambda **kw: lambda: _rope_model(x, **{"positions": positions, "freqs": freqs, **kw})  # noqa: E731
+    shifted = "your positions are shifted by one"
     return eager_mistakes({
-        "you rotated neighbouring pairs (x[2i], x[2i+1]): that is the interleaved convention of the RoFormer "
-        "paper. The course (and Hugging Face's apply_rotary_pos_emb) pairs x[i] with x[i + d/2]: "
-        "rotate_half(x) = cat(-x2, x1) for the two halves x1, x2.": m(layout="interleaved"),
-        "your cos and sin are laid out for neighbouring pairs (repeat_interleave: theta_0, theta_0, theta_1, ...) "
-        "but rotate_half pairs x[i] with x[i + d/2]: lay the d/2 angles out twice, cat((angles, angles), -1) "
-        "(or .repeat(1, 2)), so that feature i and feature i + d/2 turn by the same angle.": m(layout="repeat_interleave"),
-        "your frequencies use the exponent i/d; RoPE's is 2i/d: theta_i = base^(-2i/d) for i = 0 .. d/2 - 1 "
-        "(torch.arange(0, d, 2) / d).": m(freqs=base ** (-i / d)),
-        "your frequencies start at i = 1: theta_i = base^(-2i/d) for i = 0 .. d/2 - 1, so the first pair turns "
-        "by one radian per position.": m(freqs=base ** (-2 * (i + 1) / d)),
-        "you ignored `base` (your result is RoPE with base 10000): use the base you are given, "
-        "theta_i = base^(-2i/d).": m(freqs=10000.0 ** (-2 * i / d)),
-        "you ignored `positions` and rotated row t by t (0, 1, 2, ...): rotate row t by positions[t]. In a KV "
-        "cache the new token sits at position T_past, not 0.": m(positions=torch.arange(T)),
-        "you rotated by -m instead of +m (the sine has the wrong sign, or rotate_half is cat(x2, -x1)): the "
-        "pair (a, b) at angle φ becomes (a cos φ - b sin φ, a sin φ + b cos φ).": m(sign=-1.0),
-        "your positions are shifted by one (row t rotated by positions[t] + 1, as if counting from 1): rotate "
-        "row t by exactly positions[t].": m(positions=positions + 1),
-        "your positions are shifted by one (row t rotated by positions[t] - 1): rotate row t by exactly "
-        "positions[t].": m(positions=positions - 1),
-        "you swapped cos and sin: x * cos + rotate_half(x) * sin, with cos and sin of the same angles.": m(swap=True),
+        Mistake("interleaved-pairs", "you rotated neighbouring pairs (x[2i], x[2i+1]): that is the "
+                "interleaved convention of the RoFormer paper. The course (and Hugging Face's "
+                "apply_rotary_pos_emb) pairs x[i] with x[i + d/2]: rotate_half(x) = cat(-x2, x1) "
+                "for the two halves x1, x2."):
+            m(layout="interleaved"),
+        Mistake("angles-repeat_interleave", "your cos and sin are laid out for neighbouring pairs "
+                "(repeat_interleave: theta_0, theta_0, theta_1, ...) but rotate_half pairs x[i] "
+                "with x[i + d/2]: lay the d/2 angles out twice, cat((angles, angles), -1) (or "
+                ".repeat(1, 2)), so that feature i and feature i + d/2 turn by the same angle.",
+                "cos and sin laid out for neighbouring pairs (repeat_interleave) with rotate_half"):
+            m(layout="repeat_interleave"),
+        Mistake("exponent-i-over-d", "your frequencies use the exponent i/d; RoPE's is 2i/d: "
+                "theta_i = base^(-2i/d) for i = 0 .. d/2 - 1 (torch.arange(0, d, 2) / d)."):
+            m(freqs=base ** (-i / d)),
+        Mistake("frequencies-start-at-1", "your frequencies start at i = 1: theta_i = base^(-2i/d) "
+                "for i = 0 .. d/2 - 1, so the first pair turns by one radian per position."):
+            m(freqs=base ** (-2 * (i + 1) / d)),
+        Mistake("ignored-base", "you ignored `base` (your result is RoPE with base 10000): use the "
+                "base you are given, theta_i = base^(-2i/d)."):
+            m(freqs=10000.0 ** (-2 * i / d)),
+        Mistake("ignored-positions", "you ignored `positions` and rotated row t by t (0, 1, 2, "
+                "...): rotate row t by positions[t]. In a KV cache the new token sits at position "
+                "T_past, not 0."):
+            m(positions=torch.arange(T)),
+        Mistake("rotated-by-minus-m", "you rotated by -m instead of +m (the sine has the wrong "
+                "sign, or rotate_half is cat(x2, -x1)): the pair (a, b) at angle φ becomes (a cos "
+                "φ - b sin φ, a sin φ + b cos φ).", "rotated by -m instead of +m"):
+            m(sign=-1.0),
+        Mistake("positions-off-by-one", "your positions are shifted by one (row t rotated by "
+                "positions[t] + 1, as if counting from 1): rotate row t by exactly positions[t].",
+                shifted):
+            m(positions=positions + 1),
+        Mistake("positions-off-by-one", "your positions are shifted by one (row t rotated by "
+                "positions[t] - 1): rotate row t by exactly positions[t].", shifted):
+            m(positions=positions - 1),
+        Mistake("swapped-cos-sin", "you swapped cos and sin: x * cos + rotate_half(x) * sin, with "
+                "cos and sin of the same angles."):
+            m(swap=True),
     })
 
 
@@ -98,10 +117,13 @@ def _rope_inputs() -> list[tuple[torch.Tensor, torch.Tensor, float]]:
           section="3. RoPE from its definition")
 def rope(t: Trial) -> None:
     t.error_hints = {
-        r"must match the size of tensor b|size of tensor a .* must match": "positions is [T]: positions[:, None] * "
-        "theta[None, :] gives the [T, d/2] angles, which broadcast over x's leading dimensions once laid out to "
-        "[T, d].",
-        r"chunk expects|split_size": "x's last dimension is d (even): x.chunk(2, dim=-1) gives the two halves.",
+        r"must match the size of tensor b|size of tensor a .* must match": Mistake(
+            "angles-shape-mismatch", "positions is [T]: positions[:, None] * theta[None, :] gives "
+            "the [T, d/2] angles, which broadcast over x's leading dimensions once laid out to [T, "
+            "d].", "the angles do not broadcast against x (not laid out as [T, d])"),
+        r"chunk expects|split_size": Mistake(
+            "wrong-halves-split", "x's last dimension is d (even): x.chunk(2, dim=-1) gives the "
+            "two halves.", "split x into its two halves along the wrong axis or size"),
     }
     planned = [((x, pos, base), ref.rope(x, pos, base), _rope_mistakes(x, pos, base)) for x, pos, base in _rope_inputs()]
     for (x, pos, base), expected, mistakes in planned:
@@ -127,23 +149,40 @@ def _alibi_mistakes(H: int, T: int) -> dict[str, torch.Tensor]:
     right = 2.0 ** (-8 * (h + 1) / H)
     m = lambda slopes, distance="abs": lambda: _alibi_model(slopes, T, distance)  # noqa: E731
     return eager_mistakes({
-        "your slopes are off by one head: slope_h = 2^(-8(h+1)/H) for h = 0 .. H-1, from 2^(-8/H) for the first "
-        "head down to exactly 2^-8 for the last (a slope of 1 means h started at 0 in the exponent).": m(2.0 ** (-8 * h / H)),
-        "your slopes are off by one head: slope_h = 2^(-8(h+1)/H) for h = 0 .. H-1, so the last head's slope is "
-        "exactly 2^-8 (yours goes one step further).": m(2.0 ** (-8 * (h + 2) / H)),
-        "your slopes are in reverse order: head 0 has the steepest slope, 2^(-8/H), and head H-1 the gentlest, "
-        "2^-8.": m(right.flip(0)),
-        "you used 2^-(h+1), the slopes for H = 8 only; the exponent scales with H: 2^(-8(h+1)/H).": m(2.0 ** -(h + 1)),
-        "your slopes use base e (exp(-8(h+1)/H)); ALiBi's are powers of two: 2^(-8(h+1)/H).": m(torch.exp(-8 * (h + 1) / H)),
-        "your bias is 0 above the diagonal (keys j > i): the contract's bias is -slope·|i - j| on both sides "
-        "(the causal mask, applied separately, hides the future; the bias does not).": m(right, "lower_only"),
-        "the distance needs abs: your bias is -slope·(i - j), which agrees below the diagonal but is positive above "
-        "it (it would reward future keys wherever the mask is not applied). Use -slope·|i - j|.": m(right, "signed"),
-        "your bias has the wrong sign: it must penalise distance, -slope·|i - j| (<= 0), not +slope·|i - j|.":
+        Mistake("slopes-off-by-one", "your slopes are off by one head: slope_h = 2^(-8(h+1)/H) for "
+                "h = 0 .. H-1, from 2^(-8/H) for the first head down to exactly 2^-8 for the last "
+                "(a slope of 1 means h started at 0 in the exponent)."):
+            m(2.0 ** (-8 * h / H)),
+        Mistake("slopes-off-by-one", "your slopes are off by one head: slope_h = 2^(-8(h+1)/H) for "
+                "h = 0 .. H-1, so the last head's slope is exactly 2^-8 (yours goes one step "
+                "further)."):
+            m(2.0 ** (-8 * (h + 2) / H)),
+        Mistake("slopes-reversed", "your slopes are in reverse order: head 0 has the steepest "
+                "slope, 2^(-8/H), and head H-1 the gentlest, 2^-8."):
+            m(right.flip(0)),
+        Mistake("slopes-for-H-8-only", "you used 2^-(h+1), the slopes for H = 8 only; the exponent "
+                "scales with H: 2^(-8(h+1)/H)."):
+            m(2.0 ** -(h + 1)),
+        Mistake("slopes-base-e", "your slopes use base e (exp(-8(h+1)/H)); ALiBi's are powers of "
+                "two: 2^(-8(h+1)/H)."):
+            m(torch.exp(-8 * (h + 1) / H)),
+        Mistake("bias-zero-above-diagonal", "your bias is 0 above the diagonal (keys j > i): the "
+                "contract's bias is -slope·|i - j| on both sides (the causal mask, applied "
+                "separately, hides the future; the bias does not)."):
+            m(right, "lower_only"),
+        Mistake("distance-without-abs", "the distance needs abs: your bias is -slope·(i - j), "
+                "which agrees below the diagonal but is positive above it (it would reward future "
+                "keys wherever the mask is not applied). Use -slope·|i - j|.",
+                "the bias uses the signed distance -slope·(i - j), without abs"):
+            m(right, "signed"),
+        Mistake("bias-wrong-sign", "your bias has the wrong sign: it must penalise distance, "
+                "-slope·|i - j| (<= 0), not +slope·|i - j|."):
             m(right, "neg_abs"),
-        "you wrote the bias as slope·j (the form BLOOM uses). Under a causal softmax it gives the same weights, "
-        "because it differs from -slope·(i - j) by slope·i, a constant per row; but the bias itself, as the "
-        "contract asks, is -slope·|i - j|.": m(right, "key"),
+        Mistake("bias-slope-times-j", "you wrote the bias as slope·j (the form BLOOM uses). Under "
+                "a causal softmax it gives the same weights, because it differs from -slope·(i - "
+                "j) by slope·i, a constant per row; but the bias itself, as the contract asks, is "
+                "-slope·|i - j|."):
+            m(right, "key"),
     })
 
 
@@ -154,8 +193,10 @@ _ALIBI_RECIPE = ("slopes = 2.0 ** (-8 * torch.arange(1, H + 1) / H) ([H]); i = t
 @exercise("10.2", "ALiBi bias", points=2, stars=2, notebook=NB, section="7. ALiBi: a bias instead of a rotation")
 def alibi_bias(t: Trial) -> None:
     t.error_hints = {
-        r"unsupported operand|not supported between|must be Number": "n_heads and T are Python ints; build the "
-        "slopes and distances as tensors (torch.arange) before combining them.",
+        r"unsupported operand|not supported between|must be Number": Mistake(
+            "ints-not-tensors", "n_heads and T are Python ints; build the slopes and distances as "
+            "tensors (torch.arange) before combining them.",
+            "combined Python ints where tensors are needed"),
     }
     cases = [(8, 5), (4, 9), (2, 3), (16, 6), (1, 4)]  # H a power of two; H != T
     g = seeded(1050)  # then one drawn from a seed: H 1 to 16, T 2 to 32 (one more if it equals H)
@@ -167,8 +208,9 @@ def alibi_bias(t: Trial) -> None:
         diagnosis = ""
         if (isinstance(got, torch.Tensor) and got.shape == expected.shape and H > 1 and got.is_floating_point()
                 and bool((got == got[:1]).all()) and T > 1):
-            diagnosis = ("every head has the same bias: one slope for all heads. Each head h has its own slope, "
-                         "2^(-8(h+1)/H), so that some heads look far and others near.")
+            diagnosis = Mistake("same-slope-every-head", "every head has the same bias: one slope "
+                                "for all heads. Each head h has its own slope, 2^(-8(h+1)/H), so "
+                                "that some heads look far and others near.")
         t.tensor(got, expected, what="bias", mistakes=mistakes, hint=_ALIBI_RECIPE, diagnosis=diagnosis, atol=1e-6)
 
 
@@ -193,41 +235,58 @@ def _llama3_mistakes(inv_freq: torch.Tensor, factor: float, lf: float, hf: float
         return _bands(w_, L_ / hf_, L_ / lf_, th_, th_ / factor_, (1 - s_) * th_ / factor_ + s_ * th_)
 
     return eager_mistakes({
-        "nothing was scaled: your result is inv_freq unchanged. Did you compare the frequencies themselves with "
-        "the thresholds? original_max_len / low_freq_factor and original_max_len / high_freq_factor are "
-        "wavelengths, in tokens: compare wavelen = 2π / inv_freq with them.": out(th),
-        "you divided every frequency by factor: that is position interpolation (Chen et al.), not Llama 3's "
-        "scaling. Pairs with a wavelength shorter than original_max_len / high_freq_factor stay as they are.":
+        Mistake("nothing-scaled", "nothing was scaled: your result is inv_freq unchanged. Did you "
+                "compare the frequencies themselves with the thresholds? original_max_len / "
+                "low_freq_factor and original_max_len / high_freq_factor are wavelengths, in "
+                "tokens: compare wavelen = 2π / inv_freq with them."):
+            out(th),
+        Mistake("divided-all-by-factor", "you divided every frequency by factor: that is position "
+                "interpolation (Chen et al.), not Llama 3's scaling. Pairs with a wavelength "
+                "shorter than original_max_len / high_freq_factor stay as they are."):
             out(th / factor),
-        "you multiplied by factor: a longer context needs slower low frequencies, inv_freq / factor (their "
-        "wavelengths grow factor times).": out(_bands(w, L / hf, L / lf, th, th * factor,
-                                                      (1 - smooth) * th * factor + smooth * th)),
-        "your smooth interpolation is reversed: smooth = (original_max_len / wavelen - low_freq_factor) / "
-        "(high_freq_factor - low_freq_factor) is 0 at the long-wavelength end, where the result must be "
-        "inv_freq / factor, and 1 at the short end (inv_freq): (1 - smooth) * inv_freq / factor + smooth * "
-        "inv_freq.": out(_bands(w, L / hf, L / lf, th, th / factor, smooth * th / factor + (1 - smooth) * th)),
-        "you scaled the high frequencies too: pairs whose wavelength is shorter than original_max_len / "
-        "high_freq_factor turn many times within the original context and stay as they are.":
+        Mistake("multiplied-by-factor", "you multiplied by factor: a longer context needs slower "
+                "low frequencies, inv_freq / factor (their wavelengths grow factor times)."):
+            out(_bands(w, L / hf, L / lf, th, th * factor,
+                       (1 - smooth) * th * factor + smooth * th)),
+        Mistake("smooth-reversed", "your smooth interpolation is reversed: smooth = "
+                "(original_max_len / wavelen - low_freq_factor) / (high_freq_factor - "
+                "low_freq_factor) is 0 at the long-wavelength end, where the result must be "
+                "inv_freq / factor, and 1 at the short end (inv_freq): (1 - smooth) * inv_freq / "
+                "factor + smooth * inv_freq."):
+            out(_bands(w, L / hf, L / lf, th, th / factor,
+                       smooth * th / factor + (1 - smooth) * th)),
+        Mistake("scaled-high-frequencies", "you scaled the high frequencies too: pairs whose "
+                "wavelength is shorter than original_max_len / high_freq_factor turn many times "
+                "within the original context and stay as they are."):
             out(_bands(w, L / hf, L / lf, th / factor, th / factor, mix)),
-        "you divided the high frequencies (short wavelengths) and kept the low ones: a long wavelength is a low "
-        "frequency. If you turned the thresholds into frequencies (2π · low_freq_factor / original_max_len), "
-        "flip the comparisons too.": out(torch.where(w < L / lf, th / factor, th)),
-        "the wavelengths between the two thresholds were left as they are, not interpolated: between "
-        "original_max_len / high_freq_factor and original_max_len / low_freq_factor the result is (1 - smooth) * "
-        "inv_freq / factor + smooth * inv_freq. (Swapped thresholds, or if/elif tests in the wrong order, do this "
-        "too: wavelengths longer than original_max_len / low_freq_factor, the longer threshold, are divided.)":
+        Mistake("divided-high-kept-low", "you divided the high frequencies (short wavelengths) and "
+                "kept the low ones: a long wavelength is a low frequency. If you turned the "
+                "thresholds into frequencies (2π · low_freq_factor / original_max_len), flip the "
+                "comparisons too."):
+            out(torch.where(w < L / lf, th / factor, th)),
+        Mistake("middle-band-kept", "the wavelengths between the two thresholds were left as they "
+                "are, not interpolated: between original_max_len / high_freq_factor and "
+                "original_max_len / low_freq_factor the result is (1 - smooth) * inv_freq / factor "
+                "+ smooth * inv_freq. (Swapped thresholds, or if/elif tests in the wrong order, do "
+                "this too: wavelengths longer than original_max_len / low_freq_factor, the longer "
+                "threshold, are divided.)"):
             out(_bands(w, L / hf, L / lf, th, th / factor, th)),
-        "the wavelengths between the two thresholds were divided by factor, not interpolated: between "
-        "original_max_len / high_freq_factor and original_max_len / low_freq_factor the result is (1 - smooth) * "
-        "inv_freq / factor + smooth * inv_freq. (Swapped thresholds do this too: wavelengths shorter than "
-        "original_max_len / high_freq_factor, the shorter threshold, stay as they are.)":
+        Mistake("middle-band-divided", "the wavelengths between the two thresholds were divided by "
+                "factor, not interpolated: between original_max_len / high_freq_factor and "
+                "original_max_len / low_freq_factor the result is (1 - smooth) * inv_freq / factor "
+                "+ smooth * inv_freq. (Swapped thresholds do this too: wavelengths shorter than "
+                "original_max_len / high_freq_factor, the shorter threshold, stay as they are.)"):
             out(_bands(w, L / hf, L / lf, th, th / factor, th / factor)),
-        "your wavelengths miss 2π: a pair turns once in wavelen = 2π / inv_freq positions, not 1 / inv_freq.":
+        Mistake("wavelength-missing-2pi", "your wavelengths miss 2π: a pair turns once in wavelen "
+                "= 2π / inv_freq positions, not 1 / inv_freq."):
             out(right(th, factor, lf, hf, L, w_=1 / th)),
-        "you returned wavelengths: return the scaled inverse frequencies (radians per position), as given.":
+        Mistake("returned-wavelengths", "you returned wavelengths: return the scaled inverse "
+                "frequencies (radians per position), as given."):
             out(2 * math.pi / right(th, factor, lf, hf, L)),
-        "you used Llama 3.1's values (factor 8, low_freq_factor 1, high_freq_factor 4, original_max_len 8192) "
-        "instead of the arguments.": out(right(th, 8.0, 1.0, 4.0, 8192)),
+        Mistake("used-Llama-3.1-values", "you used Llama 3.1's values (factor 8, low_freq_factor "
+                "1, high_freq_factor 4, original_max_len 8192) instead of the arguments.",
+                "used Llama 3.1's constants instead of the arguments"):
+            out(right(th, 8.0, 1.0, 4.0, 8192)),
     })
 
 
@@ -261,13 +320,19 @@ def llama3_rope_frequencies(t: Trial) -> None:
     t.forbidden_references = {"llama3_rope_frequencies", "yarn_frequencies", "yarn_ramp", "rotations",
                               "yarn_index_ramp_frequencies", "position_interpolation_frequencies"}
     t.error_hints = {
-        r"takes \d+ positional argument|missing \d+ required positional argument": "the signature is "
-        "llama3_rope_frequencies(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len).",
-        r"Boolean value of Tensor with more than one value is ambiguous": "inv_freq holds d/2 frequencies: an "
-        "`if` on a comparison of tensors cannot choose per pair. Use torch.where (or boolean masks), or loop over "
-        "inv_freq.tolist() and build the result with torch.tensor(..., dtype=inv_freq.dtype).",
-        r"only one element tensors can be converted|must be real number, not Tensor": "math functions take Python "
-        "numbers; on tensors use torch's (2 * math.pi / inv_freq is fine: math.pi is a number).",
+        r"takes \d+ positional argument|missing \d+ required positional argument": Mistake(
+            "wrong-signature", "the signature is llama3_rope_frequencies(inv_freq, factor, "
+            "low_freq_factor, high_freq_factor, original_max_len).",
+            "the function's parameters differ from the contract's"),
+        r"Boolean value of Tensor with more than one value is ambiguous": Mistake(
+            "if-on-tensor", "inv_freq holds d/2 frequencies: an `if` on a comparison of tensors "
+            "cannot choose per pair. Use torch.where (or boolean masks), or loop over "
+            "inv_freq.tolist() and build the result with torch.tensor(..., dtype=inv_freq.dtype).",
+            "an `if` on a comparison of whole tensors"),
+        r"only one element tensors can be converted|must be real number, not Tensor": Mistake(
+            "math-on-tensor", "math functions take Python numbers; on tensors use torch's (2 * "
+            "math.pi / inv_freq is fine: math.pi is a number).",
+            "applied a math function to a tensor"),
     }
     planned = [(args, ref.llama3_rope_frequencies(*args), _llama3_mistakes(*args)) for args in _llama3_inputs()]
     for (inv_freq, factor, lf, hf, L), expected, mistakes in planned:

@@ -19,6 +19,7 @@ from .. import nb11_trained_transformer as ref
 from ..nb01_qkv_shapes import attention_weights
 from ..nb03_masks import causal_mask
 from .core import Trial, describe_case, eager_mistakes, exercise, seeded
+from .feedback import Mistake
 
 __all__ = ["swiglu", "causal_lm_loss", "induction_scores", "k_composition_score"]
 
@@ -30,28 +31,41 @@ NB = "11_trained_transformer"
 
 def _swiglu_mistakes(x, w_gate, w_up, w_down) -> dict[str, torch.Tensor]:
     gate, up = x @ w_gate, x @ w_up
+    gelu = "gated with GELU instead of SiLU"
     return eager_mistakes({
-        "you used GELU; SwiGLU gates with SiLU (Swish_1), silu(z) = z * sigmoid(z): F.silu. (GELU gives GeGLU.)":
+        Mistake("used-GELU", "you used GELU; SwiGLU gates with SiLU (Swish_1), silu(z) = z * "
+                "sigmoid(z): F.silu. (GELU gives GeGLU.)", gelu):
             lambda: (F.gelu(gate) * up) @ w_down,
-        "you used GELU (tanh approximation); SwiGLU gates with SiLU, silu(z) = z * sigmoid(z): F.silu.":
+        Mistake("used-GELU", "you used GELU (tanh approximation); SwiGLU gates with SiLU, silu(z) "
+                "= z * sigmoid(z): F.silu.", gelu):
             lambda: (F.gelu(gate, approximate="tanh") * up) @ w_down,
-        "you used a sigmoid: that is the original GLU. SwiGLU uses SiLU, silu(z) = z * sigmoid(z).":
+        Mistake("used-sigmoid", "you used a sigmoid: that is the original GLU. SwiGLU uses SiLU, "
+                "silu(z) = z * sigmoid(z).", "gated with a sigmoid (GLU) instead of SiLU"):
             lambda: (torch.sigmoid(gate) * up) @ w_down,
-        "you used ReLU (that is ReGLU); SwiGLU uses SiLU, silu(z) = z * sigmoid(z).":
+        Mistake("used-ReLU", "you used ReLU (that is ReGLU); SwiGLU uses SiLU, silu(z) = z * "
+                "sigmoid(z).", "gated with ReLU (ReGLU) instead of SiLU"):
             lambda: (F.relu(gate) * up) @ w_down,
-        "SiLU went on the wrong branch: it belongs on x @ w_gate (the gate), and x @ w_up stays linear.":
+        Mistake("SiLU-on-up-branch", "SiLU went on the wrong branch: it belongs on x @ w_gate (the "
+                "gate), and x @ w_up stays linear."):
             lambda: (F.silu(up) * gate) @ w_down,
-        "you applied SiLU to the product; apply it to the gate only, then multiply: "
-        "silu(x @ w_gate) * (x @ w_up).": lambda: F.silu(gate * up) @ w_down,
-        "you applied SiLU to both branches; only the gate x @ w_gate goes through SiLU.":
+        Mistake("SiLU-on-product", "you applied SiLU to the product; apply it to the gate only, "
+                "then multiply: silu(x @ w_gate) * (x @ w_up)."):
+            lambda: F.silu(gate * up) @ w_down,
+        Mistake("SiLU-on-both-branches", "you applied SiLU to both branches; only the gate x @ "
+                "w_gate goes through SiLU."):
             lambda: (F.silu(gate) * F.silu(up)) @ w_down,
-        "you added the branches; SwiGLU multiplies them elementwise: silu(x @ w_gate) * (x @ w_up).":
+        Mistake("added-branches", "you added the branches; SwiGLU multiplies them elementwise: "
+                "silu(x @ w_gate) * (x @ w_up)."):
             lambda: (F.silu(gate) + up) @ w_down,
-        "the down projection is missing: multiply the gated hidden [..., F] by w_down to come back to [..., D].":
+        Mistake("missing-w_down", "the down projection is missing: multiply the gated hidden [..., "
+                "F] by w_down to come back to [..., D]."):
             lambda: F.silu(gate) * up,
-        "you used Mish, z * tanh(softplus(z)); SwiGLU gates with SiLU, silu(z) = z * sigmoid(z): F.silu.":
+        Mistake("used-Mish", "you used Mish, z * tanh(softplus(z)); SwiGLU gates with SiLU, "
+                "silu(z) = z * sigmoid(z): F.silu.", "gated with Mish instead of SiLU"):
             lambda: (F.mish(gate) * up) @ w_down,
-        "you used Swish with beta = 2, z * sigmoid(2z); SwiGLU's SiLU is Swish with beta = 1, z * sigmoid(z).":
+        Mistake("swish-beta-2", "you used Swish with beta = 2, z * sigmoid(2z); SwiGLU's SiLU is "
+                "Swish with beta = 1, z * sigmoid(z).",
+                "gated with Swish beta = 2, z * sigmoid(2z), instead of SiLU"):
             lambda: (gate * torch.sigmoid(2 * gate) * up) @ w_down,
     })
 
@@ -76,8 +90,10 @@ def _swiglu_inputs():
 @exercise("11.1", "SwiGLU MLP", points=1, stars=1, notebook=NB, section="1. The MLP around attention")
 def swiglu(t: Trial) -> None:
     t.error_hints = {
-        r"cannot be multiplied|must match the size|size of tensor": "x is [..., D], w_gate and w_up are [D, F], "
-        "w_down is [F, D]: x @ w_gate and x @ w_up are [..., F], and the gated product @ w_down is [..., D].",
+        r"cannot be multiplied|must match the size|size of tensor": Mistake(
+            "weight-shapes-mismatch", "x is [..., D], w_gate and w_up are [D, F], w_down is [F, "
+            "D]: x @ w_gate and x @ w_up are [..., F], and the gated product @ w_down is [..., D].",
+            "multiplied by the weights in an order or layout whose shapes do not match"),
     }
     planned = [(c, ref.swiglu(*c), _swiglu_mistakes(*c)) for c in _swiglu_inputs()]
     for (x, w_gate, w_up, w_down), expected, mistakes in planned:
@@ -94,28 +110,43 @@ def _loss_mistakes(logits, targets) -> dict[str, torch.Tensor]:
     per = F.cross_entropy(flat, tgt, reduction="none").reshape(B, T)
     log_p = torch.log_softmax(flat, dim=-1)
     return eager_mistakes({
-        "you summed the losses; the pretraining loss is their mean over all B·T positions (reduction='mean', "
-        "the default), so that it does not grow with the batch or the length.": lambda: per.sum(),
-        "you averaged per-sequence sums (a sum over T, then a mean over B); average over all B·T positions: "
-        "per-position losses .mean() over both axes.": lambda: per.sum(dim=1).mean(),
-        "you averaged per-position sums over the batch (a sum over B, then a mean over T); average over all B·T "
-        "positions.": lambda: per.sum(dim=0).mean(),
-        "you shifted the targets again: targets[b, t] is already the token that follows position t, so compare "
-        "logits[:, t] with targets[:, t] (no [:, :-1] / [:, 1:] inside).":
+        Mistake("summed-losses", "you summed the losses; the pretraining loss is their mean over "
+                "all B·T positions (reduction='mean', the default), so that it does not grow with "
+                "the batch or the length."):
+            lambda: per.sum(),
+        Mistake("mean-of-sequence-sums", "you averaged per-sequence sums (a sum over T, then a "
+                "mean over B); average over all B·T positions: per-position losses .mean() over "
+                "both axes."):
+            lambda: per.sum(dim=1).mean(),
+        Mistake("mean-of-batch-sums", "you averaged per-position sums over the batch (a sum over "
+                "B, then a mean over T); average over all B·T positions."):
+            lambda: per.sum(dim=0).mean(),
+        Mistake("shifted-targets-again", "you shifted the targets again: targets[b, t] is already "
+                "the token that follows position t, so compare logits[:, t] with targets[:, t] (no "
+                "[:, :-1] / [:, 1:] inside)."):
             lambda: F.cross_entropy(logits.detach()[:, :-1].reshape(-1, V), targets[:, 1:].reshape(-1)),
-        "you took the NLL of probabilities (F.nll_loss on softmax outputs, which gives -mean p); cross-entropy "
-        "is the negative mean of log-probabilities: F.cross_entropy on the logits, or F.nll_loss on "
-        "log_softmax.": lambda: F.nll_loss(torch.softmax(flat, dim=-1), tgt),
-        "you took F.nll_loss of the raw logits; it expects log-probabilities: F.cross_entropy on the logits "
-        "(it applies log_softmax itself), or F.nll_loss on log_softmax(logits).": lambda: F.nll_loss(flat, tgt),
-        "your loss is in bits (log base 2); cross-entropy here is in nats (natural log).":
+        Mistake("nll-of-probabilities", "you took the NLL of probabilities (F.nll_loss on softmax "
+                "outputs, which gives -mean p); cross-entropy is the negative mean of "
+                "log-probabilities: F.cross_entropy on the logits, or F.nll_loss on log_softmax."):
+            lambda: F.nll_loss(torch.softmax(flat, dim=-1), tgt),
+        Mistake("nll-of-logits", "you took F.nll_loss of the raw logits; it expects "
+                "log-probabilities: F.cross_entropy on the logits (it applies log_softmax itself), "
+                "or F.nll_loss on log_softmax(logits)."):
+            lambda: F.nll_loss(flat, tgt),
+        Mistake("loss-in-bits", "your loss is in bits (log base 2); cross-entropy here is in nats "
+                "(natural log)."):
             lambda: -log_p.gather(1, tgt[:, None]).mean() / math.log(2),
-        "you applied softmax before F.cross_entropy, which applies log_softmax itself: pass the raw logits.":
+        Mistake("softmax-before-cross_entropy", "you applied softmax before F.cross_entropy, which "
+                "applies log_softmax itself: pass the raw logits."):
             lambda: F.cross_entropy(torch.softmax(flat, dim=-1), tgt),
-        "you returned one loss per position (reduction='none'); return their mean, a single number.": lambda: per,
-        "you smoothed the labels (label_smoothing=0.1): the pretraining loss is the plain cross-entropy of the "
-        "target tokens, label_smoothing=0.": lambda: F.cross_entropy(flat, tgt, label_smoothing=0.1),
-        "you returned one loss per sequence; return the mean over all B·T positions, a single number.":
+        Mistake("loss-per-position", "you returned one loss per position (reduction='none'); "
+                "return their mean, a single number."):
+            lambda: per,
+        Mistake("label-smoothing", "you smoothed the labels (label_smoothing=0.1): the pretraining "
+                "loss is the plain cross-entropy of the target tokens, label_smoothing=0."):
+            lambda: F.cross_entropy(flat, tgt, label_smoothing=0.1),
+        Mistake("loss-per-sequence", "you returned one loss per sequence; return the mean over all "
+                "B·T positions, a single number."):
             lambda: per.mean(dim=1),
     })
 
@@ -140,10 +171,14 @@ def _loss_inputs():
 @exercise("11.2", "causal language-model loss", points=1, stars=1, notebook=NB, section="2. The pretraining loss")
 def causal_lm_loss(t: Trial) -> None:
     t.error_hints = {
-        r"Expected target size|Expected input batch_size": "F.cross_entropy wants the classes on axis 1: flatten to "
-        "logits.reshape(B * T, V) and targets.reshape(B * T) (or pass logits.transpose(1, 2)).",
-        r"expected scalar type Long|must be Long|not implemented for 'Float'": "targets are class indices "
-        "(int64); keep them as they are, do not convert them to float or one-hot.",
+        r"Expected target size|Expected input batch_size": Mistake(
+            "classes-not-on-axis-1", "F.cross_entropy wants the classes on axis 1: flatten to "
+            "logits.reshape(B * T, V) and targets.reshape(B * T) (or pass logits.transpose(1, 2)).",
+            "passed [B, T, V] logits to F.cross_entropy unflattened"),
+        r"expected scalar type Long|must be Long|not implemented for 'Float'": Mistake(
+            "targets-not-int64", "targets are class indices (int64); keep them as they are, do not "
+            "convert them to float or one-hot.",
+            "converted the targets (class indices) to float or one-hot"),
     }
     planned = []
     for logits, targets in _loss_inputs():
@@ -154,17 +189,22 @@ def causal_lm_loss(t: Trial) -> None:
         got = t.call(logits, targets, case=describe_case(logits=logits, targets=targets))
         if type(got) in (float, int):
             t.fail(f"loss: expected a 0-dim tensor, got the Python number {got!r}.",
-                   "return the loss as a tensor (no .item()): training calls loss.backward() on it.")
+                   Mistake("returned-number", "return the loss as a tensor (no .item()): training "
+                           "calls loss.backward() on it.",
+                           "returned the loss as a Python number, not a tensor"))
         if isinstance(got, torch.Tensor) and got.dim() == 1 and got.numel() == 1 and expected.dim() == 0:
             t.fail(f"loss: expected a 0-dim tensor (shape []), got shape {list(got.shape)}.",
-                   "reduce to a single number: .mean() over every position gives shape [].")
+                   Mistake("loss-shape-1", "reduce to a single number: .mean() over every position "
+                           "gives shape [].", "returned a loss of shape [1], not a 0-dim tensor"))
         t.tensor(got.detach() if isinstance(got, torch.Tensor) else got, expected, what="loss", mistakes=mistakes,
                  hint=_LOSS_RECIPE)
         if logits.requires_grad and not got.requires_grad:
             t.fail("loss: the value is right but it is detached from the logits (requires_grad is False), so "
                    "loss.backward() cannot train the model.",
-                   "compute the loss with torch operations on the logits themselves: no .item(), .tolist(), "
-                   "NumPy, torch.tensor(...) of numbers, or .detach() on the way.")
+                   Mistake("loss-detached", "compute the loss with torch operations on the logits "
+                           "themselves: no .item(), .tolist(), NumPy, torch.tensor(...) of "
+                           "numbers, or .detach() on the way.",
+                           "the loss is detached from the logits (no gradient)"))
 
 
 # =========================================================================== 11.3 induction_scores
@@ -182,24 +222,38 @@ def _induction_mistakes(attn: torch.Tensor) -> dict[str, torch.Tensor]:
     m = T // 2
     second = torch.arange(m, T)
     return eager_mistakes({
-        "you read the weight on key i - m, the query's previous occurrence itself (a duplicate-token head); an "
-        "induction head looks one further, at key i - m + 1, the token that came *after* it.":
+        Mistake("duplicate-token-offset", "you read the weight on key i - m, the query's previous "
+                "occurrence itself (a duplicate-token head); an induction head looks one further, "
+                "at key i - m + 1, the token that came *after* it.",
+                "read key i - m (a duplicate-token head), not i - m + 1"):
             lambda: _diag_mean(attn, m, m),
-        "you read the weight on key i - 1 (a previous-token head); an induction head's query i attends to key "
-        "i - m + 1, the token after the previous occurrence of its own token.": lambda: _diag_mean(attn, 1, m),
-        "you read the weight on key i - m + 2, two after the previous occurrence; an induction head attends to "
-        "key i - m + 1, the token right after it.": lambda: _diag_mean(attn, m - 2, m),
-        "you averaged over every query that has a key i - m + 1 (from query m - 1 on); only the second half "
-        "repeats, so average over the queries i = m .. 2m-1.": lambda: _diag_mean(attn, m - 1, m - 1),
-        "you averaged over all T queries (with 0 where there is no key i - m + 1); average over the m queries "
-        "of the second half, i = m .. 2m-1.":
+        Mistake("previous-token-offset", "you read the weight on key i - 1 (a previous-token "
+                "head); an induction head's query i attends to key i - m + 1, the token after the "
+                "previous occurrence of its own token.",
+                "read key i - 1 (a previous-token head), not i - m + 1"):
+            lambda: _diag_mean(attn, 1, m),
+        Mistake("offset-one-too-far", "you read the weight on key i - m + 2, two after the "
+                "previous occurrence; an induction head attends to key i - m + 1, the token right "
+                "after it.", "read key i - m + 2, not i - m + 1"):
+            lambda: _diag_mean(attn, m - 2, m),
+        Mistake("averaged-from-query-m-1", "you averaged over every query that has a key i - m + 1 "
+                "(from query m - 1 on); only the second half repeats, so average over the queries "
+                "i = m .. 2m-1."):
+            lambda: _diag_mean(attn, m - 1, m - 1),
+        Mistake("averaged-over-all-queries", "you averaged over all T queries (with 0 where there "
+                "is no key i - m + 1); average over the m queries of the second half, i = m .. "
+                "2m-1."):
             lambda: attn.diagonal(offset=-(m - 1), dim1=-2, dim2=-1).sum(dim=-1) / T,
-        "you summed over the queries; the score is their mean (so that it is a weight between 0 and 1).":
+        Mistake("summed-over-queries", "you summed over the queries; the score is their mean (so "
+                "that it is a weight between 0 and 1)."):
             lambda: attn[..., second, second - m + 1].sum(dim=-1),
-        "rows are queries and columns are keys: you read attn[..., i - m + 1, i] (above the diagonal, where a "
-        "causal model has zeros); read attn[..., i, i - m + 1].":
+        Mistake("transposed-attn", "rows are queries and columns are keys: you read attn[..., i - "
+                "m + 1, i] (above the diagonal, where a causal model has zeros); read attn[..., i, "
+                "i - m + 1].",
+                "read attn[..., key, query] (transposed), not attn[..., query, key]"):
             lambda: attn[..., second - m + 1, second].mean(dim=-1),
-        "you averaged over the layers or heads too; return one score per head, shape [L, H].":
+        Mistake("averaged-over-heads", "you averaged over the layers or heads too; return one "
+                "score per head, shape [L, H]."):
             lambda: _diag_mean(attn, m - 1, m).mean(),
     })
 
@@ -237,8 +291,10 @@ def _induction_inputs() -> list[torch.Tensor]:
 @exercise("11.3", "induction scores", points=3, stars=3, notebook=NB, section="5. Reading the trained heads")
 def induction_scores(t: Trial) -> None:
     t.error_hints = {
-        r"index .* is out of bounds|out of range": "with T = 2m, the queries of the second half are i = m .. 2m-1 "
-        "and their keys i - m + 1 = 1 .. m: all inside 0 .. T-1.",
+        r"index .* is out of bounds|out of range": Mistake(
+            "index-out-of-range", "with T = 2m, the queries of the second half are i = m .. 2m-1 "
+            "and their keys i - m + 1 = 1 .. m: all inside 0 .. T-1.",
+            "indexed queries or keys outside 0 .. T-1"),
     }
     planned = [(a, ref.induction_scores(a), _induction_mistakes(a)) for a in _induction_inputs()]
     for attn, expected, mistakes in planned:
@@ -258,33 +314,48 @@ def _k_composition_mistakes(w_qk: torch.Tensor, w_ov: torch.Tensor) -> dict[str,
     norms = _fro(q) * _fro(o)
     spec = torch.linalg.matrix_norm
     return {k: float(v) for k, v in {
-        "you computed Q-composition, ||w_ov @ w_qk||: the earlier head feeding the later head's *queries*. "
-        "K-composition puts it on the keys' side: the score is x_i @ w_qk @ (x_src @ w_ov).T, so the product is "
-        "w_qk @ w_ov.T.": _fro(o @ q) / norms,
-        "w_ov is missing its transpose (you used ||w_qk @ w_ov||): the keys read x_src @ w_ov, which enters the "
-        "score x_i @ w_qk @ x_j.T as (x_src @ w_ov).T = w_ov.T @ x_src.T, so the product is w_qk @ w_ov.T.":
+        Mistake("Q-composition", "you computed Q-composition, ||w_ov @ w_qk||: the earlier head "
+                "feeding the later head's *queries*. K-composition puts it on the keys' side: the "
+                "score is x_i @ w_qk @ (x_src @ w_ov).T, so the product is w_qk @ w_ov.T."):
+            _fro(o @ q) / norms,
+        Mistake("w_ov-not-transposed", "w_ov is missing its transpose (you used ||w_qk @ w_ov||): "
+                "the keys read x_src @ w_ov, which enters the score x_i @ w_qk @ x_j.T as (x_src @ "
+                "w_ov).T = w_ov.T @ x_src.T, so the product is w_qk @ w_ov.T."):
             _fro(q @ o) / norms,
-        "you computed ||w_qk.T @ w_ov||, the formula W_QK^T W_OV of column-vector notation (where it is "
-        "Q-composition), on this exercise's row-vector matrices; with score = x_i @ w_qk @ x_j.T and output x @ w_ov, "
-        "K-composition is ||w_qk @ w_ov.T||.": _fro(q.T @ o) / norms,
-        "you did not normalise: divide ||w_qk @ w_ov.T||_F by ||w_qk||_F * ||w_ov||_F, so that the score does not "
-        "depend on the matrices' scale.": _fro(q @ o.T),
-        "you divided by ||w_qk||_F only; divide by the product of both norms, ||w_qk||_F * ||w_ov||_F.":
+        Mistake("column-vector-formula", "you computed ||w_qk.T @ w_ov||, the formula W_QK^T W_OV "
+                "of column-vector notation (where it is Q-composition), on this exercise's "
+                "row-vector matrices; with score = x_i @ w_qk @ x_j.T and output x @ w_ov, "
+                "K-composition is ||w_qk @ w_ov.T||.",
+                "used ||w_qk.T @ w_ov||, the column-vector formula, on row-vector matrices"):
+            _fro(q.T @ o) / norms,
+        Mistake("not-normalised", "you did not normalise: divide ||w_qk @ w_ov.T||_F by ||w_qk||_F "
+                "* ||w_ov||_F, so that the score does not depend on the matrices' scale."):
+            _fro(q @ o.T),
+        Mistake("divided-by-w_qk-norm-only", "you divided by ||w_qk||_F only; divide by the "
+                "product of both norms, ||w_qk||_F * ||w_ov||_F."):
             _fro(q @ o.T) / _fro(q),
-        "you divided by ||w_ov||_F only; divide by the product of both norms, ||w_qk||_F * ||w_ov||_F.":
+        Mistake("divided-by-w_ov-norm-only", "you divided by ||w_ov||_F only; divide by the "
+                "product of both norms, ||w_qk||_F * ||w_ov||_F."):
             _fro(q @ o.T) / _fro(o),
-        "you divided by the squared norms; divide by ||w_qk||_F * ||w_ov||_F (each the square root of a sum of "
-        "squares).": _fro(q @ o.T) / norms**2,
-        "you squared the score (sums of squares without the square roots): the Frobenius norm is "
-        "sqrt((m ** 2).sum()), in the numerator and in both norms of the denominator.": (_fro(q @ o.T) / norms) ** 2,
-        "you used the spectral norm (the largest singular value, ord=2); the score uses the Frobenius norm "
-        "(the square root of the sum of squares), torch.linalg.matrix_norm(m) with its default ord='fro'.":
+        Mistake("divided-by-squared-norms", "you divided by the squared norms; divide by "
+                "||w_qk||_F * ||w_ov||_F (each the square root of a sum of squares)."):
+            _fro(q @ o.T) / norms**2,
+        Mistake("squared-score", "you squared the score (sums of squares without the square "
+                "roots): the Frobenius norm is sqrt((m ** 2).sum()), in the numerator and in both "
+                "norms of the denominator."):
+            (_fro(q @ o.T) / norms) ** 2,
+        Mistake("spectral-norm", "you used the spectral norm (the largest singular value, ord=2); "
+                "the score uses the Frobenius norm (the square root of the sum of squares), "
+                "torch.linalg.matrix_norm(m) with its default ord='fro'."):
             spec(q @ o.T, ord=2) / (spec(q, ord=2) * spec(o, ord=2)),
-        "you divided by the spectral norms (ord=2) of w_qk and w_ov; use their Frobenius norms, like the "
-        "numerator's.": _fro(q @ o.T) / (spec(q, ord=2) * spec(o, ord=2)),
-        "you used the nuclear norm (the sum of singular values); the score uses the Frobenius norm.":
+        Mistake("spectral-norms-in-denominator", "you divided by the spectral norms (ord=2) of "
+                "w_qk and w_ov; use their Frobenius norms, like the numerator's."):
+            _fro(q @ o.T) / (spec(q, ord=2) * spec(o, ord=2)),
+        Mistake("nuclear-norm", "you used the nuclear norm (the sum of singular values); the score "
+                "uses the Frobenius norm."):
             spec(q @ o.T, ord="nuc") / (spec(q, ord="nuc") * spec(o, ord="nuc")),
-        "you multiplied elementwise (*); composition is the matrix product w_qk @ w_ov.T (@).":
+        Mistake("elementwise-product", "you multiplied elementwise (*); composition is the matrix "
+                "product w_qk @ w_ov.T (@)."):
             _fro(q * o.T) / norms,
     }.items()}
 
@@ -315,11 +386,14 @@ def k_composition_score(t: Trial) -> None:
     t.forbidden_references = {"k_composition_score", "composition_score", "composition_scores",
                               "random_composition_scores"}  # plain torch: these compute the answer
     t.error_hints = {
-        r"takes \d+ positional argument|missing \d+ required positional argument": "the signature is "
-        "k_composition_score(w_qk, w_ov), both [D, D], returning a float.",
-        r"only one element tensors can be converted|a Tensor with \d+ elements cannot be converted":
-            "a norm over one axis gives one number per row or column: the score uses the Frobenius norm of "
-            "the whole matrix, torch.linalg.matrix_norm(m) (or m.norm()).",
+        r"takes \d+ positional argument|missing \d+ required positional argument": Mistake(
+            "wrong-signature", "the signature is k_composition_score(w_qk, w_ov), both [D, D], "
+            "returning a float.", "the function's parameters differ from the contract's"),
+        r"only one element tensors can be converted"
+        r"|a Tensor with \d+ elements cannot be converted": Mistake(
+            "norm-over-one-axis", "a norm over one axis gives one number per row or column: the "
+            "score uses the Frobenius norm of the whole matrix, torch.linalg.matrix_norm(m) (or "
+            "m.norm()).", "took a norm over one axis instead of the whole matrix"),
     }
     planned = [(w_qk, w_ov, ref.k_composition_score(w_qk.double(), w_ov.double()),
                 _k_composition_mistakes(w_qk, w_ov)) for w_qk, w_ov in _k_composition_inputs()]
