@@ -440,10 +440,13 @@ def _training_mistakes(cfg, B: int, T: int, attention: str) -> dict[str, dict[st
                   "kept every layer's activations under full recomputation")] = (
             acts + 2 * B * T * L * (flash_layer - d))
     total = right["total"]
-    left_out = [("total-without-weights-or-gradients", "weights or the gradients (2N bytes each)",
-                 2 * n),
-                ("total-without-optimizer", "optimizer", 12 * n),
-                ("total-without-activations", "activations", acts)]
+    sum_of = "total is the sum of weights, gradients, optimizer and activations."
+    left_out = {Mistake("total-without-weights-or-gradients", "your total leaves out the weights or the "
+                        f"gradients (2N bytes each): {sum_of}"): total - 2 * n,
+                Mistake("total-without-optimizer", f"your total leaves out the optimizer: {sum_of}"):
+                    total - 12 * n,
+                Mistake("total-without-activations", f"your total leaves out the activations: {sum_of}"):
+                    total - acts}
     m = {
         "weights": {Mistake("weights-fp32",
                             "the weights are bf16 under this convention (2 bytes per parameter); "
@@ -467,9 +470,7 @@ def _training_mistakes(cfg, B: int, T: int, attention: str) -> dict[str, dict[st
                               "(16 bytes)"):
                           16 * n},
         "activations": a,
-        "total": {Mistake(slug, f"your total leaves out the {k}: total is the sum of weights, "
-                          "gradients, optimizer and activations."): total - v
-                  for slug, k, v in left_out}
+        "total": left_out
         | {Mistake("returned-GiB-float",
                    "you returned GiB as a float: return the number of bytes, an int (divide by "
                    "2**30 only to print)."): total / 2**30,
