@@ -13,10 +13,16 @@ the autotuner will try is compiled first, in parallel processes. After timing, t
 choices, with the registers and spills of each on this GPU and in the ahead-of-time report
 (kernel_aot.json), go to ``<out>/<gpu>-kernels.md`` and ``.json``.
 
+Then the decode rows (bench/bench_decode.py): one decode step of the course's split-KV kernel
+over a paged cache (helpers/nb12_triton_decode.py) against SDPA on a contiguous cache, in µs and
+GB/s, into ``<out>/<gpu>-decode.csv`` and ``.md``; ``--decode-only`` runs those alone,
+``--no-decode`` skips them.
+
 Without CUDA: prints that there is nothing to time, runs a few-second correctness check of the
-kernels in Triton's interpreter, and exits 0.
+kernels (FlashAttention and the decode kernel) in Triton's interpreter, and exits 0.
 
     python bench/bench_attention.py [--quick] [--out DIR] [--seqs 1024,4096] [--impls course,sdpa-flash]
+        [--decode-only | --no-decode] [--decode-batches 1,8] [--decode-ctx 1024]
 """
 
 from __future__ import annotations
@@ -46,6 +52,9 @@ try:
     from helpers import nb09_triton_flash as tf  # noqa: E402  (turns on the interpreter without CUDA)
 except ImportError as exc:  # no Triton on this platform
     tf, TRITON_MISSING = None, str(exc)
+if tf is not None:  # the decode rows, beside this file
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import bench_decode  # noqa: E402
 
 GiB = 2**30
 BATCH, HEADS = 4, 32
@@ -394,6 +403,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--impls", help=f"comma-separated subset of {','.join(IMPLS)}")
     parser.add_argument("--rep", type=int, help="milliseconds of timed runs per measurement (default: by --quick)")
     parser.add_argument("--commit", help="the course's commit, for the results (default: git)")
+    decode = parser.add_mutually_exclusive_group()
+    decode.add_argument("--decode-only", action="store_true", help="only the decode-step rows")
+    decode.add_argument("--no-decode", action="store_true", help="skip the decode-step rows")
+    parser.add_argument("--decode-batches", help="comma-separated batch sizes of the decode rows")
+    parser.add_argument("--decode-ctx", help="comma-separated context lengths of the decode rows")
     args = parser.parse_args(argv)
 
     if tf is None:
@@ -402,6 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("No CUDA GPU: no timings. Checking the Triton kernels in the interpreter instead:")
         ok = interpreter_check()
+        ok &= not bench_decode.check_decode(bench_decode.INTERPRETER_CASES, device="cpu")
         print("Interpreter check passed." if ok else "Interpreter check FAILED.")
         return 0
 
@@ -411,6 +426,8 @@ def main(argv: list[str] | None = None) -> int:
 
     info = machine(args.commit)
     print(", ".join(f"{k} {v}" for k, v in info.items()), flush=True)
+    if args.decode_only:
+        return run_decode(args, info)
     hopper = torch.cuda.get_device_capability() >= (9, 0)
     impls = [i for i in (args.impls.split(",") if args.impls else IMPLS) if hopper or i != "course-pointers"]
     unknown = set(impls) - set(IMPLS)
@@ -451,7 +468,18 @@ def main(argv: list[str] | None = None) -> int:
              "aot_*: bench/results/kernel_aot.json (make kernel-report, Triton on a CPU).", ""] + table) + "\n")
         print("\n".join(table))
     print(f"Wrote {stem}.csv, .md and .png, and {stem.name}-kernels.md/.json")
-    return 0
+    return 0 if args.no_decode else run_decode(args, info)
+
+
+def run_decode(args: argparse.Namespace, info: dict) -> int:
+    """The decode-step rows (bench/bench_decode.py) with this run's options."""
+    def ints(text: str | None, default: tuple) -> tuple:
+        return tuple(int(x) for x in text.split(",")) if text else default
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    return bench_decode.run(info, args.out, rep=args.rep or 20,
+                            batches=ints(args.decode_batches, bench_decode.BATCHES),
+                            contexts=ints(args.decode_ctx, bench_decode.CONTEXTS))
 
 
 if __name__ == "__main__":

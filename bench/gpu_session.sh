@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One call on a lent GPU (the device tool), run from the repository root:
 #   COURSE_COMMIT=<sha> BENCH_ARGS="--quick" bash bench/gpu_session.sh
+#   (the decode rows alone: BENCH_ARGS="--decode-only" TEST_FILES=tests/test_nb12_triton_decode.py)
 # The GPU and its software; make bench's checks, precompile, timings and autotuner report
 # (bench/bench_attention.py); then the kernel tests on CUDA. Everything lands in $OUT.
 set -u
@@ -16,6 +17,6 @@ triton.__version__, 'capability', torch.cuda.get_device_capability(), 'cpus', __
   time $PY bench/bench_attention.py --out "$OUT" ${BENCH_ARGS:-}
 } 2>&1 | tee "$OUT/bench.log"
 if [ "${TEST_S:-120}" -gt 0 ]; then
-  timeout "${TEST_S:-120}" $PY -m pytest -q -n 8 -m "not slow" -p no:cacheprovider ${TESTS:+-k "$TESTS"} tests/test_nb09_triton_flash.py 2>&1 \
+  timeout "${TEST_S:-120}" $PY -m pytest -q -n 8 -m "not slow" -p no:cacheprovider ${TESTS:+-k "$TESTS"} ${TEST_FILES:-tests/test_nb09_triton_flash.py} 2>&1 \
     | tail -60 | tee "$OUT/pytest.log"
 fi

@@ -15,6 +15,7 @@ from .nb08_flops_memory import *  # noqa: F403  (08_flops_memory)
 from .nb09_flash_attention import *  # noqa: F403  (09_flash_attention, PyTorch)
 from .nb10_positions import *  # noqa: F403  (10_positions)
 from .nb11_trained_transformer import *  # noqa: F403  (11_trained_transformer)
+from .nb12_serving import *  # noqa: F403  (12_serving)
 
 
 def flash_attention_triton(q, k, v, causal=False):
@@ -30,3 +31,11 @@ def flash_attention_triton_backward(q, k, v, out, lse, grad_out, causal=False):
     from .nb09_triton_flash import flash_attention_triton_backward as kernel
 
     return kernel(q, k, v, out, lse, grad_out, causal=causal)
+
+
+def paged_decode_triton(q, k_pages, v_pages, block_tables, seq_lens, n_splits=None, sm_scale=None):
+    """12.4: split-KV decoding over a paged cache, by the course's Triton kernels (imported on
+    first use, like 9.3)."""
+    from .nb12_triton_decode import paged_decode_triton as kernel
+
+    return kernel(q, k_pages, v_pages, block_tables, seq_lens, n_splits=n_splits, sm_scale=sm_scale)

@@ -13,7 +13,7 @@ The checks themselves: one module a notebook, ``nbNN_topic``, each listing its c
 """
 
 from .core import EXERCISES, summary
-from .feedback import CheckFailed, LearnerError, NotAttempted, TimedOut
+from .feedback import CheckFailed, LearnerError, Mistake, NotAttempted, TimedOut
 from .guard import protect as _protect
 from .nb01_qkv_shapes import *  # noqa: F403
 from .nb02_scaling import *  # noqa: F403
@@ -27,5 +27,7 @@ from .nb09_flash_attention import *  # noqa: F403
 from .nb09_triton_flash import *  # noqa: F403
 from .nb10_positions import *  # noqa: F403
 from .nb11_trained_transformer import *  # noqa: F403
+from .nb12_serving import *  # noqa: F403
+from .nb12_triton_decode import *  # noqa: F403
 
 _protect()  # the integrity guard's snapshot of the course's modules: keep this last

@@ -1,0 +1,430 @@
+"""Checks for notebook 12_serving: exercises 12.1 (reading a sequence from a paged cache), 12.2
+(merging partial softmax results) and 12.3 (the block allocator's accounting).
+
+Every case, its expected output and the outputs of the recognised mistakes are computed before
+the learner's function runs. 12.1: no two of block_size, H_kv, d and seq_len are equal; seq_len is
+not a multiple of block_size (except in one case, where floor and ceil agree and only the padding
+can go wrong); block ids are neither contiguous nor sorted; tables carry padding (-1, or a valid id
+that must still be ignored); one int32 table. 12.2: chunks with lse -inf (their outs hold finite
+garbage), rows where every chunk is empty, lses near 200 (exp overflows float32), one chunk only.
+12.3: streams of events where each modelled mistake gives another count: forks of a partly filled
+and of a full last block, appends that must copy and appends that must not, frees of shared blocks.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import nb12_serving as ref
+from .core import Trial, describe_case, draw, eager_mistakes, exercise, seeded
+from .feedback import Mistake
+
+__all__ = ["gather_paged_kv", "merge_partials", "blocks_in_use"]
+
+NB = "12_serving"
+
+
+# =========================================================================== 12.1 gather_paged_kv
+
+_IGNORED_TABLE = Mistake(
+    "ignored-block-table", "you read blocks 0, 1, 2, ... in order: a sequence's blocks are wherever the "
+    "allocator found free ones, so read block block_table[i] for positions i * block_size .. (i + 1) * "
+    "block_size - 1.")
+_SORTED_TABLE = Mistake(
+    "sorted-block-table", "you sorted the block ids: the table's order is the sequence's order (entry i holds "
+    "positions i * block_size ...), whatever the ids are; keep it as it is.")
+_FLOOR = Mistake(
+    "floor-not-ceil", "you read seq_len // block_size blocks and lost the partly filled last one: a sequence "
+    "of seq_len tokens spans ceil(seq_len / block_size) blocks, (seq_len + block_size - 1) // block_size.")
+_NOT_TRUNCATED = Mistake(
+    "last-block-not-truncated", "you returned every slot of the last block: it is filled only up to "
+    "seq_len, the slots after it hold stale data; keep the first seq_len positions.")
+_ALL_ENTRIES = Mistake(
+    "padding-entries-read", "you read every entry of block_table: only the first ceil(seq_len / block_size) "
+    "entries belong to the sequence, the rest is padding (-1 indexes the last block in PyTorch, so no "
+    "error warns you).")
+_TOKEN_MAJOR = Mistake(
+    "token-major-layout", "you returned [seq_len, H_kv, d]: the cache's layout is [H_kv, seq_len, d] (notebook "
+    "07's, one sequence of it): transpose the first two axes.")
+_RESHAPED = Mistake(
+    "reshape-instead-of-transpose", "you reshaped [seq_len, H_kv, d] into [H_kv, seq_len, d], which keeps the "
+    "numbers in memory order and mixes heads and positions: swap the axes with .transpose(0, 1).")
+_GATHER_RECIPE = ("n = (seq_len + block_size - 1) // block_size with block_size = pages.shape[1]; "
+                  "blocks = pages[block_table[:n].long()]   # [n, block_size, H_kv, d]; "
+                  "return blocks.reshape(-1, H_kv, d)[:seq_len].transpose(0, 1)")
+
+
+def _gather_mistakes(pages: torch.Tensor, table: torch.Tensor, seq_len: int) -> dict[str, torch.Tensor]:
+    n_blocks, bs, H_kv, d = pages.shape
+    n = -(-seq_len // bs)
+    ids = table[:n].long()
+
+    def tokens(block_ids) -> torch.Tensor:  # [len * bs, H_kv, d]
+        return pages[block_ids].reshape(-1, H_kv, d)
+
+    return eager_mistakes({
+        _IGNORED_TABLE: lambda: tokens(torch.arange(n))[:seq_len].transpose(0, 1),
+        _SORTED_TABLE: lambda: tokens(ids.sort().values)[:seq_len].transpose(0, 1),
+        _FLOOR: lambda: tokens(ids[:seq_len // bs])[:seq_len].transpose(0, 1),
+        _NOT_TRUNCATED: lambda: tokens(ids).transpose(0, 1),
+        _ALL_ENTRIES: lambda: tokens(table.long()).transpose(0, 1),
+        _TOKEN_MAJOR: lambda: tokens(ids)[:seq_len],
+        _RESHAPED: lambda: tokens(ids)[:seq_len].reshape(H_kv, seq_len, d),
+    })
+
+
+def _gather_cases() -> list[tuple[torch.Tensor, torch.Tensor, int]]:
+    """(pages, block_table, seq_len)."""
+    out = []
+    specs = [  # (n_blocks, block_size, H_kv, d, seq_len, table, dtype)
+        (9, 4, 3, 5, 10, [7, 2, 5, -1, -1], torch.float32),          # -1 padding, last block half full
+        (8, 3, 2, 6, 9, [4, 0, 6, 1], torch.float32),                # a multiple of 3; a valid id as padding
+        (12, 5, 4, 3, 13, [11, 3, 8, 0, 0, 0], torch.float64),       # padding with block 0
+        (6, 8, 2, 7, 1, [5, 2], torch.float32),                      # one token
+    ]
+    for i, (n_blocks, bs, H_kv, d, seq_len, table, dtype) in enumerate(specs):
+        g = seeded(1200 + i)
+        pages = torch.randn(n_blocks, bs, H_kv, d, generator=g, dtype=dtype)
+        out.append((pages, torch.tensor(table), seq_len))
+    # an int32 table (what a kernel reads), then one drawn from a seed: the blocks a random
+    # permutation of the pool, the table padded with -1
+    g = seeded(1210)
+    pages = torch.randn(10, 6, 3, 4, generator=g)
+    out.append((pages, torch.tensor([9, 1, 4, 6, -1], dtype=torch.int32), 20))
+    g = seeded(1211)
+    bs, H_kv, d = draw(g, 2, 9), draw(g, 1, 5), draw(g, 2, 9)
+    n_blocks = draw(g, 4, 16)
+    seq_len = draw(g, 1, n_blocks * bs + 1)
+    n = -(-seq_len // bs)
+    table = torch.randperm(n_blocks, generator=g)[:n].tolist() + [-1] * draw(g, 0, 3)
+    out.append((torch.randn(n_blocks, bs, H_kv, d, generator=g), torch.tensor(table), seq_len))
+    return out
+
+
+@exercise("12.1", "read a sequence from a paged cache", points=2, stars=2, notebook=NB,
+          section="3. A paged cache")
+def gather_paged_kv(t: Trial) -> None:
+    t.forbidden_references = {"gather_paged_kv", "read"}
+    t.error_hints = {
+        r"takes \d+ positional argument|missing \d+ required positional argument": "the signature is "
+        "gather_paged_kv(pages, block_table, seq_len).",
+        r"index -?\d+ is out of bounds for dimension 0": "index the pool with the first ceil(seq_len / "
+        "block_size) entries of block_table only: the rest is padding, which may be -1 or beyond the pool.",
+        r"tensors used as indices must be long|IndexError: tensors used as indices": "index with an integer "
+        "tensor: block_table may be int32 (as a kernel reads it); .long() converts it.",
+        r"shape '\[.*\]' is invalid for input of size": "count the blocks with a ceiling: ceil(seq_len / "
+        "block_size) of them hold the sequence, and the last one is cut at seq_len.",
+    }
+    planned = [((pages, table, n), ref.gather_paged_kv(pages, table, n), _gather_mistakes(pages, table, n))
+               for pages, table, n in _gather_cases()]
+    for (pages, table, n), expected, mistakes in planned:
+        case = (f"{describe_case(pages=pages)}, block_table={table.tolist()} "
+                f"({str(table.dtype).removeprefix('torch.')}), seq_len={n}")
+        got = t.call(pages, table, n, case=case)
+        t.tensor(got, expected, what="keys", mistakes=mistakes, hint=_GATHER_RECIPE, atol=0, rtol=0)
+
+
+# =========================================================================== 12.2 merge_partials
+
+_NAIVE = Mistake(
+    "no-max-subtraction", "exp(lse) overflowed: a chunk's log-sum-exp can be in the hundreds (exp(89) is "
+    "already inf in float32). Subtract the largest lse of the row first (the online softmax of notebook 09): "
+    "weights exp(lse_c - m) / sum_c exp(lse_c - m).")
+_EMPTY_NAN = Mistake(
+    "nan-for-all-empty-rows", "a row whose chunks are all empty gave NaN: its max is -inf and -inf - (-inf) = "
+    "NaN. Subtract a finite stand-in there (torch.where(torch.isfinite(m), m, 0), notebook 03's "
+    "finite_or_zero); then every weight is exp(-inf) = 0, out is 0 and lse = log(0) = -inf.")
+_EMPTY_LSE_ZERO = Mistake(
+    "lse-zero-for-all-empty-rows", "a row whose chunks are all empty must keep lse = -inf (nothing was "
+    "attended, the sum of exp is 0 and its log -inf); you returned 0 there. A later merge would then give "
+    "this empty row all the weight.")
+_FINITE_FILL = Mistake(
+    "finite-fill-for-empty-chunks", "you replaced -inf by a large finite number: where every chunk is empty "
+    "they then all get the same weight, out becomes their mean and lse a large negative number. An empty "
+    "chunk has weight exactly 0, and a row with nothing attended has out 0 and lse -inf.")
+_MEAN = Mistake(
+    "mean-of-chunks", "you averaged the chunks' outputs: each chunk weighs by its share of the softmax's "
+    "denominator, exp(lse_c - lse), not equally.")
+_UNNORMALISED = Mistake(
+    "unnormalised-weights", "you weighted the chunks by exp(lse_c - m) without dividing by their sum: the "
+    "weights exp(lse_c - lse) must sum to 1 (lse = m + log sum_c exp(lse_c - m)).")
+_LSE_MAX = Mistake(
+    "lse-is-the-max", "the merged lse is the log-sum-exp of the chunks' lses, logsumexp_c lse_c, not their "
+    "max: it is the log of the sum of every chunk's denominators.")
+_WRONG_AXIS = Mistake(
+    "merged-over-the-wrong-axis", "the chunks are along axis 0 (outs [n_chunks, ..., d], lses [n_chunks, ...]): "
+    "take the softmax and the log-sum-exp of the lses over dim=0.")
+_SWAPPED_12 = Mistake("swapped-out-and-lse", "you returned (lse, out): the order is (out, lse).")
+
+_MERGE_RECIPE = ("lse = torch.logsumexp(lses, dim=0); m = torch.where(torch.isfinite(lse), lse, 0); "
+                 "w = torch.exp(lses - m)   # [n_chunks, ...], 0 for empty chunks; "
+                 "return (w[..., None] * outs).sum(dim=0), lse")
+
+
+def _merge_mistakes(outs: torch.Tensor, lses: torch.Tensor) -> dict[str, dict[str, torch.Tensor]]:
+    m = lses.max(dim=0).values
+    m0 = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    w0 = torch.exp(lses - m0)
+    s0 = w0.sum(dim=0)
+    right_lse = torch.logsumexp(lses, dim=0)
+    right_out = (torch.exp(lses - torch.where(torch.isfinite(right_lse), right_lse, 0))[..., None] * outs).sum(0)
+
+    def normalised(w: torch.Tensor) -> torch.Tensor:
+        return (w[..., None] * outs).sum(dim=0) / w.sum(dim=0)[..., None]
+
+    filled = lses.clamp_min(-1e9)
+    out_models = eager_mistakes({
+        _NAIVE: lambda: normalised(torch.exp(lses)),
+        _EMPTY_NAN: lambda: normalised(torch.exp(lses - m)),
+        _FINITE_FILL: lambda: normalised(torch.exp(filled - filled.max(dim=0).values)),
+        _MEAN: lambda: outs.mean(dim=0),
+        _UNNORMALISED: lambda: (w0[..., None] * outs).sum(dim=0),
+        _WRONG_AXIS: lambda: normalised(torch.softmax(lses, dim=-1)),
+        _SWAPPED_12: lambda: right_lse,
+    })
+    lse_models = eager_mistakes({
+        _NAIVE: lambda: torch.log(torch.exp(lses).sum(dim=0)),
+        _EMPTY_NAN: lambda: m + torch.log(torch.exp(lses - m).sum(dim=0)),
+        _EMPTY_LSE_ZERO: lambda: torch.where(s0 > 0, m0 + torch.log(s0), torch.zeros_like(s0)),
+        _FINITE_FILL: lambda: torch.logsumexp(filled, dim=0),
+        _LSE_MAX: lambda: m,
+        _WRONG_AXIS: lambda: torch.logsumexp(lses, dim=-1),
+        _SWAPPED_12: lambda: right_out,
+    })
+    return {"out": out_models, "lse": lse_models}
+
+
+def _merge_cases() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(outs [n_chunks, ..., d], lses [n_chunks, ...]): empty chunks have lse -inf and finite
+    garbage in their outs."""
+    out = []
+    specs = [  # (n_chunks, lead shape, d, lse scale, lse offset, dtype, a row with every chunk empty)
+        (3, (2, 5), 4, 2.0, 0.0, torch.float32, False),     # ordinary lses, a few empty chunks
+        (4, (3, 2), 6, 3.0, 200.0, torch.float32, True),    # lses near 200: exp overflows float32
+        (5, (7,), 3, 4.0, -5.0, torch.float64, True),       # float64, many empty chunks
+        (1, (2, 3), 5, 1.0, 0.0, torch.float32, False),     # one chunk: the merge changes nothing
+    ]
+    for i, (n, lead, d, scale, offset, dtype, all_empty) in enumerate(specs):
+        g = seeded(1220 + i)
+        outs = torch.randn(n, *lead, d, generator=g, dtype=dtype)
+        lses = offset + scale * torch.randn(n, *lead, generator=g, dtype=dtype)
+        empty = torch.rand(n, *lead, generator=g) < 0.3
+        flat = empty.view(n, -1)
+        if all_empty:
+            flat[:, 0] = True                  # the first row: every chunk empty
+        else:
+            flat[0] = False                    # chunk 0 never empty: no row is all empty
+        if n > 1:
+            flat[1:, 1] = True                 # the second row: only chunk 0 attended
+            flat[0, 1] = False
+        out.append((outs, lses.masked_fill(empty, -math.inf)))
+    g = seeded(1230)  # one drawn from a seed: 2-6 chunks of [B, H] rows
+    n, B, H, d = draw(g, 2, 7), draw(g, 1, 4), draw(g, 1, 5), draw(g, 2, 9)
+    lses = 5 * torch.randn(n, B, H, generator=g)
+    lses = lses.masked_fill(torch.rand(n, B, H, generator=g) < 0.25, -math.inf)
+    lses[:, 0, 0] = -math.inf
+    out.append((torch.randn(n, B, H, d, generator=g), lses))
+    return out
+
+
+@exercise("12.2", "merge partial softmax results", points=2, stars=2, notebook=NB,
+          section="4. Merging partial results")
+def merge_partials(t: Trial) -> None:
+    t.forbidden_references = {"merge_partials", "split_k_decode", "paged_decode_split"}
+    t.error_hints = {
+        r"takes \d+ positional argument|missing \d+ required positional argument": "the signature is "
+        "merge_partials(outs, lses), returning (out, lse).",
+        r"must match the size of tensor b|The size of tensor a": "outs is [n_chunks, ..., d] and lses "
+        "[n_chunks, ...]: give the weights a last axis of size 1 (w[..., None]) before multiplying by outs.",
+    }
+    planned = []
+    for outs, lses in _merge_cases():
+        expected = ref.merge_partials(outs, lses)
+        planned.append((outs, lses, expected, _merge_mistakes(outs, lses)))
+    for outs, lses, (out, lse), mistakes in planned:
+        got = t.call(outs, lses, case=describe_case(outs=outs, lses=lses) + (
+            ", some rows with every chunk empty" if bool(torch.isinf(lses).all(0).any()) else ""))
+        got_out, got_lse = t.tuple(got, 2, ["out", "lse"])
+        t.tensor(got_out, out, what="out", mistakes=mistakes["out"], hint=_MERGE_RECIPE)
+        t.tensor(got_lse, lse, what="lse", mistakes=mistakes["lse"], hint=_MERGE_RECIPE)
+
+
+# =========================================================================== 12.3 blocks_in_use
+
+_NO_PARTIAL = Mistake(
+    "floor-not-ceil", "you counted full blocks only (n // block_size): a partly filled last block is a whole "
+    "block taken from the free list; a sequence of n tokens holds ceil(n / block_size) blocks.")
+_EXTRA_BLOCK = Mistake(
+    "extra-block", "you gave a sequence n // block_size + 1 blocks: when n is a multiple of block_size the "
+    "last block is exactly full and no extra one is needed; use ceil(n / block_size).")
+_NO_SHARING = Mistake(
+    "shared-prefix-counted-twice", "you counted a shared prefix once per sequence: a fork copies no block, "
+    "the child's block table lists the parent's blocks (each gains a reference), and a block that several "
+    "sequences hold is one physical block. Count the distinct blocks whose reference count is above 0, not "
+    "the lengths of the block tables.")
+_NO_COW = Mistake(
+    "no-copy-on-write", "appending to a shared, partly filled last block must copy it first (copy-on-write): "
+    "writing into it would change the other sequences' past. The copy is a new block.")
+_COW_FULL = Mistake(
+    "copy-of-a-full-block", "you copied a shared last block that was already full: nothing will be written "
+    "into it again, so it stays shared and the new tokens simply start a fresh block. Copy only a partly "
+    "filled shared block.")
+_COW_LEAK = Mistake(
+    "copy-keeps-the-reference", "after a copy-on-write the sequence no longer holds the original block: its "
+    "reference count must drop by one, or it is never freed when the other sequences finish.")
+_FREE_SHARED = Mistake(
+    "freed-a-shared-block", "freeing a sequence returned blocks that other sequences still hold: decrement "
+    "each block's reference count and free it only when the count reaches 0.")
+_NEVER_FREED = Mistake(
+    "free-ignored", "a finished sequence's blocks go back to the free list (those no other sequence holds): "
+    "you kept counting them.")
+_POOLED = Mistake(
+    "pooled-tokens", "you divided the total number of tokens by block_size: every sequence has its own "
+    "blocks, each with its own partly filled last block (and shared blocks count once).")
+
+_BLOCKS_RECIPE = ("keep tables {seq: [block ids]}, lengths {seq: n} and ref {block: count}; new: "
+                  "ceil(n / block_size) fresh blocks; append: if length % block_size and ref[last] > 1, "
+                  "replace the last block by a fresh copy (ref[last] -= 1), then a fresh block whenever a "
+                  "position p % block_size == 0; fork: the child gets the parent's list, ref += 1 each; free: "
+                  "ref -= 1 each; return how many blocks have ref > 0.")
+
+
+def _simulate(events, bs: int, *, partial: bool = True, extra: bool = False, share: bool = True,
+              cow: str = "partial", cow_decref: bool = True, free: str = "ref", count: str = "unique") -> int:
+    """The block count after ``events`` under a model of the allocator that may make one of the
+    recognised mistakes (the defaults: the right one)."""
+    ref_: dict[int, int] = {}
+    tables: dict[int, list[int]] = {}
+    lengths: dict[int, int] = {}
+    fresh = iter(range(10**9))
+
+    def blocks(n: int) -> int:
+        return n // bs + 1 if extra else -(-n // bs) if partial else n // bs
+
+    def take() -> int:
+        b = next(fresh)
+        ref_[b] = 1
+        return b
+
+    for kind, seq, *rest in events:
+        if kind == "new":
+            tables[seq], lengths[seq] = [take() for _ in range(blocks(rest[0]))], rest[0]
+        elif kind == "append":
+            table, length = tables[seq], lengths[seq]
+            shared = bool(table) and ref_[table[-1]] > 1
+            if shared and (cow == "always" or (cow == "partial" and length % bs)):
+                old = table[-1]
+                table[-1] = take()
+                if cow_decref:
+                    ref_[old] -= 1
+            new_len = length + rest[0]
+            table.extend(take() for _ in range(blocks(new_len) - len(table)))
+            lengths[seq] = new_len
+        elif kind == "fork":
+            child = rest[0]
+            lengths[child] = lengths[seq]
+            if share:
+                tables[child] = list(tables[seq])
+                for b in tables[child]:
+                    ref_[b] += 1
+            else:
+                tables[child] = [take() for _ in tables[seq]]
+        elif kind == "free":
+            table = tables.pop(seq)
+            del lengths[seq]
+            for b in table:
+                if free == "ref":
+                    ref_[b] -= 1
+                elif free == "all":
+                    ref_[b] = 0
+    if count == "per-seq":
+        return sum(len(table) for table in tables.values())
+    if count == "pooled":
+        return -(-sum(lengths.values()) // bs)
+    return sum(1 for r in ref_.values() if r > 0)
+
+
+def _blocks_mistakes(events, bs: int) -> dict[str, int]:
+    return {
+        _NO_PARTIAL: _simulate(events, bs, partial=False),
+        _EXTRA_BLOCK: _simulate(events, bs, extra=True),
+        _NO_SHARING: _simulate(events, bs, share=False),
+        _NO_COW: _simulate(events, bs, cow="never"),
+        _COW_FULL: _simulate(events, bs, cow="always"),
+        _COW_LEAK: _simulate(events, bs, cow_decref=False),
+        _FREE_SHARED: _simulate(events, bs, free="all"),
+        _NEVER_FREED: _simulate(events, bs, free="never"),
+        _POOLED: _simulate(events, bs, count="pooled"),
+    }
+
+
+def random_events(g: torch.Generator, n_events: int, max_tokens: int) -> list[tuple]:
+    """A valid stream of events from a generator: new sequences, appends, forks and frees."""
+    live: list[int] = []
+    events: list[tuple] = []
+    next_id = 0
+    for _ in range(n_events):
+        kind = draw(g, 0, 10)
+        if not live or kind < 2:
+            events.append(("new", next_id, draw(g, 1, max_tokens)))
+            live.append(next_id)
+            next_id += 1
+        elif kind < 6:
+            events.append(("append", live[draw(g, 0, len(live))], draw(g, 1, max_tokens // 2 + 2)))
+        elif kind < 8:
+            events.append(("fork", live[draw(g, 0, len(live))], next_id))
+            live.append(next_id)
+            next_id += 1
+        else:
+            events.append(("free", live.pop(draw(g, 0, len(live)))))
+    return events
+
+
+# (events, block_size): requests that come and go without sharing; parallel sampling from a prompt
+# whose last block is partly filled (each sample's first token copies it); a system prompt of full
+# blocks whose owner finishes first (nothing to copy, the blocks stay); a copy-on-write followed by
+# the finish of the sequence that kept the original. In this order each recognised mistake first
+# shows on a case where no other mistake gives the same count.
+_COME_AND_GO = [("new", 0, 10), ("new", 1, 8), ("new", 2, 3), ("free", 1), ("append", 0, 2), ("new", 3, 5)]
+_SAMPLING = [("new", 0, 9), ("fork", 0, 1), ("fork", 0, 2), ("append", 1, 2), ("append", 2, 1)]
+_SYSTEM_PROMPT = [("new", 0, 16), ("fork", 0, 1), ("fork", 0, 2), ("append", 1, 5), ("append", 2, 9),
+                  ("free", 0), ("new", 3, 20)]
+_COPY_THEN_FREE = [("new", 0, 6), ("fork", 0, 1), ("append", 1, 1), ("append", 0, 3), ("free", 0)]
+
+
+def _blocks_cases() -> list[tuple[list[tuple], int]]:
+    cases = [(_COME_AND_GO, 4), (_SAMPLING, 4), (_SYSTEM_PROMPT, 8), (_COPY_THEN_FREE, 4)]
+    for i, (n_events, bs, max_tokens) in enumerate([(25, 4, 20), (40, 16, 60)]):
+        g = seeded(1240 + i)
+        cases.append((random_events(g, n_events, max_tokens), bs))
+    return cases
+
+
+@exercise("12.3", "count the blocks of a paged cache", points=3, stars=3, notebook=NB,
+          section="3. A paged cache")
+def blocks_in_use(t: Trial) -> None:
+    t.forbidden_references = {"blocks_in_use", "add_sequence", "append_tokens", "fork", "release", "needs"}
+    t.error_hints = {
+        r"takes \d+ positional argument|missing \d+ required positional argument": "the signature is "
+        "blocks_in_use(events, block_size), returning an int.",
+        r"KeyError": "a sequence appears in events only after its ('new', s, n) or as the child of a "
+        "('fork', parent, s); keep every live sequence's block table, and remove it when it is freed.",
+        r"not enough values to unpack|too many values to unpack": "the events have different lengths: "
+        "('new', s, n), ('append', s, n), ('fork', s, child) have three items, ('free', s) two. Unpack "
+        "with `kind, seq, *rest = event`.",
+    }
+    planned, shown_before = [], set()
+    for events, bs in _blocks_cases():
+        expected = ref.blocks_in_use(events, bs)
+        # A mistake that gave another count on an earlier case cannot reach this one; of the others,
+        # only those whose count no other mistake gives here are named.
+        models = {h: v for h, v in _blocks_mistakes(events, bs).items() if h not in shown_before and v != expected}
+        counts = list(models.values())
+        planned.append((events, bs, expected, {h: v for h, v in models.items() if counts.count(v) == 1}))
+        shown_before |= set(models)
+    for events, bs, expected, mistakes in planned:
+        shown = events if len(events) <= 12 else f"{len(events)} events starting {events[:3]}"
+        got = t.call([tuple(e) for e in events], bs, case=f"events={shown}, block_size={bs}")
+        t.number(got, expected, what="blocks in use", mistakes=mistakes, hint=_BLOCKS_RECIPE, integer=True)

@@ -1,0 +1,350 @@
+"""Check for notebook 12_serving, in Triton: exercise 12.4 (bonus), split-KV decoding over a paged
+KV cache.
+
+The learner writes ``paged_decode_triton(q, k_pages, v_pages, block_tables, seq_lens, n_splits,
+sm_scale)`` -> out ``[B, H, d]``: programs that each take one chunk of a sequence's keys, found
+through its block table, and a merge of the chunks. It runs like 9.3's check (GPU, or Triton's
+interpreter on a CPU; guarded inputs and allocations; the arithmetic on q, k and v must happen in
+a Triton kernel; merging the kernel's partial results in PyTorch is fine). The cache is poisoned
+where a correct kernel never looks: the block every table's padding entries point to, and the
+slots after each sequence's last key, hold NaN. The cases go from friendly to awkward:
+
+1. one chunk, MHA, each sequence's blocks in order, lengths a multiple of the block size;
+2. one chunk, GQA, shuffled block ids (and spare blocks), a ragged length;
+3. the same inputs in three chunks (only the split and the merge differ from case 2);
+4. MQA, more chunks than blocks (empty chunks), lengths 0, 1 and ragged, fp16;
+5. an explicit sm_scale, GQA groups of 2, d = 128, fp16.
+
+Every case's expected output (float64) and the outputs of the recognised mistakes are computed
+before the learner's function first runs.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .core import Trial, describe_case, exercise, seeded
+from .feedback import Mistake
+from .guard import _allclose, _float64, _Tensor, _type
+from .instruments import (
+    KERNEL,
+    Calls,
+    GuardAllocations,
+    KernelLaunches,
+    Provenance,
+    guarded,
+    kernel_device,
+    warm_up,
+)
+from .nb09_triton_flash import _TRITON_ERRORS, _tol, _written_by_kernel
+
+__all__ = ["paged_decode_triton"]
+
+NB = "12_serving"
+TRITON_TIME_LIMIT_S = 120.0  # per call: the interpreter is slow, and a GPU compiles on first use
+_COURSE_FUNCTIONS = {"paged_decode_triton", "paged_decode_splits", "merge_splits_triton",
+                     "flash_attention_triton", "flash_attention_triton_forward"}
+_HELPERS = Path(__file__).resolve().parent.parent
+_COURSE_KERNEL_FILES = {str(_HELPERS / "nb12_triton_decode.py"),
+                        str(_HELPERS / "nb09_triton_flash.py")}
+_ARGS = ("q", "k_pages", "v_pages", "block_tables", "seq_lens")
+
+
+# --------------------------------------------------------------------------- the cases
+
+
+def paged_case(B: int, H: int, H_kv: int, d: int, lens: list[int], page: int, seed: int,
+               shuffle: bool = True, spare: int = 2, dtype: torch.dtype = torch.float32) -> dict:
+    """A paged cache with NaN where a correct kernel never reads: q ``[B, H, d]``, k_pages and
+    v_pages ``[n_blocks, page, H_kv, d]`` (sequence b's blocks in order, b * max_blocks + j, or
+    shuffled among ``spare`` extra blocks; the last block is all NaN and every table's padding
+    entries point to it; the slots after a sequence's last key hold NaN), block_tables
+    ``[B, max_blocks]`` int32, seq_lens ``[B]`` int32. (Also the tests' and the bench's cache.)"""
+    g = seeded(seed)
+    max_blocks = max(math.ceil(n / page) for n in lens) + 1  # at least one padding entry each
+    poison = B * max_blocks + spare
+    k = torch.randn(poison + 1, page, H_kv, d, generator=g)
+    v = torch.randn(poison + 1, page, H_kv, d, generator=g)
+    order = torch.randperm(poison, generator=g) if shuffle else torch.arange(poison)
+    table = torch.full((B, max_blocks), poison, dtype=torch.int32)
+    for b, n in enumerate(lens):
+        used = math.ceil(n / page)
+        table[b, :used] = (order[b * max_blocks: b * max_blocks + used] if shuffle
+                           else torch.arange(b * max_blocks, b * max_blocks + used)).int()
+        if n % page:
+            k[table[b, used - 1], n % page:] = float("nan")
+            v[table[b, used - 1], n % page:] = float("nan")
+    k[poison] = float("nan")
+    v[poison] = float("nan")
+    q = torch.randn(B, H, d, generator=g)
+    return dict(q=q.to(dtype), k_pages=k.to(dtype), v_pages=v.to(dtype), block_tables=table,
+                seq_lens=torch.tensor(lens, dtype=torch.int32))
+
+
+def decode64(q, k_pages, v_pages, block_tables, seq_lens, scale: float | None = None, *,
+             tables: str = "right", kv_map: str = "right", normalise: bool = True,
+             chunks: tuple[int, int] | None = None, combine: str = "lse") -> torch.Tensor:
+    """Paged decoding in float64 on the CPU -> ``[B, H, d]``, with one mistake switched on:
+    ``tables`` "in-order" (block j for every sequence) or "flat" (block b * max_blocks + j);
+    ``kv_map`` "mod" (kv head h % H_kv) or "div" (h // H_kv); ``normalise=False`` (out not divided
+    by the sum of weights); ``chunks=(n_splits, tile)`` with ``combine`` "mean", "mean-all" or
+    "sum" (chunks of cdiv(cdiv(n, n_splits), tile) * tile keys merged without the lse weights)."""
+    q, k_pages, v_pages = (x.detach().to("cpu", torch.float64) for x in (q, k_pages, v_pages))
+    block_tables, seq_lens = block_tables.cpu(), seq_lens.cpu()
+    B, H, d = q.shape
+    page, H_kv = k_pages.shape[1], k_pages.shape[2]
+    scale = 1 / math.sqrt(d) if scale is None else scale
+    heads = torch.arange(H)
+    kv = {"right": heads // (H // H_kv), "mod": heads % H_kv, "div": heads // H_kv}[kv_map]
+    out = torch.zeros(B, H, d, dtype=torch.float64)
+    for b, n in enumerate(seq_lens.tolist()):
+        if n == 0:
+            continue
+        j = torch.arange(math.ceil(n / page))
+        blocks = {"right": block_tables[b, j.tolist()].long(), "in-order": j,
+                  "flat": b * block_tables.shape[1] + j}[tables]
+        if int(blocks.max()) >= k_pages.shape[0]:
+            raise IndexError("this mistake reads past the cache here")
+        keys = k_pages[blocks].flatten(0, 1)[:n][:, kv]  # [n, H, d]
+        vals = v_pages[blocks].flatten(0, 1)[:n][:, kv]
+        s = torch.einsum("hd,nhd->hn", q[b], keys) * scale  # [H, n]
+        if chunks is None:
+            w = torch.exp(s - s.amax(-1, keepdim=True))
+            o = torch.einsum("hn,nhd->hd", w, vals)
+            out[b] = o / w.sum(-1, keepdim=True) if normalise else o
+            continue
+        n_splits, tile = chunks
+        per = math.ceil(math.ceil(n / n_splits) / tile) * tile
+        parts = [torch.einsum("hn,nhd->hd", torch.softmax(s[:, lo:lo + per], -1), vals[lo:lo + per])
+                 for lo in range(0, n, per)]
+        total = torch.stack(parts).sum(0)
+        out[b] = {"mean": total / len(parts), "mean-all": total / n_splits, "sum": total}[combine]
+    return out
+
+
+_CASES = [  # (B, H, H_kv, d, lens, page, shuffle, n_splits, sm_scale, dtype)
+    (2, 2, 2, 16, [32, 16], 8, False, 1, None, torch.float32),
+    (2, 8, 2, 32, [24, 37], 8, True, 1, None, torch.float32),
+    (2, 8, 2, 32, [24, 37], 8, True, 3, None, torch.float32),
+    (4, 2, 1, 64, [5, 1, 0, 37], 16, True, 6, None, torch.float16),
+    (1, 4, 2, 128, [70], 16, True, 2, 0.3, torch.float16),
+]
+
+
+_M = {
+    "no-sm-scale": Mistake("no-sm-scale", "the scores are not scaled: multiply q . k by sm_scale "
+                           "(1 / sqrt(d) when sm_scale is None) before the softmax.",
+                           "the scores are not scaled by sm_scale"),
+    "ignored-sm-scale": Mistake("ignored-sm-scale", "sm_scale was given (0.3 here) and your scores "
+                                "used 1 / sqrt(d): use sm_scale when it is not None.",
+                                "the sm_scale argument is ignored"),
+    "ignores-block-table": Mistake("ignores-block-table", "your kernel reads a sequence's blocks "
+                                   "in "
+                                   "order (block j, or b * max_blocks + j) instead of through its "
+                                   "block table: key j of sequence b is in block "
+                                   "block_tables[b, j // block_size], slot j % block_size.",
+                                   "the pages are read in order, not through the block table"),
+    "gqa-head-mapping": Mistake("gqa-head-mapping", "query head h reads the wrong kv head: with "
+                                "H // H_kv query heads per kv head, query head h reads kv head "
+                                "h // (H // H_kv), not h % H_kv or h // H_kv.",
+                                "wrong kv head for a query head (GQA)"),
+    "unnormalised-output": Mistake("unnormalised-output", "the output is not normalised: divide "
+                                   "the accumulator by the running sum l of the weights (each "
+                                   "chunk's partial output too, before the merge).",
+                                   "the (partial) outputs are not divided by l"),
+    "merge-without-rescale": Mistake("merge-without-rescale", "the chunks were combined without "
+                                     "their log-sum-exp weights (averaged or added): out = sum_c "
+                                     "exp(lse_c - lse) * out_c with lse = logsumexp_c(lse_c).",
+                                     "the chunks are merged without the lse weights"),
+}
+
+
+def _mistake_models(c: dict) -> list[tuple[Mistake, torch.Tensor]]:
+    """(mistake, the output it gives on case ``c``) for every recognised mistake that applies."""
+    args = [c[name] for name in _ARGS]
+    n_splits, scale = c["n_splits"], c["sm_scale"]
+    dev, dtype = kernel_device(), c["q"].dtype
+    variants = [("no-sm-scale", dict(scale=1.0))] if scale is None else [
+        ("ignored-sm-scale", dict(scale=None))]
+    variants += [("ignores-block-table", dict(tables=m)) for m in ("in-order", "flat")]
+    variants += [("gqa-head-mapping", dict(kv_map=m)) for m in ("mod", "div")]
+    if n_splits == 1:
+        variants.append(("unnormalised-output", dict(normalise=False)))
+    else:
+        variants += [("merge-without-rescale", dict(chunks=(n_splits, tile), combine=combine))
+                     for tile in sorted({1, c["k_pages"].shape[1], 16, 32})
+                     for combine in ("mean", "mean-all", "sum")]
+    models = []
+    for slug, kw in variants:
+        kw.setdefault("scale", scale)
+        try:
+            out = decode64(*args, **kw).to(device=dev, dtype=dtype)
+        except IndexError:  # a mistake that would read past the cache on this case
+            continue
+        models.append((_M[slug], out))
+    return models
+
+
+def _matched(got: torch.Tensor, models: list, tol: dict) -> str:
+    """The first mistake whose output ``got`` equals (within ``tol``, NaN equal to NaN), or ''."""
+    g = got.detach().to(_float64)
+    for mistake, out in models:
+        if _allclose(g, out.detach().to(_float64), equal_nan=True, **tol):
+            return mistake
+    return ""
+
+
+def _cases(dev: torch.device) -> list[dict]:
+    cases = []
+    for i, (B, H, H_kv, d, lens, page, shuffle, n_splits, scale, dtype) in enumerate(_CASES):
+        c = paged_case(B, H, H_kv, d, lens, page, seed=1240 + (i if i != 2 else 1),
+                       shuffle=shuffle, dtype=dtype)
+        c.update(n_splits=n_splits, sm_scale=scale, dtype=dtype)
+        c["expected"] = decode64(*(c[n] for n in _ARGS), scale).to(device=dev, dtype=dtype)
+        c["models"] = _mistake_models(c)
+        c["args"] = [guarded(c[n], dev) for n in _ARGS[:3]] + [c[n].to(dev) for n in _ARGS[3:]]
+        cases.append(c)
+    return cases
+
+
+# --------------------------------------------------------------------------- calling the learner
+
+
+# The mistakes the watcher (which runs in the notebook's process) reports, by slug: what crosses
+# back is plain data, and the check looks the Mistake up here.
+_WATCHED = {m.slug: m for m in (
+    Mistake("store-past-end", "mask every tl.store with the rows that exist (e.g. the query heads "
+            "of a padded GQA group: mask=offs_g < GROUP)."),
+    Mistake("no-kernel", "launch your kernel, `_kernel[grid](...)`, and return what it (or your "
+            "merge of what it wrote) gives."),
+    Mistake("course-kernel", "write the kernel in the notebook: the point of the exercise is to "
+            "build it."),
+    Mistake("gathered-in-pytorch", "read the pages through the block table inside the kernel "
+            "(tl.load of block_tables, then of k_pages at that block); PyTorch only allocates and "
+            "merges."),
+    Mistake("computed-in-pytorch", "pass q, k_pages, v_pages to the kernel and compute there; in "
+            "PyTorch only allocate, and merge the partial outputs the kernel wrote."),
+    Mistake("left-pytorch", "pass q, k_pages, v_pages themselves to the kernel and do the "
+            "arithmetic inside it."),
+)}
+
+
+def _decode_watcher(fn: Any, args: tuple, options: dict) -> tuple[Any, dict]:
+    """A watcher (``Trial.call_watched``): ``fn(*args)`` with guarded allocations, kernel launches
+    recorded and the data of q, k_pages, v_pages, block_tables and seq_lens followed. Observes
+    what is wrong with how the output was computed (``failures``: (message, slug) pairs, the slug
+    a key of :data:`_WATCHED`) and which sources the output's data comes from (``written``)."""
+    names = {"q": 0, "k": 1, "v": 2, "block_tables": 3, "seq_lens": 4}
+    prov = Provenance({name: args[i] for name, i in names.items()}, {"q", "k", "v"})
+    calls, guard = Calls(), GuardAllocations()
+    launches = KernelLaunches(prov, calls, interpreter=kernel_device().type == "cpu")
+    with calls, prov, launches, guard, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.")
+        out = fn(*args)
+    failures = []
+    if guard.overrun():
+        failures.append(("your kernel wrote past the end of a tensor it stores into.",
+                         "store-past-end"))
+    if not launches.launches:
+        failures.append(("no Triton kernel ran during your function.",
+                         "no-kernel"))
+    course = [f for _, f, _ in launches.launches if f in _COURSE_KERNEL_FILES]
+    if course and not options["is_reference"]:
+        failures.append(("your function launched the course's kernel instead of your own.",
+                         "course-kernel"))
+    gathered = next((m for m in prov.mixed if "block_tables" in m), "")
+    if gathered:
+        failures.append((f"your function gathered the cache through the block table in PyTorch "
+                         f"({gathered}).", "gathered-in-pytorch"))
+    elif prov.mixed:
+        failures.append((f"your function computed with q, k and v in PyTorch ({prov.mixed[0]}): "
+                         "the scores and weighted sums belong in your kernel.",
+                         "computed-in-pytorch"))
+    how = next((how for how, x in calls.exported
+                if x.numel() > 1 and prov.sources(x) & {"q", "k", "v"}
+                and KERNEL not in prov.sources(x)), "")
+    if how:
+        failures.append((f"your function took q, k or v out of PyTorch ({how}).",
+                         "left-pytorch"))
+    flat = [out] if isinstance(out, torch.Tensor) else []
+    return out, {"failures": failures, "written": [sorted(prov.sources(x)) for x in flat]}
+
+
+def _nan_hint(c: dict, got: torch.Tensor, passed: list[int]) -> str:
+    """Name the cause of NaN in ``got``, from where it is and which cases passed, or ''."""
+    nan_b = [b for b in range(got.shape[0]) if bool(torch.isnan(got[b]).any())]
+    if not nan_b:
+        return ""
+    lens = c["seq_lens"].tolist()
+    if all(lens[b] == 0 for b in nan_b) and 1 in passed:
+        return Mistake("nan-for-empty-sequence", "a sequence of length 0 gave NaN: every chunk "
+                       "of it "
+                       "is empty, so its output must be 0. Guard l = 0 (divide by 1 instead) and, "
+                       "in the merge, a max lse of -inf (use 0): exp(-inf - -inf) is NaN.")
+    if c["n_splits"] > 1 and 1 in passed:
+        return Mistake("nan-from-empty-chunk", f"NaN with n_splits={c['n_splits']}, none with one "
+                       "chunk on such inputs: some chunks are empty here (fewer keys or tiles than "
+                       "chunks). An empty "
+                       "chunk has l = 0 and lse = -inf: store 0 for its output (divide by "
+                       "where(l > 0, l, 1)), lse = -inf, and give it weight exp(-inf) = 0 in the "
+                       "merge.")
+    return Mistake("read-past-seq-len", "NaN: your kernel read keys or values that are not part of "
+                   "the sequence (here the slots after a sequence's last key, and the block that "
+                   "the tables' padding entries point to, hold NaN). Load only keys j < seq_len: "
+                   "tl.load(..., mask=offs < seq_len, other=0.0), the block table entry too.")
+
+
+_RECIPE = ("program (split, b, kv head): seq_len = tl.load(SeqLens + b); chunk [lo, hi) of "
+           "cdiv(seq_len, n_splits) keys; per tile: block = tl.load(BlockTables + b * stride + "
+           "offs // PAGE, mask=offs < hi); k, v = tl.load(K + block * stride_blk + (offs % PAGE) * "
+           "stride_slot + kv_head * stride_h + offs_d, mask=...); online softmax in m, l, acc; "
+           "store acc / l and lse = m + log(l) (0 and -inf when empty); merge with weights "
+           "exp(lse_c - logsumexp(lse)).")
+
+
+@exercise("12.4", "Split-KV decoding over a paged cache in Triton", points=3, stars=3, notebook=NB,
+          time_limit=TRITON_TIME_LIMIT_S, bonus=True)
+def paged_decode_triton(t: Trial) -> None:
+    t.error_hints = _TRITON_ERRORS
+    t.forbidden_references = set(_COURSE_FUNCTIONS)
+    dev = kernel_device()
+    passed: list[int] = []
+    for i, c in enumerate(_cases(dev)):
+        args = c["args"]
+        case = describe_case(**dict(zip(_ARGS, args)), n_splits=c["n_splits"],
+                             sm_scale=c["sm_scale"]) + f" (lengths {c['seq_lens'].tolist()})"
+        __tracebackhide__ = True
+        warm_up()
+        got, seen = t.call_watched(_decode_watcher, (*args, c["n_splits"], c["sm_scale"]),
+                                   {"is_reference": t.is_reference}, case=f"{case} on {dev.type}")
+        if seen["failures"]:
+            message, slug = seen["failures"][0]
+            t.fail(message, _WATCHED.get(slug, "") if isinstance(slug, str) else "")
+        expected, dtype = c["expected"], c["dtype"]
+        tol = _tol(dtype, dev, "fwd")
+        diagnosis = ""
+        if isinstance(got, torch.Tensor) and got.dtype != dtype and got.shape == expected.shape:
+            t.fail(f"out: expected dtype {dtype} (q's dtype), got {got.dtype}.",
+                   Mistake("wrong-dtype", "allocate out like q (torch.empty_like(q)) and convert "
+                           "the float32 result when you store it (.to(Out.dtype.element_ty))."))
+        if (_type(got) is _Tensor and got.shape == expected.shape and got.device.type == dev.type
+                and got.dtype == dtype):
+            diagnosis = _matched(got, c["models"], tol) or _nan_hint(c, got.detach().cpu(), passed)
+            close = torch.isclose(got.detach().double().cpu(), expected.double().cpu(), **tol)
+            if not diagnosis and not bool(close.all()) and i == 2 and 1 in passed:
+                diagnosis = Mistake("split-or-merge", "the same inputs gave the right output with "
+                                    "n_splits=1 (the case before): the chunks or their merge are "
+                                    "wrong. The chunks must cover keys 0..seq_len-1 once, each "
+                                    "normalised by its own l, and the merge weighs chunk c by "
+                                    "exp(lse_c - logsumexp(lse)).",
+                                    "wrong with several chunks, right with one")
+        t.tensor(got, expected, what="out", hint=_RECIPE, diagnosis=diagnosis, **tol)
+        if max(c["seq_lens"].tolist()) > 1:
+            written = {id(got): set(seen["written"][0])} if seen["written"] else {}
+            _written_by_kernel(t, written, got, "out", {"q", "k", "v"})
+        passed.append(i)
