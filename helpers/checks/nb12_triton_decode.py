@@ -307,7 +307,8 @@ _RECIPE = ("program (split, b, kv head): seq_len = tl.load(SeqLens + b); chunk [
            "exp(lse_c - logsumexp(lse)).")
 
 
-@exercise("12.4", "Split-KV decoding over a paged cache in Triton", points=3, stars=3, notebook=NB,
+@exercise("12.4", "split-KV decoding over a paged cache in Triton", points=3, stars=3, notebook=NB,
+          section="4. Merging partial results",
           time_limit=TRITON_TIME_LIMIT_S, bonus=True)
 def paged_decode_triton(t: Trial) -> None:
     t.error_hints = _TRITON_ERRORS

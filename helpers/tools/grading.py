@@ -680,10 +680,11 @@ def main(argv: list[str] | None = None) -> int:
         write_gradebook(rows, gradebook)
         print(f"gradebook: {gradebook} ({len(rows)} rows)")
     if args.report:
-        from .class_report import repository, write_report
+        from .class_report import Info, repository, write_report
 
         began = time.perf_counter()
-        written = write_report(rows, args.report, args.anonymise, args.gradescope, repo=repository())
+        info = {e.name: Info(e.title, e.section) for exs in course_notebooks().values() for e in exs}
+        written = write_report(rows, args.report, args.anonymise, args.gradescope, info, repository())
         print(f"report: {args.report / 'report.html'}, {args.report / 'mistakes.csv'} and {len(written) - 2} "
               f"more files, in {time.perf_counter() - began:.2f} s")
     reviews = flagged(rows)
