@@ -250,3 +250,18 @@ def test_gradescope_run_autograder_grades_a_submission(tmp_path):
             assert results["score"] == sum(e.points for e in EXERCISES.values() if e.notebook == "05_multihead")
         else:
             assert results["score"] == 0 and "could not grade" in results["output"], results
+
+
+@pytest.mark.parametrize(("sent", "kept"), [
+    ("modified-input-in-place", "modified-input-in-place"), ("missing-W_O", ""), (["x"], ""), ({"a": 1}, ""),
+    ("5.2/called-the-reference", ""), (None, "")])
+def test_a_mistake_sent_by_the_notebooks_process_is_kept_only_from_the_call_guards_own_set(monkeypatch, sent, kept):
+    """The notebook's process says why a call failed in the call guard's words; anything else it
+    sends as a mistake (another id, an unhashable object) is dropped, never a crash of the judge."""
+    from helpers.checks import calling
+
+    reply = {"status": "fail", "message": "m", "hint": "h", "kind": "CheckFailed", "mistake": sent}
+    monkeypatch.setattr(calling, "ask", lambda conn, request, wait: reply)
+    outcome = calling.Remote(None, "mha_param_count", {"callable": True}, 1.0).call(
+        (), {}, None, None, {"time_limit": 1.0})
+    assert outcome["mistake"] == kept

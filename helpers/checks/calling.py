@@ -49,10 +49,20 @@ from .guard import (
 MAX_REPLY_BYTES = 1 << 28  # 256 MiB: the largest outcome the judge reads
 
 
-# The mistakes a call itself can fail with (the slug of the failure's Mistake, feedback.Mistake).
-CALL_MISTAKES = frozenset({"changed-course-functions", "changed-trace-function", "called-the-reference",
-                           "modified-input-in-place", "modified-argument-in-place", "meta-device", "wrong-device",
-                           "not-dense", "tensor-subclass", "number-subclass", "mapping-not-dict"})
+# The mistakes a call itself can fail with: slug (of the failure's feedback.Mistake) -> its one line.
+CALL_MISTAKES = {
+    "changed-course-functions": "replaced functions of torch or of the course's helpers",
+    "changed-trace-function": "changed Python's trace function (a debugger or sys.settrace)",
+    "called-the-reference": "called the course's own solution of the exercise",
+    "modified-input-in-place": "modified an input tensor in place",
+    "modified-argument-in-place": "modified an argument (a list, a dict) in place",
+    "meta-device": "returned a tensor on the meta device",
+    "wrong-device": "returned a tensor on another device than the inputs'",
+    "not-dense": "returned a sparse or nested tensor",
+    "tensor-subclass": "returned a subclass of torch.Tensor",
+    "number-subclass": "returned a subclass of a Python number",
+    "mapping-not-dict": "returned a Mapping that is not a dict",
+}
 
 
 def _fail(message: str, hint: str, kind: str = "CheckFailed", *, slug: str) -> dict:
@@ -304,7 +314,8 @@ class Remote:
             except ValueError as e:
                 raise RemoteBroken("error", f"the notebook's process sent a malformed output ({e})", True) from None
         if status == "fail" and all(_type(reply.get(k)) is str for k in ("message", "hint", "kind")):
-            slug = reply.get("mistake") if reply.get("mistake") in CALL_MISTAKES else ""  # the judge's own set
+            slug = reply.get("mistake")
+            slug = slug if _type(slug) is str and slug in CALL_MISTAKES else ""  # only the judge's own set
             return {"status": "fail", "message": reply["message"][:4000], "hint": reply["hint"][:2000],
                     "kind": reply["kind"], "review": review, "mistake": slug}
         if status == "raised" and all(_type(reply.get(k)) is str for k in ("kind", "summary", "code")):

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 import torch.nn.functional  # noqa: F401  (watched by the integrity guard)
 
-from .calling import Remote, _run_watcher, protected_call
+from .calling import CALL_MISTAKES, Remote, _run_watcher, protected_call
 from .diagnose import number_facts, shape_facts, tensor_facts
 from .feedback import (
     _FAILURES,
@@ -310,7 +310,8 @@ class Trial:
         status = outcome["status"]
         self.review += [r for r in outcome.get("review", []) if r not in self.review]
         if status == "fail":
-            hint = Mistake(outcome["mistake"], outcome["hint"]) if outcome.get("mistake") else outcome["hint"]
+            slug = outcome.get("mistake")
+            hint = Mistake(slug, outcome["hint"], CALL_MISTAKES.get(slug, "")) if slug else outcome["hint"]
             self.fail(outcome["message"], hint, _FAIL_KINDS.get(outcome["kind"], CheckFailed), what="other")
         if status == "raised":
             self._fail_on_exception(outcome["kind"], outcome["summary"], outcome.get("code", ""))
