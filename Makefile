@@ -101,14 +101,17 @@ sync: $(ENV_STAMP)
 
 # make grade [NB=notebook, student folder or class folder] [JOBS=n: notebooks at once; default all cores]
 #   [REPORT=dir: the class's mistake report, feedback per student] [ANONYMISE=1] [GRADESCOPE=1] (with REPORT)
+#   [EXPECT=03_masks,05_multihead: notebooks every student must hand in]
 grade: $(ENV_STAMP)
-	$(PY) -m helpers.tools.grading $(if $(filter command line environment,$(origin JOBS)),-j $(JOBS) )$(if $(REPORT),--report $(REPORT) )$(if $(ANONYMISE),--anonymise )$(if $(GRADESCOPE),--gradescope )$(if $(NB),$(NB),exercises)
+	$(PY) -m helpers.tools.grading $(if $(filter command line environment,$(origin JOBS)),-j $(JOBS) )$(if $(REPORT),--report $(REPORT) )$(if $(filter 1 yes true,$(ANONYMISE)),--anonymise )$(if $(filter 1 yes true,$(GRADESCOPE)),--gradescope )$(if $(EXPECT),--expect $(EXPECT) )$(if $(NB),$(NB),exercises)
 
 # The autograder zip Gradescope asks for: setup.sh, run_autograder and the course at HEAD (git archive).
+# NOTEBOOKS=03_masks,05_multihead: the assignment's notebooks (one not handed in is graded missing).
 gradescope: $(ENV_STAMP)
 	rm -rf build/gradescope build/gradescope-autograder.zip && mkdir -p build/gradescope
 	git archive --format=tar --prefix=course/ HEAD | tar -x -C build/gradescope
 	sed 's/@TORCH_PIN@/$(TORCH_PIN)/' gradescope/setup.sh > build/gradescope/setup.sh
+	echo "$(NOTEBOOKS)" > build/gradescope/course/gradescope_notebooks.txt
 	cp gradescope/run_autograder build/gradescope/ && chmod +x build/gradescope/setup.sh build/gradescope/run_autograder
 	$(PY) -c "import shutil; shutil.make_archive('build/gradescope-autograder', 'zip', 'build/gradescope')"
 	@echo "wrote build/gradescope-autograder.zip: upload it as the assignment's autograder (README: Gradescope)"

@@ -69,8 +69,16 @@ def _fail(message: str, hint: str, kind: str = "CheckFailed", *, slug: str) -> d
     return {"status": "fail", "message": message, "hint": hint, "kind": kind, "mistake": slug}
 
 
-def exception_outcome(e: BaseException) -> dict:
-    """What a learner's exception means to a check, as plain data."""
+def exception_outcome(e: BaseException, learner: Any = None) -> dict:
+    """What a learner's exception means to a check, as plain data. A bare NotImplementedError
+    means "not attempted" when the checked function (``learner``, if known) raised it itself; raised
+    in another function it calls (an earlier exercise not written yet), it is an error that says so."""
+    raiser = _raiser(e)
+    own = {getattr(f, "__code__", None) for f in (learner, getattr(learner, "__wrapped__", None))}
+    if (_type(e) is NotImplementedError and not e.args and learner is not None and raiser is not None
+            and raiser not in own and raiser.co_name != getattr(learner, "__name__", None)):
+        return {"status": "raised", "kind": "error", "code": "",
+                "summary": f"NotImplementedError (from `{raiser.co_name}`, which it calls)"}
     if _type(e) is NotImplementedError and not e.args:
         kind = "not attempted"
     elif _isinstance(e, _Alarm):
@@ -83,6 +91,14 @@ def exception_outcome(e: BaseException) -> dict:
         kind = "error"
     code = _short(e.code) if kind == "exit" else ""
     return {"status": "raised", "kind": kind, "summary": _exception_summary(e), "code": code}
+
+
+def _raiser(e: BaseException) -> Any:
+    """The code object of the frame that raised ``e`` (the innermost of its traceback), or None."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_frame.f_code if tb is not None else None
 
 
 def argument_name(fn: Any, args: tuple, kwargs: dict, index: int) -> str:
@@ -143,7 +159,7 @@ def protected_call(fn: Callable, args: tuple, kwargs: dict, *, learner: Callable
                      "in the notebook). If anything still behaves oddly, restart the kernel (Kernel > Restart).",
                      "Refused", slug="changed-course-functions")
     if raised is not None:
-        return exception_outcome(raised)
+        return exception_outcome(raised, learner)
     if state.get("trace_changed"):
         return _fail("your function changed Python's trace function (sys.settrace, or a debugger such as "
                      "breakpoint()), so the check could not watch it.",

@@ -100,7 +100,7 @@ from .guard import (
 )
 
 DEFAULT_TIME_LIMIT_S = 20.0
-_RETURNED_NONE = Mistake("returned-None", "did you forget the `return` statement?")
+_RETURNED_NONE = Mistake("returned-None", "did you forget the `return` statement?", "returned None (no return)")
 _FAIL_KINDS = {"CheckFailed": CheckFailed, "Refused": Refused}  # the failures an outcome may name
 
 EXERCISES: dict[str, Exercise] = {}  # function name -> Exercise
@@ -331,11 +331,11 @@ class Trial:
         if kind == "exit":
             self.fail(f"your function called sys.exit() (or exit(), quit()): SystemExit({code}).",
                       Mistake("called-sys.exit", "a function hands back its result with `return`; sys.exit() "
-                              "stops the whole program."), LearnerError)
+                              "stops the whole program.", "called sys.exit() instead of returning"), LearnerError)
         if kind == "interrupt":
             self.fail("your function raised KeyboardInterrupt itself.",
                       Mistake("raised-KeyboardInterrupt", "return the result instead of raising; KeyboardInterrupt "
-                              "is for the stop button."), LearnerError)
+                              "is for the stop button.", "raised KeyboardInterrupt itself"), LearnerError)
         hint = next((h for pat, h in {**self.error_hints, **CORE_ERROR_HINTS}.items() if re.search(pat, summary)), "")
         self.fail(f"your function raised {summary}", hint or "run it on the case above to see where it fails.",
                   LearnerError, generic=not hint, what="crash")
@@ -371,7 +371,7 @@ class Trial:
             if _issubclass(t, _Tensor):
                 self.fail(f"{what}: got a {t.__name__}, a subclass of torch.Tensor; checks accept plain tensors only.",
                           Mistake("tensor-subclass", "return a plain torch.Tensor (subclasses can change how "
-                                  "comparisons behave)."), Refused)
+                                  "comparisons behave).", "returned a subclass of torch.Tensor"), Refused)
             if t.__module__ == "numpy":
                 self.fail(f"{what}: expected a torch.Tensor {describe(expected)}, got {describe(got)} (convert with "
                           "torch.from_numpy / torch.as_tensor).",
@@ -385,9 +385,9 @@ class Trial:
         if got.device != expected.device:
             if got.device.type == "meta":
                 self.fail(f"{what}: expected a tensor on {expected.device}, got one on the meta device.",
-                          Mistake("meta-device", _META_HINT))
+                          Mistake("meta-device", _META_HINT, "returned a tensor on the meta device"))
             self.fail(f"{what}: expected a tensor on {expected.device}, got one on {got.device}.",
-                      Mistake("wrong-device", _DEVICE_HINT))
+                      Mistake("wrong-device", _DEVICE_HINT, "created tensors on a fixed device, not the inputs'"))
         if got.dtype != expected.dtype:
             self.fail(
                 f"{what}: expected dtype {expected.dtype}, got {got.dtype}.",
@@ -439,14 +439,14 @@ class Trial:
             self.fail(f"{what}: expected a number, got None.", _RETURNED_NONE)
         if t is _Tensor and got.numel() == 1:
             self.fail(f"{what}: expected a Python number, got a tensor {describe(got)}.",
-                      Mistake("tensor-not-number", "return `.item()` of it."))
+                      Mistake("tensor-not-number", "return `.item()` of it.", "returned a tensor, not a number"))
         numpy_scalar = t.__module__ == "numpy" and _issubclass(t, numbers.Real) and t is not bool
         if t is bool or (t not in (int, float) and not numpy_scalar):
             if _issubclass(t, (int, float)) and t is not bool:
                 self.fail(f"{what}: got a {t.__name__}, a subclass of {'int' if _issubclass(t, int) else 'float'}; "
                           "checks accept plain Python numbers only.",
                           Mistake("number-subclass", "return a plain int or float: the number itself, not an "
-                                  "object that behaves like one."), Refused)
+                                  "object that behaves like one.", "returned a subclass of a Python number"), Refused)
             self.fail(f"{what}: expected a number, got {describe(got)}.", recipe=recipe, what="type")
         value = _to_float(got)  # +-inf for an int beyond float's range: compared exactly below, never crashes
         if integer and not (t is int or value.is_integer()):
@@ -548,7 +548,8 @@ def _run(ex: Exercise, body: Callable[[Trial], None], fn: Any, time_limit: float
                 trial.case = ""
                 trial.fail(f"your code changed what the check relies on: {'; '.join(changed[:4])}. The check put "
                            "the originals back.", Mistake("changed-course-functions", "do not replace functions of "
-                                                          "torch or of the course's helpers."), Refused)
+                                                          "torch or of the course's helpers.",
+                                                          CALL_MISTAKES["changed-course-functions"]), Refused)
         except CheckFailed as e:
             error = e
     if error is None:

@@ -96,10 +96,14 @@ class Mistake(str):
         return (Mistake, (self.slug, str(self), self.description))
 
 
+_CLAUSE_END = re.compile(r"(?<=\S): |(?<=\S); |(?<!\.)(?<!\be\.g)(?<!\bi\.e)\. ")
+
+
 def first_clause(hint: str, limit: int = 110) -> str:
     """The hint up to its first ``": "`` (or ``"; "``, or its first sentence): the mistake in a line."""
     text = " ".join(str(hint).split())
-    cut = min((i for i in (text.find(": "), text.find("; "), text.find(". ")) if i > 0), default=_len(text))
+    m = _CLAUSE_END.search(text)  # ": ", "; " or the end of a sentence (not "...", "e.g.", "i.e.")
+    cut = m.start() if m else _len(text)
     line = text[:cut].rstrip(".")
     return line if _len(line) <= limit else line[: limit - 3].rstrip() + "..."
 
@@ -316,9 +320,14 @@ def _exception_summary(e: BaseException) -> str:
 CORE_ERROR_HINTS = {
     r"Expected all tensors to be on the same device|found at least two devices": Mistake(
         "wrong-device", "create new tensors on the inputs' device (device=x.device, torch.zeros_like(x)), not on a "
-        "fixed device such as the `device` that setup() returns."),
+        "fixed device such as the `device` that setup() returns.", "created tensors on a fixed device, not the inputs'"),
+    r"^NotImplementedError \(from `": Mistake(
+        "calls-unfinished-function", "a function yours calls still raises NotImplementedError: write that one "
+        "first (its exercise's cell), run its cell, then run this check again.",
+        "called a function that is not written yet"),
     r"^RecursionError": Mistake("endless-recursion", "your function calls itself without end: a recursion without "
-                                "a base case, or a name that refers back to your own function."),
+                                "a base case, or a name that refers back to your own function.",
+                                "the function calls itself without end"),
 }
 
 

@@ -291,13 +291,18 @@ def _restore_torch_state(before: tuple) -> list[str]:
 
 
 def _reference_codes(names: Iterable[str]) -> frozenset:
-    """Code objects of every course function (outside helpers.checks) named like an exercise."""
+    """Code objects of every course function named like an exercise (or like a helper a check
+    forbids), outside helpers.checks; a private name (``_simulate``: a check's own model of the
+    answer) is looked up in helpers.checks too."""
     codes = set()
     for module_name, module in list(sys.modules.items()):
-        if not (module_name == "helpers" or module_name.startswith("helpers.")) or module_name.startswith("helpers.checks"):
+        if not (module_name == "helpers" or module_name.startswith("helpers.")):
             continue
+        in_checks = module_name.startswith("helpers.checks")
         d = getattr(module, "__dict__", {})
         for name in names:
+            if in_checks and not name.startswith("_"):
+                continue
             fn, depth = d.get(name), 0
             while fn is not None and depth < 5:
                 if _type(fn) is _FunctionType:

@@ -13,16 +13,19 @@ It writes, in DIR:
   ``attempted`` (how many attempted the exercise), then ``hint`` (what most of them were shown);
 - ``report.html``: one self-contained page (inline SVG charts with text alternatives, tables with
   headers, no script, no network): per notebook, passed / failed / not attempted per exercise, each
-  exercise's mean points, share passed and discrimination index, its most common mistakes with the
+  exercise's mean points, share of the class passed and discrimination index, its most common mistakes with the
   hint shown and the section that teaches it; the notebooks marked for review;
 - ``feedback/<student>/<notebook>.md``: what each student gets back: per exercise the points, the
   named mistake and its hint, where to revisit, and the model answer of what they passed;
 - with ``gradescope=True``: ``gradescope/<student>/results.json`` in Gradescope's autograder format.
 
-``anonymise=True`` replaces student names by stable pseudonyms (``learner-3f9a2c``: an HMAC of the
-name under a key kept in ``DIR/pseudonym.key``, created on first use and reused, so that a student
-keeps their pseudonym from one report to the next) in report.html; feedback/ and gradescope/ go back
-to each student and keep their names, so share report.html and mistakes.csv only.
+``anonymise=True`` replaces student names by stable pseudonyms (``learner-3f9a2c81d0``: an HMAC of
+the name under a secret key, :func:`key_path`, kept outside the report and created on first use, so
+that a student keeps their pseudonym from one report to the next) in report.html; feedback/ and
+gradescope/ go back to each student and keep their names, so share report.html and mistakes.csv only.
+Student folders under feedback/ and gradescope/ are the names made safe for a file system (distinct
+even where two names differ only in case or in characters a file name cannot hold); ``feedback/
+index.csv`` lists which folder is whose.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .gradebook import Row, flagged, read_gradebook
+from .gradebook import Row, csv_cell, flagged, read_gradebook
 
 NOT_ATTEMPTED = ("not attempted", "missing", "not run")  # statuses that count as no attempt
 MISTAKES_FIELDS = ("notebook", "exercise", "mistake_id", "mistake", "students", "attempted", "hint")
@@ -72,7 +75,7 @@ class ExerciseStats:
     failed: int
     not_attempted: int
     mean_points: float
-    discrimination: float | None  # upper 27% minus lower 27% share passed, by score on the rest
+    discrimination: float | None  # item-rest correlation among those who handed the notebook in
     mistakes: list[tuple[str, str, int, str]] = field(default_factory=list)  # id, description, count, hint
     info: Info = field(default_factory=Info)
 
@@ -86,20 +89,28 @@ class ExerciseStats:
 
 
 def order(exercise_id: str) -> tuple:
-    """``"10.3"`` -> (10, 3): exercises in course order."""
-    return tuple(int(p) if p.isdigit() else p for p in exercise_id.split("."))
+    """``"10.3"`` -> ((0, 10), (0, 3)): exercises in course order (an id that is not numbers sorts
+    after, by its text, and never fails to compare)."""
+    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in str(exercise_id).split("."))
 
 
-def discrimination(passed: dict[str, bool], rest: dict[str, float], share: float = 0.27) -> float | None:
-    """Share passed among the top ``share`` of students by ``rest`` (their points on the other
-    exercises) minus among the bottom ``share``; None for fewer than 4 students. Near 1: the
-    exercise separates strong from weak students; near 0 or below: it does not (or misleads)."""
+def discrimination(passed: dict[str, bool], rest: dict[str, float]) -> float | None:
+    """The item-rest correlation: Pearson's correlation, over students, between passing the exercise
+    (1 or 0) and their points on the other exercises (``rest``). Near +1 the exercise separates
+    stronger from weaker students; near 0 it does not; below 0 the weaker pass it more often. None
+    for fewer than 4 students or when everyone (or no one) passed: nothing to separate. It depends
+    on the students' results only, never on their names or order."""
     if len(passed) < 4:
         return None
-    ranked = sorted(passed, key=lambda s: (rest[s], s))
-    n = max(1, math.ceil(share * len(ranked)))
-    low, high = ranked[:n], ranked[-n:]
-    return sum(passed[s] for s in high) / n - sum(passed[s] for s in low) / n
+    xs = [1.0 if passed[s] else 0.0 for s in sorted(passed)]
+    ys = [float(rest[s]) for s in sorted(passed)]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
+    sxx = sum((x - mx) ** 2 for x in xs)
+    syy = sum((y - my) ** 2 for y in ys)
+    if sxx == 0 or syy == 0:
+        return None
+    return sxy / math.sqrt(sxx * syy)
 
 
 def exercise_stats(rows: list[Row], info: dict[str, Info] | None = None) -> list[ExerciseStats]:
@@ -118,8 +129,9 @@ def exercise_stats(rows: list[Row], info: dict[str, Info] | None = None) -> list
         first = mine[0]
         count = Counter(r.status for r in mine)
         n_not = sum(count[s] for s in NOT_ATTEMPTED)
-        passed = {r.student: r.status == "passed" for r in mine}
-        rest = {r.student: totals[r.student] - (0 if r.bonus else r.earned) for r in mine}
+        handed_in = [r for r in mine if r.status not in ("missing", "not run")]
+        passed = {r.student: r.status == "passed" for r in handed_in}
+        rest = {r.student: totals[r.student] - (0 if r.bonus else r.earned) for r in handed_in}
         made: Counter = Counter()
         described: dict[str, str] = {}
         hints: dict[str, Counter] = {}
@@ -146,24 +158,59 @@ def write_mistakes_csv(stats: list[ExerciseStats], path: Path) -> None:
         w.writerow(MISTAKES_FIELDS)
         for e in stats:
             for mid, description, n, hint in e.mistakes:
-                w.writerow([e.notebook, e.id, mid, description, n, e.attempted, hint])
+                w.writerow([e.notebook, e.id, mid, csv_cell(description), n, e.attempted, csv_cell(hint)])
 
 
 # --------------------------------------------------------------------------- pseudonyms
 
 
+KEY_ENV = "ATTN_COURSE_PSEUDONYM_KEY"  # where the pseudonyms' key lives, if not the default
+
+
+def key_path() -> Path:
+    """The pseudonyms' key file: $ATTN_COURSE_PSEUDONYM_KEY, else
+    ``~/.config/attention-course/pseudonym.key``: outside any report folder, so that sharing a
+    report never shares the key (with it and a class list, pseudonyms could be reversed)."""
+    import os
+
+    return Path(os.environ.get(KEY_ENV) or Path.home() / ".config" / "attention-course" / "pseudonym.key")
+
+
 def pseudonym_key(path: Path) -> bytes:
-    """The key of the pseudonyms, from ``path`` (created with a random key on first use)."""
+    """The key of the pseudonyms, from ``path`` (created with a random 32-byte key on first use).
+    Raises ValueError, naming the file, for a key that is not at least 16 bytes of hex."""
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(secrets.token_hex(32) + "\n", encoding="utf-8")
         path.chmod(0o600)
-    return bytes.fromhex(path.read_text(encoding="utf-8").strip())
+    try:
+        key = bytes.fromhex(path.read_text(encoding="utf-8").strip())
+    except (ValueError, UnicodeDecodeError):
+        key = b""
+    if len(key) < 16:
+        raise ValueError(f"{path} is not a pseudonym key (at least 32 hex digits); delete it to make a new "
+                         "one (the pseudonyms will change)")
+    return key
 
 
 def pseudonym(name: str, key: bytes) -> str:
-    """``learner-3f9a2c``: the same for the same name and key, unguessable without the key."""
-    return "learner-" + hmac.new(key, name.encode(), hashlib.sha256).hexdigest()[:6]
+    """``learner-3f9a2c81d0``: the same for the same name and key, unguessable without the key."""
+    return "learner-" + hmac.new(key, name.encode(), hashlib.sha256).hexdigest()[:10]
+
+
+def folders(students: list[str]) -> dict[str, str]:
+    """Student -> a folder name that is safe on every file system and distinct from the others'
+    even where file systems ignore case: the name's safe form, with a short hash of the name added
+    where two would collide, the name had to change a lot, or is empty."""
+    base = {s: _safe(s) for s in students}
+    seen = Counter(b.casefold() for b in base.values())
+    out = {}
+    for s in students:
+        b = base[s]
+        if seen[b.casefold()] > 1 or b != s or b == "student" or len(b) > 60:
+            b = f"{b[:60]}-{hashlib.sha256(s.encode()).hexdigest()[:6]}"
+        out[s] = b
+    return out
 
 
 # --------------------------------------------------------------------------- report.html
@@ -177,12 +224,28 @@ text-align:left;vertical-align:top}th{background:#f0f0f0}td.num{text-align:right
 code{font-size:.9em}.legend span{display:inline-block;margin-right:1.2rem}
 .swatch{display:inline-block;width:1em;height:1em;vertical-align:-.15em;margin-right:.3em;border:1px solid #333}
 figure{margin:1rem 0}figcaption{font-size:.95em;color:#333}.note{color:#333;font-size:.95em}
-a{color:#0b57a4}
+a{color:#0b57a4}svg{max-width:100%;height:auto}.scroll{overflow-x:auto}
 """
 
 
 def _e(text: object) -> str:
     return html.escape(str(text), quote=True)
+
+
+def _n(count: int, noun: str) -> str:
+    """``1 student``, ``2 students``."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def _md(text: object) -> str:
+    """Text for Markdown that stays text (no HTML, links or images; one line); code spans in
+    backticks, where Markdown renders nothing, are kept as they are."""
+    parts = " ".join(str(text).split()).split("`")
+    paired = len(parts) % 2 == 1
+    for i in range(0, len(parts), 2 if paired else 1):
+        for ch, esc in (("\\", "\\\\"), ("<", "&lt;"), (">", "&gt;"), ("[", "\\["), ("]", "\\]"), ("!", "\\!")):
+            parts[i] = parts[i].replace(ch, esc)
+    return ("`" if paired else "\\`").join(parts)
 
 
 def _pct(x: float) -> str:
@@ -226,7 +289,8 @@ def score_histogram(totals: list[int], max_total: int) -> str:
     width, height, base = 560, 180, 150
     top = max(bins.values(), default=1)
     step = width / (max_total + 1)
-    words = ", ".join(f"{n} student{'s' if n != 1 else ''} with {p} points" for p, n in sorted(bins.items()))
+    words = ", ".join(f"{n} student{'s' if n != 1 else ''} with {p} point{'s' if p != 1 else ''}"
+                      for p, n in sorted(bins.items()))
     parts = [f'<svg role="img" aria-labelledby="histt histd" width="{width}" height="{height}" '
              f'viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg">',
              f'<title id="histt">Total points of the class</title><desc id="histd">{_e(words)}.</desc>']
@@ -236,6 +300,8 @@ def score_histogram(totals: list[int], max_total: int) -> str:
         if n:
             parts.append(f'<rect x="{p * step + 1:.1f}" y="{base - h:.1f}" width="{max(step - 2, 1):.1f}" '
                          f'height="{h:.1f}" fill="{COLOURS["passed"]}"><title>{p} points: {n}</title></rect>')
+            parts.append(f'<text x="{p * step + step / 2:.1f}" y="{base - h - 4:.1f}" text-anchor="middle" '
+                         f'font-size="11">{n}</text>')
     for p in range(0, max_total + 1, max(1, max_total // 10)):
         parts.append(f'<text x="{p * step + step / 2:.1f}" y="{base + 16}" text-anchor="middle" '
                      f'font-size="11">{p}</text>')
@@ -245,9 +311,9 @@ def score_histogram(totals: list[int], max_total: int) -> str:
 
 
 def _stats_table(stats: list[ExerciseStats], notebook: str) -> str:
-    head = ("exercise", "points", "passed", "failed", "not attempted", "mean points", "share passed",
+    head = ("exercise", "points", "passed", "failed", "not attempted", "mean points", "share of class passed",
             "discrimination")
-    lines = [f"<table><caption>Exercises of {_e(notebook)}</caption><thead><tr>"
+    lines = [f'<div class="scroll"><table><caption>Exercises of {_e(notebook)}</caption><thead><tr>'
              + "".join(f'<th scope="col">{h}</th>' for h in head) + "</tr></thead><tbody>"]
     for e in stats:
         disc = "n/a" if e.discrimination is None else f"{e.discrimination:+.2f}"
@@ -255,7 +321,7 @@ def _stats_table(stats: list[ExerciseStats], notebook: str) -> str:
                      f'<td class="num">{e.points}</td><td class="num">{e.passed}</td><td class="num">{e.failed}</td>'
                      f'<td class="num">{e.not_attempted}</td><td class="num">{e.mean_points:.2f}</td>'
                      f'<td class="num">{_pct(e.share_passed)}</td><td class="num">{disc}</td></tr>')
-    lines.append("</tbody></table>")
+    lines.append("</tbody></table></div>")
     return "".join(lines)
 
 
@@ -289,14 +355,18 @@ def render_html(rows: list[Row], stats: list[ExerciseStats], names: dict[str, st
     totals = [sum(r.earned for r in rows if r.student == s and not r.bonus) for s in students]
     max_total = sum(e.points for e in core)
     legend = "".join(f'<span><span class="swatch" style="background:{c}"></span>{s}</span>' for s, c in COLOURS.items())
+    n_nb = len({e.notebook for e in stats})
     body = [f"<h1>{_e(title)}</h1>",
-            f"<p>{len(students)} students, {len({e.notebook for e in stats})} notebooks, {len(stats)} exercises. "
+            f"<p>{_n(len(students), 'student')}, {_n(n_nb, 'notebook')}, {_n(len(stats), 'exercise')}. "
             f"Median total {sorted(totals)[len(totals) // 2] if totals else 0} of {max_total} points "
             "(bonus points apart).</p>",
-            "<p class=\"note\"><b>Discrimination</b> is the share passed among the top 27% of students (by their "
-            "points on the other exercises) minus the share among the bottom 27%: near +1 an exercise separates "
-            "stronger from weaker students, near 0 it does not. <b>Mistakes</b> are what the checks named; "
-            "<code>not-recognised-…</code> counts failures no check named, by what differed.</p>",
+            "<p class=\"note\"><b>Discrimination</b> is the correlation, over the students who handed the "
+            "notebook in, between passing the exercise and their points on the other exercises (item-rest "
+            "correlation): near +1 an exercise separates stronger from weaker students, near 0 it does not, "
+            "below 0 the weaker pass it more often; n/a when everyone or no one passed. <b>Share of class "
+            "passed</b> and <b>mean points</b> count every student (a notebook not handed in earns 0). "
+            "<b>Mistakes</b> are what the checks named; <code>not-recognised-…</code> counts failures no check "
+            "named, by what differed.</p>",
             f"<figure>{score_histogram(totals, max_total)}<figcaption>Total points per student.</figcaption></figure>",
             "<nav><h2>Notebooks</h2><ul>"
             + "".join(f'<li><a href="#nb-{_e(n)}">{_e(n)}</a></li>' for n in sorted({e.notebook for e in stats}))
@@ -305,7 +375,8 @@ def render_html(rows: list[Row], stats: list[ExerciseStats], names: dict[str, st
         mine = [e for e in stats if e.notebook == notebook]
         body.append(f'<section><h2 id="nb-{_e(notebook)}">{_e(notebook)}</h2>')
         body.append(f'<figure>{status_chart(mine, f"Passed, failed and not attempted in {notebook}")}'
-                    f'<figcaption class="legend">{legend}</figcaption></figure>')
+                    f'<figcaption class="legend">Students per exercise of {_e(notebook)}: {legend}</figcaption>'
+                    "</figure>")
         body.append(_stats_table(mine, notebook))
         body += [_mistakes_section(e, repo) for e in mine]
         body.append("</section>")
@@ -342,7 +413,7 @@ def feedback_markdown(student: str, notebook: str, rows: list[Row], info: dict[s
     score = f"{sum(r.earned for r in core)}/{sum(r.points for r in core)} points"
     if bonus:
         score += f" + {sum(r.earned for r in bonus)}/{sum(r.points for r in bonus)} bonus"
-    lines = [f"# {notebook}: feedback for {student}", "", f"Score: {score}.", ""]
+    lines = [f"# {notebook}: feedback for {_md(student)}", "", f"Score: {score}.", ""]
     for r in sorted(rows, key=lambda r: order(r.id)):
         title = info.get(r.name, Info()).title
         lines += [f"## {r.id} {title or r.name} (`{r.name}`): {r.earned}/{r.points}"
@@ -353,17 +424,18 @@ def feedback_markdown(student: str, notebook: str, rows: list[Row], info: dict[s
                 lines += ["Passed. The model answer to the exercise's question:", ""]
                 if answer.get("question"):
                     lines += [f"> **{answer['question']}**", ">"]
-                lines += [f"> {ln}" if ln else ">" for ln in str(answer["answer"]).splitlines()] + [""]
+                text = str(answer["answer"]).removeprefix("**Model answer.**").strip()
+                lines += [f"> {ln}" if ln else ">" for ln in text.splitlines()] + [""]
             continue
         if r.mistake and not r.mistake_id.split("/")[-1].startswith("not-recognised"):
-            lines += [f"**What went wrong:** {r.mistake} (`{r.mistake_id}`).", ""]
+            lines += [f"**What went wrong:** {_md(r.mistake)} (`{r.mistake_id}`).", ""]
         if r.hint:
-            lines += [f"**Hint:** {' '.join(r.hint.split())}", ""]
+            lines += [f"**Hint:** {_md(r.hint)}", ""]
         section = info.get(r.name, Info()).section
         if r.status != "passed":
             lines += [f"Revisit `notebooks/{notebook}.ipynb`" + (f", section {section}." if section else "."), ""]
     if any(r.review for r in rows):
-        lines += ["---", "", f"Your notebook is marked for review by hand: {rows[0].review}", ""]
+        lines += ["---", "", f"Your notebook is marked for review by hand: {_md(rows[0].review)}", ""]
     return "\n".join(lines)
 
 
@@ -406,30 +478,44 @@ def _safe(name: str) -> str:
 
 
 def write_report(rows: list[Row], out: Path, anonymise: bool = False, gradescope: bool = False,
-                 info: dict[str, Info] | None = None, repo: str = "") -> list[Path]:
-    """Write the report of ``rows`` into ``out``; returns the files written."""
+                 info: dict[str, Info] | None = None, repo: str = "", key: Path | None = None) -> list[Path]:
+    """Write the report of ``rows`` into ``out``; returns the files written. ``key``: the
+    pseudonyms' key file (default :func:`key_path`). Raises ValueError for nothing to report or an
+    unusable key, OSError for a folder that cannot be written."""
     if not rows:
         raise ValueError("nothing to report: no gradebook rows")
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out} is a file; the report needs a folder")
     info = course_info() if info is None else info
-    stats = exercise_stats(rows, info)
     students = sorted({r.student for r in rows})
-    key = pseudonym_key(out / "pseudonym.key") if anonymise else b""
-    names = {s: pseudonym(s, key) if anonymise else s for s in students}
+    if anonymise:
+        secret = pseudonym_key(key or key_path())
+        names = {s: pseudonym(s, secret) for s in students}
+    else:
+        names = {s: s for s in students}
+    out.mkdir(parents=True, exist_ok=True)
+    stats = exercise_stats(rows, info)
     written = [out / "mistakes.csv", out / "report.html"]
     write_mistakes_csv(stats, written[0])
     written[1].write_text(render_html(rows, stats, names, repo), encoding="utf-8")
     answers = _model_answers()
+    where = folders(students)
+    (out / "feedback").mkdir(exist_ok=True)
+    with open(out / "feedback" / "index.csv", "w", newline="", encoding="utf-8") as f:
+        csv.writer(f).writerows([("student", "folder"), *((csv_cell(s), where[s]) for s in students)])
+    written.append(out / "feedback" / "index.csv")
     for s in students:
         mine = [r for r in rows if r.student == s]
         for notebook in sorted({r.notebook for r in mine}):
-            path = out / "feedback" / _safe(s) / f"{notebook}.md"
+            theirs = [r for r in mine if r.notebook == notebook]
+            if all(r.status == "missing" for r in theirs):
+                continue  # not handed in: nothing to give back
+            path = out / "feedback" / where[s] / f"{notebook}.md"
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(feedback_markdown(s, notebook, [r for r in mine if r.notebook == notebook], info, answers),
-                            encoding="utf-8")
+            path.write_text(feedback_markdown(s, notebook, theirs, info, answers), encoding="utf-8")
             written.append(path)
         if gradescope:
-            path = out / "gradescope" / _safe(s) / "results.json"
+            path = out / "gradescope" / where[s] / "results.json"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(gradescope_results(mine), indent=1) + "\n", encoding="utf-8")
             written.append(path)
@@ -460,14 +546,22 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError, KeyError, csv.Error) as e:
             print(f"class_report: cannot read {path}: {e}", file=sys.stderr)
             return 2
-    latest = {(r.student, r.notebook, r.id): r for r in rows}  # a student graded in two shards: the later one
-    if len(latest) < len(rows):
-        print(f"class_report: {len(rows) - len(latest)} rows repeat a (student, notebook, exercise); "
-              "the last gradebook's are kept", file=sys.stderr)
+    latest: dict[tuple, Row] = {}
+    repeated = set()
+    for r in rows:  # a student graded in two shards: the later graded row (a "missing" one never wins)
+        key = (r.student, r.notebook, r.id)
+        if key in latest:
+            repeated.add(r.student)
+            if r.status == "missing" and latest[key].status != "missing":
+                continue
+        latest[key] = r
+    if repeated:
+        print(f"class_report: {', '.join(sorted(repeated)[:10])}{' and more' if len(repeated) > 10 else ''} "
+              "appear in more than one gradebook; their later graded rows are kept", file=sys.stderr)
         rows = list(latest.values())
     try:
         written = write_report(rows, args.out, args.anonymise, args.gradescope, repo=repository())
-    except ValueError as e:
+    except (ValueError, OSError) as e:
         print(f"class_report: {e}", file=sys.stderr)
         return 2
     print(f"report: {args.out / 'report.html'}, {args.out / 'mistakes.csv'} and {len(written) - 2} more files")

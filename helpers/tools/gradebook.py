@@ -96,8 +96,23 @@ def write_gradebook(rows: list[Row], path: Path) -> None:
         w = csv.writer(f)
         w.writerow(GRADEBOOK_FIELDS)
         for r in rows:
-            w.writerow([r.student, r.notebook, r.id, r.name, r.earned, r.points, int(r.bonus), r.status,
-                        " ".join(r.hint.split()), " ".join(r.review.split()), r.mistake_id, r.mistake])
+            w.writerow([csv_cell(r.student), r.notebook, r.id, r.name, r.earned, r.points, int(r.bonus), r.status,
+                        csv_cell(" ".join(r.hint.split())), csv_cell(" ".join(r.review.split())), r.mistake_id,
+                        csv_cell(r.mistake)])
+
+
+_FORMULA = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(text: object) -> str:
+    """A CSV cell a spreadsheet will not run as a formula: a leading ' where it could be one
+    (a student folder named ``=HYPERLINK(...)``); :func:`read_gradebook` takes it off again."""
+    text = str(text)
+    return "'" + text if text.startswith(_FORMULA) else text
+
+
+def _uncell(text: str) -> str:
+    return text[1:] if text.startswith("'") and text[1:].startswith(_FORMULA) else text
 
 
 def read_gradebook(path: Path) -> list[Row]:
@@ -114,9 +129,12 @@ def read_gradebook(path: Path) -> list[Row]:
                 points = int(rec["max_points"])
             except (TypeError, ValueError):
                 raise ValueError(f"{path}, line {i}: max_points is {rec['max_points']!r}, not a whole number") from None
+            if not rec.get("status") or not rec.get("exercise") or rec.get("student") is None:
+                raise ValueError(f"{path}, line {i}: a row without its student, exercise or status")
             rows.append(Row(rec["notebook"], rec["exercise"], rec["function"], points, rec["status"],
-                            rec.get("hint") or "", rec.get("bonus") in ("1", "True", "true"), rec["student"],
-                            rec.get("review") or "", rec.get("mistake_id") or "", rec.get("mistake") or ""))
+                            _uncell(rec.get("hint") or ""), rec.get("bonus") in ("1", "True", "true"),
+                            _uncell(rec["student"]), _uncell(rec.get("review") or ""), rec.get("mistake_id") or "",
+                            _uncell(rec.get("mistake") or "")))
     return rows
 
 

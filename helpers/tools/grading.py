@@ -200,7 +200,11 @@ def collect(targets: Iterable[str]) -> tuple[list[Submission], list[str]]:
             for nb in _notebooks_in(p):
                 add(p.resolve().name, nb, explicit=False)
         elif p.is_dir() and any(_notebooks_in(d) for d in p.iterdir() if d.is_dir()):
-            for d in sorted(d for d in p.iterdir() if d.is_dir() and not d.name.startswith(".")):
+            for d in sorted(d for d in p.iterdir() if d.is_dir()):
+                if d.name.startswith("."):
+                    if _notebooks_in(d) and d.name != ".ipynb_checkpoints":
+                        notes.append(f"skipped {d}: a hidden folder (its name starts with a dot)")
+                    continue
                 found.setdefault(d.name, {})
                 for nb in _notebooks_in(d):
                     add(d.name, nb, explicit=False)
@@ -644,6 +648,9 @@ def main(argv: list[str] | None = None) -> int:
                         "report.html")
     parser.add_argument("--gradescope", action="store_true",
                         help="with --report: also DIR/gradescope/<student>/results.json in Gradescope's format")
+    parser.add_argument("--expect", default="", metavar="STEMS",
+                        help="comma-separated notebooks every student must hand in (e.g. 03_masks,05_multihead): "
+                             "one not handed in is graded as missing")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--nbgrader-course", type=Path, default=None, metavar="DIR",
                         help="write solutions/ as an nbgrader course in DIR (then run nbgrader there) and exit")
@@ -658,6 +665,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"next: cd {args.nbgrader_course} && nbgrader generate_assignment '*'")
         return 0
     subs, notes = collect(args.targets)
+    expected = [stem.strip() for stem in args.expect.split(",") if stem.strip()]
+    unknown = sorted(set(expected) - set(course_notebooks()))
+    if unknown:
+        parser.error(f"--expect: not course notebooks: {', '.join(unknown)} (they are: {', '.join(course_notebooks())})")
+    for student in sorted({s.student for s in subs}):
+        handed = {s.stem for s in subs if s.student == student}
+        subs += [Submission(student, stem, None) for stem in expected if stem not in handed]
     if args.shard:
         k, n = args.shard
         students = sorted({s.student for s in subs})[k - 1 :: n]
@@ -684,7 +698,11 @@ def main(argv: list[str] | None = None) -> int:
 
         began = time.perf_counter()
         info = {e.name: Info(e.title, e.section) for exs in course_notebooks().values() for e in exs}
-        written = write_report(rows, args.report, args.anonymise, args.gradescope, info, repository())
+        try:
+            written = write_report(rows, args.report, args.anonymise, args.gradescope, info, repository())
+        except (ValueError, OSError) as e:
+            print(f"make grade: no report: {e}", file=sys.stderr)
+            return 2
         print(f"report: {args.report / 'report.html'}, {args.report / 'mistakes.csv'} and {len(written) - 2} "
               f"more files, in {time.perf_counter() - began:.2f} s")
     reviews = flagged(rows)
