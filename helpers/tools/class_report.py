@@ -283,29 +283,32 @@ def status_chart(stats: list[ExerciseStats], title: str) -> str:
     return "".join(parts)
 
 
-def score_histogram(totals: list[int], max_total: int) -> str:
-    """The distribution of total points, as inline SVG with its numbers in words."""
-    bins = Counter(totals)
-    width, height, base = 560, 180, 150
-    top = max(bins.values(), default=1)
-    step = width / (max_total + 1)
-    words = ", ".join(f"{n} student{'s' if n != 1 else ''} with {p} point{'s' if p != 1 else ''}"
-                      for p, n in sorted(bins.items()))
-    parts = [f'<svg role="img" aria-labelledby="histt histd" width="{width}" height="{height}" '
-             f'viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg">',
+def score_histogram(totals: list[int], max_total: int, n_bins: int = 12) -> str:
+    """The distribution of total points in at most ``n_bins`` equal ranges, as inline SVG whose
+    description says each range's count in words; every bar is labelled with its count."""
+    width = max(1, math.ceil((max_total + 1) / n_bins))  # points per bar
+    ranges = [(lo, min(lo + width - 1, max_total)) for lo in range(0, max_total + 1, width)]
+    counts = [sum(lo <= t <= hi for t in totals) for lo, hi in ranges]
+    label = [f"{lo}" if lo == hi else f"{lo}-{hi}" for lo, hi in ranges]
+    svg_w, height, base = 560, 190, 150
+    top = max(counts, default=1) or 1
+    step = svg_w / len(ranges)
+    words = ", ".join(f"{_n(n, 'student')} with {lab} point{'s' if lab != '1' else ''}"
+                      for n, lab in zip(counts, label) if n)
+    parts = [f'<svg role="img" aria-labelledby="histt histd" width="{svg_w}" height="{height}" '
+             f'viewBox="0 0 {svg_w} {height}" xmlns="http://www.w3.org/2000/svg">',
              f'<title id="histt">Total points of the class</title><desc id="histd">{_e(words)}.</desc>']
-    for p in range(max_total + 1):
-        n = bins.get(p, 0)
-        h = 120 * n / top
+    for i, (n, lab) in enumerate(zip(counts, label)):
+        x, h = i * step, 120 * n / top
         if n:
-            parts.append(f'<rect x="{p * step + 1:.1f}" y="{base - h:.1f}" width="{max(step - 2, 1):.1f}" '
-                         f'height="{h:.1f}" fill="{COLOURS["passed"]}"><title>{p} points: {n}</title></rect>')
-            parts.append(f'<text x="{p * step + step / 2:.1f}" y="{base - h - 4:.1f}" text-anchor="middle" '
-                         f'font-size="11">{n}</text>')
-    for p in range(0, max_total + 1, max(1, max_total // 10)):
-        parts.append(f'<text x="{p * step + step / 2:.1f}" y="{base + 16}" text-anchor="middle" '
-                     f'font-size="11">{p}</text>')
-    parts.append(f'<text x="{width / 2}" y="{base + 30}" text-anchor="middle" font-size="12">total points</text>')
+            parts.append(f'<rect x="{x + 2:.1f}" y="{base - h:.1f}" width="{step - 4:.1f}" height="{h:.1f}" '
+                         f'fill="{COLOURS["passed"]}"><title>{lab} points: {n}</title></rect>'
+                         f'<text x="{x + step / 2:.1f}" y="{base - h - 4:.1f}" text-anchor="middle" '
+                         f'font-size="12">{n}</text>')
+        parts.append(f'<text x="{x + step / 2:.1f}" y="{base + 16}" text-anchor="middle" font-size="11">'
+                     f"{lab}</text>")
+    parts.append(f'<text x="{svg_w / 2}" y="{base + 34}" text-anchor="middle" font-size="12">total points '
+                 "(students per range)</text>")
     parts.append("</svg>")
     return "".join(parts)
 
