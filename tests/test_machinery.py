@@ -472,8 +472,17 @@ def test_a_real_interrupt_still_stops_the_check():
 
 
 def test_only_a_bare_not_implemented_error_means_not_attempted():
+    def blank():
+        raise NotImplementedError()
+
     with pytest.raises(checks.NotAttempted):
-        _trial(lambda: (_ for _ in ()).throw(NotImplementedError())).call()
+        _trial(blank).call()
+
+    def calls_blank():  # an earlier exercise, not written yet: an error that names it
+        return blank()
+
+    with pytest.raises(checks.LearnerError, match="NotImplementedError \\(from `blank`, which it calls\\)"):
+        _trial(calls_blank).call()
 
     def torch_says_not_implemented():
         raise NotImplementedError("Could not run 'aten::foo' with arguments from the 'Meta' backend")

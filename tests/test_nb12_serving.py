@@ -250,6 +250,17 @@ def gather_reshaped(pages, block_table, seq_len):
     return pages[block_table[:n].long()].reshape(-1, H_kv, d)[:seq_len].reshape(H_kv, seq_len, d)
 
 
+def gather_slices_by_seq_len(pages, block_table, seq_len):  # table[:seq_len], not ceil(...)
+    H_kv, d = pages.shape[2:]
+    return pages[block_table[:seq_len].long()].reshape(-1, H_kv, d)[:seq_len].transpose(0, 1)
+
+
+def gather_shifted(pages, block_table, seq_len):  # positions 1 .. seq_len
+    bs = pages.shape[1]
+    rows = [pages[int(block_table[p // bs]), p % bs] for p in range(1, seq_len + 1)]
+    return torch.stack(rows, dim=1)
+
+
 def gather_loop(pages, block_table, seq_len):  # one position at a time
     bs = pages.shape[1]
     rows = [pages[int(block_table[p // bs]), p % bs] for p in range(seq_len)]   # [H_kv, d] each
@@ -321,6 +332,23 @@ def merge_fill_minus_1e9(outs, lses):
     filled = lses.masked_fill(torch.isinf(lses), -1e9)
     w = torch.softmax(filled, dim=0)
     return (w[..., None] * outs).sum(dim=0), torch.logsumexp(filled, dim=0)
+
+
+def merge_fill_minus_1e4_lse_only(outs, lses):  # out right; lse -1e4 + log n where all are empty
+    lse = torch.logsumexp(lses.clamp_min(-1e4), dim=0)
+    return (torch.exp(lses - lse)[..., None] * outs).sum(dim=0), lse
+
+
+def merge_mean_of_non_empty(outs, lses):  # skips empty chunks, then weighs the others equally
+    full = torch.isfinite(lses)
+    out = (outs * full[..., None]).sum(dim=0) / full.sum(dim=0).clamp_min(1)[..., None]
+    return out, torch.logsumexp(lses, dim=0)
+
+
+def merge_mean_of_non_empty_nan(outs, lses):  # the same, 0 / 0 = NaN where every chunk is empty
+    full = torch.isfinite(lses).to(outs.dtype)
+    out = (outs * full[..., None]).sum(dim=0) / full.sum(dim=0)[..., None]
+    return out, torch.logsumexp(lses, dim=0)
 
 
 def merge_swapped(outs, lses):
@@ -437,6 +465,40 @@ def blocks_free_everything(events, block_size):
 
 def blocks_never_free(events, block_size):
     return _replay(events, block_size, _ceil, free="never")
+
+
+def blocks_fresh_blocks_per_append(events, block_size):  # ignores the last block's free slots
+    tables, ref, count = {}, {}, [0]
+
+    def fresh():
+        count[0] += 1
+        ref[count[0]] = 1
+        return count[0]
+
+    for kind, seq, *rest in events:
+        if kind in ("new", "append"):
+            new = [fresh() for _ in range(math.ceil(rest[0] / block_size))]
+            tables.setdefault(seq, []).extend(new)
+        elif kind == "fork":
+            tables[rest[0]] = list(tables[seq])
+            for b in tables[seq]:
+                ref[b] += 1
+        else:
+            for b in tables.pop(seq):
+                ref[b] -= 1
+    return sum(r > 0 for r in ref.values())
+
+
+def blocks_numpy_int(events, block_size):  # right, but the count is a NumPy integer
+    import numpy as np
+
+    return np.int64(blocks_counter(events, block_size))
+
+
+def blocks_calls_the_checks_model(events, block_size):
+    from helpers.checks.nb12_serving import _simulate
+
+    return _simulate(events, block_size)
 
 
 def blocks_pooled(events, block_size):
@@ -577,6 +639,8 @@ WRONG = {
         (gather_every_entry, "the rest is padding"),
         (gather_token_major, "transpose the first two axes"),
         (gather_reshaped, "swap the axes with .transpose(0, 1)"),
+        (gather_slices_by_seq_len, "which may be -1 or beyond the pool"),
+        (gather_shifted, "you read positions 1 .. seq_len"),
     ],
     "merge_partials": [
         (merge_naive, "Subtract the largest lse of the row first"),
@@ -587,6 +651,9 @@ WRONG = {
         (merge_lse_max, "not their max"),
         (merge_fill_minus_1e9, "you replaced -inf by a large finite number"),
         (merge_swapped, "the order is (out, lse)"),
+        (merge_fill_minus_1e4_lse_only, "you replaced -inf by a large finite number"),
+        (merge_mean_of_non_empty, "you averaged the outputs of the non-empty chunks"),
+        (merge_mean_of_non_empty_nan, "you averaged the outputs of the non-empty chunks"),
     ],
     "blocks_in_use": [
         (blocks_floor, "a partly filled last block is a whole block"),
@@ -599,6 +666,9 @@ WRONG = {
         (blocks_never_free, "you kept counting them"),
         (blocks_pooled, "you divided the total number of tokens by block_size"),
         (blocks_cow_keeps_reference, "its reference count must drop by one"),
+        (blocks_fresh_blocks_per_append, "you gave every append ceil(n / block_size) fresh blocks"),
+        (blocks_numpy_int, "the number of blocks is an int"),
+        (blocks_calls_the_checks_model, "called the course's own solution"),
     ],
 }
 

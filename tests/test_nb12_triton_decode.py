@@ -322,8 +322,10 @@ if td is not None:
         w = torch.exp(lse - top)
         return (w[..., None] * parts).sum(0) / w.sum(0).clamp_min(1e-30)[..., None]
 
-    def _learner(name, merge="course", out_fp32=False, grid=0, **flags):
-        """A learner's launcher: the split kernel, then a merge in PyTorch or in Triton."""
+    def _learner(name, merge="course", out_fp32=False, grid=0, ignore_splits=False, **flags):
+        """A learner's launcher: the split kernel, then a merge in PyTorch or in Triton
+        (``ignore_splits``: always one chunk, one program per (sequence, query head); grid 1: the
+        axes swapped, the grid given as a function of the launch's arguments)."""
         meta = dict(SCALE=True, TABLE=True, END_OFF=0, KV_MOD=False, NORMALISE=True,
                     GUARD_EMPTY=True, GRID=grid)
         meta.update(flags)
@@ -332,12 +334,12 @@ if td is not None:
                                 sm_scale=None):
             B, H, d = q.shape
             page, H_kv = k_pages.shape[1], k_pages.shape[2]
-            n_splits = n_splits or 2
+            n_splits = 1 if ignore_splits else n_splits or 2
             scale = sm_scale if sm_scale is not None else 1 / math.sqrt(d)
             parts = torch.empty((n_splits, B, H, d), dtype=torch.float32, device=q.device)
             lse = torch.empty((n_splits, B, H), dtype=torch.float32, device=q.device)
             k_pages, v_pages = k_pages.contiguous(), v_pages.contiguous()
-            grid_ = (n_splits, B * H) if grid == 0 else (B * H, n_splits)
+            grid_ = (n_splits, B * H) if grid == 0 else lambda meta: (B * H, meta["N_SPLITS"])
             _learner_split[grid_](
                 q.contiguous(), k_pages, v_pages, block_tables.contiguous(), seq_lens, parts, lse,
                 scale, H * d, d, k_pages.stride(0), k_pages.stride(1), k_pages.stride(2),
@@ -377,9 +379,23 @@ if td is not None:
         (_learner("decode_empty_chunk_nan", GUARD_EMPTY=False), "some chunks are empty here"),
         (_learner("decode_merge_nan_for_length_0", merge="unguarded"), "a sequence of length 0"),
         (_learner("decode_out_float32", out_fp32=True), "expected dtype torch.float16"),
+        (_learner("decode_ignores_n_splits", ignore_splits=True),
+         "must split each sequence's keys"),
         (decode_in_pytorch, "no Triton kernel ran"),
         (decode_gathers_in_pytorch, "gathered the cache through the block table in PyTorch"),
     ]
+    def gather_with_the_course_helper(pages, block_table, seq_len):
+        table, lens = block_table[None], torch.tensor([seq_len])
+        return td.gather_cache(pages, pages, table, lens)[0][0]
+
+    def merge_with_the_course_kernel(outs, lses):
+        n, lead, d = outs.shape[0], outs.shape[1:-1], outs.shape[-1]
+        out = td.merge_splits_triton(outs.reshape(n, 1, -1, d).float(),
+                                     lses.reshape(n, 1, -1).float())
+        return out.reshape(*lead, d).to(outs.dtype), torch.logsumexp(lses, dim=0)
+
+    WRONG["gather_paged_kv"] = [(gather_with_the_course_helper, "called the course's own solution")]
+    WRONG["merge_partials"] = [(merge_with_the_course_kernel, "called the course's own solution")]
     RIGHT["paged_decode_triton"] = [
         _learner("decode_page_loop_merge_partials"),
         _learner("decode_grid_swapped_hand_merge", merge="hand", grid=1),
@@ -387,7 +403,9 @@ if td is not None:
     ]
 
 _FAST_WRONG = {"decode_no_sm_scale", "decode_ignores_block_table", "decode_reads_key_seq_len",
-               "decode_gqa_head_mod", "decode_in_pytorch", "decode_gathers_in_pytorch"}
+               "decode_gqa_head_mod", "decode_in_pytorch", "decode_gathers_in_pytorch",
+               "decode_ignores_n_splits", "gather_with_the_course_helper",
+               "merge_with_the_course_kernel"}
 
 
 def _mark_slow(params, fast):

@@ -253,6 +253,12 @@ def masked_softmax(t: Trial) -> None:
     s3 = torch.randn(B, H, T_q, T_k, generator=g) * 1e4
     a3 = torch.rand(T_q, T_k, generator=g) < 0.5
     a3[:, 0] = True
+    # ... and one row whose allowed scores all lie far below any finite fill (-1e4 .. -1e6), on every
+    # draw: a finite fill then gives the blocked keys the weight.
+    s3[0, 0, 0] = torch.where(a3[0], s3[0, 0, 0] - 5e6, s3[0, 0, 0])
+    # and one whose allowed scores are all negative but above the fills: multiplying the scores by the
+    # mask (blocked scores 0) then differs from a finite fill, so each mistake keeps its own name.
+    s3[0, 0, 1] = torch.where(a3[1], -100 - s3[0, 0, 1].abs() * 0.01, s3[0, 0, 1])
     # 4. a full-shape mask, no leading dims broadcast, and another empty row.
     s4 = torch.randn(5, 7, generator=g) * 3
     a4 = torch.rand(5, 7, generator=g) < 0.6

@@ -4,22 +4,28 @@
 Every case, its expected output and the outputs of the recognised mistakes are computed before
 the learner's function runs. 12.1: no two of block_size, H_kv, d and seq_len are equal; seq_len is
 not a multiple of block_size (except in one case, where floor and ceil agree and only the padding
-can go wrong); block ids are neither contiguous nor sorted; tables carry padding (-1, or a valid id
-that must still be ignored); one int32 table. 12.2: chunks with lse -inf (their outs hold finite
-garbage), rows where every chunk is empty, lses near 200 (exp overflows float32), one chunk only.
-12.3: streams of events where each modelled mistake gives another count: forks of a partly filled
-and of a full last block, appends that must copy and appends that must not, frees of shared blocks.
+can go wrong); block ids are neither contiguous nor sorted; tables carry padding (-1, a valid id
+that must still be ignored, or ids beyond the pool: n_blocks + 5, and 2**31 - 1 in an int32 table);
+two int32 tables. 12.2: chunks with lse -inf (their outs hold finite garbage), rows where every
+chunk is empty, lses near 200 (exp overflows float32), one chunk only. 12.3: streams of events
+where each modelled mistake gives another count: forks of a partly filled and of a full last
+block, appends that must copy and appends that must not, frees of shared blocks. (A needless copy
+of a block no other sequence holds cannot change the count, so it is not detected: see
+:func:`blocks_in_use`.)
 """
 
 from __future__ import annotations
 
 import math
+import numbers
+from typing import Any
 
 import torch
 
 from .. import nb12_serving as ref
-from .core import Trial, describe_case, draw, eager_mistakes, exercise, seeded
-from .feedback import Mistake
+from .core import Trial, _to_float, describe_case, draw, eager_mistakes, exercise, seeded
+from .feedback import Mistake, describe
+from .guard import _issubclass, _Tensor, _type
 
 __all__ = ["gather_paged_kv", "merge_partials", "blocks_in_use"]
 
@@ -51,6 +57,15 @@ _TOKEN_MAJOR = Mistake(
 _RESHAPED = Mistake(
     "reshape-instead-of-transpose", "you reshaped [seq_len, H_kv, d] into [H_kv, seq_len, d], which keeps the "
     "numbers in memory order and mixes heads and positions: swap the axes with .transpose(0, 1).")
+_SHIFTED = Mistake(
+    "shifted-by-one-position", "you read positions 1 .. seq_len: a sequence's tokens are "
+    "positions 0 .. seq_len - 1, position p in block block_table[p // block_size] at slot "
+    "p % block_size (the first slot of the first block is position 0).",
+    "read positions 1..seq_len instead of 0..seq_len-1")
+_BEYOND_POOL = Mistake(
+    "padding-beyond-the-pool", "index the pool with the first ceil(seq_len / block_size) entries "
+    "of block_table only: the rest is padding, which may be -1 or beyond the pool.",
+    "indexed the pool with padding entries of the block table")
 _GATHER_RECIPE = ("n = (seq_len + block_size - 1) // block_size with block_size = pages.shape[1]; "
                   "blocks = pages[block_table[:n].long()]   # [n, block_size, H_kv, d]; "
                   "return blocks.reshape(-1, H_kv, d)[:seq_len].transpose(0, 1)")
@@ -64,6 +79,10 @@ def _gather_mistakes(pages: torch.Tensor, table: torch.Tensor, seq_len: int) -> 
     def tokens(block_ids) -> torch.Tensor:  # [len * bs, H_kv, d]
         return pages[block_ids].reshape(-1, H_kv, d)
 
+    def shifted() -> torch.Tensor:  # positions 1 .. seq_len, each through the table
+        pos = torch.arange(1, seq_len + 1)
+        return pages[table[pos // bs].long(), pos % bs].transpose(0, 1)
+
     return eager_mistakes({
         _IGNORED_TABLE: lambda: tokens(torch.arange(n))[:seq_len].transpose(0, 1),
         _SORTED_TABLE: lambda: tokens(ids.sort().values)[:seq_len].transpose(0, 1),
@@ -72,6 +91,7 @@ def _gather_mistakes(pages: torch.Tensor, table: torch.Tensor, seq_len: int) -> 
         _ALL_ENTRIES: lambda: tokens(table.long()).transpose(0, 1),
         _TOKEN_MAJOR: lambda: tokens(ids)[:seq_len],
         _RESHAPED: lambda: tokens(ids)[:seq_len].reshape(H_kv, seq_len, d),
+        _SHIFTED: lambda: shifted(),
     })
 
 
@@ -83,6 +103,7 @@ def _gather_cases() -> list[tuple[torch.Tensor, torch.Tensor, int]]:
         (8, 3, 2, 6, 9, [4, 0, 6, 1], torch.float32),                # a multiple of 3; a valid id as padding
         (12, 5, 4, 3, 13, [11, 3, 8, 0, 0, 0], torch.float64),       # padding with block 0
         (6, 8, 2, 7, 1, [5, 2], torch.float32),                      # one token
+        (7, 3, 2, 4, 8, [6, 1, 3, 12, 12], torch.float32),           # padding beyond the pool
     ]
     for i, (n_blocks, bs, H_kv, d, seq_len, table, dtype) in enumerate(specs):
         g = seeded(1200 + i)
@@ -93,6 +114,9 @@ def _gather_cases() -> list[tuple[torch.Tensor, torch.Tensor, int]]:
     g = seeded(1210)
     pages = torch.randn(10, 6, 3, 4, generator=g)
     out.append((pages, torch.tensor([9, 1, 4, 6, -1], dtype=torch.int32), 20))
+    g = seeded(1212)  # int32 padding far beyond the pool (what a table of another pool may hold)
+    pages = torch.randn(8, 4, 2, 3, generator=g)
+    out.append((pages, torch.tensor([5, 0, 7, 2**31 - 1], dtype=torch.int32), 11))
     g = seeded(1211)
     bs, H_kv, d = draw(g, 2, 9), draw(g, 1, 5), draw(g, 2, 9)
     n_blocks = draw(g, 4, 16)
@@ -106,12 +130,11 @@ def _gather_cases() -> list[tuple[torch.Tensor, torch.Tensor, int]]:
 @exercise("12.1", "read a sequence from a paged cache", points=2, stars=2, notebook=NB,
           section="3. A paged cache")
 def gather_paged_kv(t: Trial) -> None:
-    t.forbidden_references = {"gather_paged_kv", "read"}
+    t.forbidden_references = {"gather_paged_kv", "read", "gather_cache"}
     t.error_hints = {
         r"takes \d+ positional argument|missing \d+ required positional argument": "the signature is "
         "gather_paged_kv(pages, block_table, seq_len).",
-        r"index -?\d+ is out of bounds for dimension 0": "index the pool with the first ceil(seq_len / "
-        "block_size) entries of block_table only: the rest is padding, which may be -1 or beyond the pool.",
+        r"index -?\d+ is out of bounds for dimension 0": _BEYOND_POOL,
         r"tensors used as indices must be long|IndexError: tensors used as indices": "index with an integer "
         "tensor: block_table may be int32 (as a kernel reads it); .long() converts it.",
         r"shape '\[.*\]' is invalid for input of size": "count the blocks with a ceiling: ceil(seq_len / "
@@ -147,6 +170,11 @@ _FINITE_FILL = Mistake(
 _MEAN = Mistake(
     "mean-of-chunks", "you averaged the chunks' outputs: each chunk weighs by its share of the softmax's "
     "denominator, exp(lse_c - lse), not equally.")
+_MEAN_NONEMPTY = Mistake(
+    "mean-of-non-empty-chunks", "you averaged the outputs of the non-empty chunks: skipping the "
+    "empty ones is right, but each chunk weighs by its share of the softmax's denominator, "
+    "exp(lse_c - lse), not equally (a chunk of large scores outweighs the others).",
+    "averaged the non-empty chunks' outputs instead of weighting them by exp(lse_c - lse)")
 _UNNORMALISED = Mistake(
     "unnormalised-weights", "you weighted the chunks by exp(lse_c - m) without dividing by their sum: the "
     "weights exp(lse_c - lse) must sum to 1 (lse = m + log sum_c exp(lse_c - m)).")
@@ -196,6 +224,35 @@ def _merge_mistakes(outs: torch.Tensor, lses: torch.Tensor) -> dict[str, dict[st
     return {"out": out_models, "lse": lse_models}
 
 
+def _merge_diagnosis(got: Any, expected: torch.Tensor, outs: torch.Tensor, lses: torch.Tensor,
+                     what: str) -> str:
+    """A mistake recognised row by row, or '': the rows with at least one non-empty chunk and the
+    rows where every chunk is empty are judged apart, so that what a learner puts in the second
+    (NaN, 0, a mean, a large negative lse: it depends on the fill) does not hide the first."""
+    if not (_type(got) is _Tensor and got.shape == expected.shape and got.dtype == expected.dtype
+            and got.device == expected.device):
+        return ""
+    g = got.detach().to(torch.float64)
+    filled = torch.isinf(lses).all(dim=0)           # rows where every chunk is empty
+    some = ~filled
+    if what == "out":
+        finite = torch.isfinite(lses).to(torch.float64)
+        mean = (finite[..., None] * outs.double()).sum(0) / finite.sum(0).clamp_min(1)[..., None]
+        if (bool(some.any()) and _rows_close(g[some], mean[some])
+                and not _rows_close(expected.double()[some], mean[some])):
+            return _MEAN_NONEMPTY
+        return ""
+    # lse: right where something was attended, a large finite negative number where not
+    if (bool(filled.any()) and _rows_close(g[some], expected.double()[some])
+            and bool(torch.isfinite(g[filled]).all()) and bool((g[filled] < -10).all())):
+        return _FINITE_FILL
+    return ""
+
+
+def _rows_close(got: torch.Tensor, want: torch.Tensor) -> bool:
+    return bool(torch.isclose(got, want, atol=1e-5, rtol=1e-4).all())
+
+
 def _merge_cases() -> list[tuple[torch.Tensor, torch.Tensor]]:
     """(outs [n_chunks, ..., d], lses [n_chunks, ...]): empty chunks have lse -inf and finite
     garbage in their outs."""
@@ -232,7 +289,8 @@ def _merge_cases() -> list[tuple[torch.Tensor, torch.Tensor]]:
 @exercise("12.2", "merge partial softmax results", points=2, stars=2, notebook=NB,
           section="4. Merging partial results")
 def merge_partials(t: Trial) -> None:
-    t.forbidden_references = {"merge_partials", "split_k_decode", "paged_decode_split"}
+    t.forbidden_references = {"merge_partials", "split_k_decode", "paged_decode_split",
+                              "merge_splits_triton"}
     t.error_hints = {
         r"takes \d+ positional argument|missing \d+ required positional argument": "the signature is "
         "merge_partials(outs, lses), returning (out, lse).",
@@ -247,8 +305,10 @@ def merge_partials(t: Trial) -> None:
         got = t.call(outs, lses, case=describe_case(outs=outs, lses=lses) + (
             ", some rows with every chunk empty" if bool(torch.isinf(lses).all(0).any()) else ""))
         got_out, got_lse = t.tuple(got, 2, ["out", "lse"])
-        t.tensor(got_out, out, what="out", mistakes=mistakes["out"], hint=_MERGE_RECIPE)
-        t.tensor(got_lse, lse, what="lse", mistakes=mistakes["lse"], hint=_MERGE_RECIPE)
+        t.tensor(got_out, out, what="out", mistakes=mistakes["out"], hint=_MERGE_RECIPE,
+                 diagnosis=_merge_diagnosis(got_out, out, outs, lses, "out"))
+        t.tensor(got_lse, lse, what="lse", mistakes=mistakes["lse"], hint=_MERGE_RECIPE,
+                 diagnosis=_merge_diagnosis(got_lse, lse, outs, lses, "lse"))
 
 
 # =========================================================================== 12.3 blocks_in_use
@@ -259,6 +319,15 @@ _NO_PARTIAL = Mistake(
 _EXTRA_BLOCK = Mistake(
     "extra-block", "you gave a sequence n // block_size + 1 blocks: when n is a multiple of block_size the "
     "last block is exactly full and no extra one is needed; use ceil(n / block_size).")
+_FRESH_APPEND = Mistake(
+    "append-takes-fresh-blocks", "you gave every append ceil(n / block_size) fresh blocks: the new "
+    "tokens first fill the free slots of the sequence's last block (copied first if it is shared), "
+    "and a new block is taken only at a position p with p % block_size == 0.",
+    "an append took ceil(n / block_size) fresh blocks, ignoring the last block's free slots")
+_NOT_INT = Mistake(
+    "count-not-an-int", "return int(...): the number of blocks is an int (a NumPy integer or a "
+    "float that holds a whole number is not one).",
+    "returned the count as a NumPy integer or a float, not an int")
 _NO_SHARING = Mistake(
     "shared-prefix-counted-twice", "you counted a shared prefix once per sequence: a fork copies no block, "
     "the child's block table lists the parent's blocks (each gains a reference), and a block that several "
@@ -292,9 +361,11 @@ _BLOCKS_RECIPE = ("keep tables {seq: [block ids]}, lengths {seq: n} and ref {blo
 
 
 def _simulate(events, bs: int, *, partial: bool = True, extra: bool = False, share: bool = True,
-              cow: str = "partial", cow_decref: bool = True, free: str = "ref", count: str = "unique") -> int:
+              cow: str = "partial", cow_decref: bool = True, free: str = "ref",
+              count: str = "unique", append: str = "fill") -> int:
     """The block count after ``events`` under a model of the allocator that may make one of the
-    recognised mistakes (the defaults: the right one)."""
+    recognised mistakes (the defaults: the right one). ``append="fresh"``: an append takes
+    ceil(n / bs) fresh blocks and never writes into the last block (so it never copies it)."""
     ref_: dict[int, int] = {}
     tables: dict[int, list[int]] = {}
     lengths: dict[int, int] = {}
@@ -311,6 +382,9 @@ def _simulate(events, bs: int, *, partial: bool = True, extra: bool = False, sha
     for kind, seq, *rest in events:
         if kind == "new":
             tables[seq], lengths[seq] = [take() for _ in range(blocks(rest[0]))], rest[0]
+        elif kind == "append" and append == "fresh":
+            tables[seq].extend(take() for _ in range(blocks(rest[0])))
+            lengths[seq] += rest[0]
         elif kind == "append":
             table, length = tables[seq], lengths[seq]
             shared = bool(table) and ref_[table[-1]] > 1
@@ -350,6 +424,7 @@ def _blocks_mistakes(events, bs: int) -> dict[str, int]:
     return {
         _NO_PARTIAL: _simulate(events, bs, partial=False),
         _EXTRA_BLOCK: _simulate(events, bs, extra=True),
+        _FRESH_APPEND: _simulate(events, bs, append="fresh"),
         _NO_SHARING: _simulate(events, bs, share=False),
         _NO_COW: _simulate(events, bs, cow="never"),
         _COW_FULL: _simulate(events, bs, cow="always"),
@@ -382,12 +457,14 @@ def random_events(g: torch.Generator, n_events: int, max_tokens: int) -> list[tu
     return events
 
 
-# (events, block_size): requests that come and go without sharing; parallel sampling from a prompt
-# whose last block is partly filled (each sample's first token copies it); a system prompt of full
-# blocks whose owner finishes first (nothing to copy, the blocks stay); a copy-on-write followed by
-# the finish of the sequence that kept the original. In this order each recognised mistake first
-# shows on a case where no other mistake gives the same count.
-_COME_AND_GO = [("new", 0, 10), ("new", 1, 8), ("new", 2, 3), ("free", 1), ("append", 0, 2), ("new", 3, 5)]
+# (events, block_size): requests that come and go without sharing (an append that fits in the last
+# block's free slots); parallel sampling from a prompt whose last block is partly filled (each
+# sample's first token copies it); a system prompt of full blocks whose owner finishes first
+# (nothing to copy, the blocks stay); a copy-on-write followed by the finish of the sequence that
+# kept the original. In this order each recognised mistake first shows on a case where no other
+# mistake gives the same count.
+_COME_AND_GO = [("new", 0, 10), ("new", 1, 8), ("new", 2, 3), ("free", 1), ("append", 0, 1),
+                ("new", 3, 5)]
 _SAMPLING = [("new", 0, 9), ("fork", 0, 1), ("fork", 0, 2), ("append", 1, 2), ("append", 2, 1)]
 _SYSTEM_PROMPT = [("new", 0, 16), ("fork", 0, 1), ("fork", 0, 2), ("append", 1, 5), ("append", 2, 9),
                   ("free", 0), ("new", 3, 20)]
@@ -405,7 +482,13 @@ def _blocks_cases() -> list[tuple[list[tuple], int]]:
 @exercise("12.3", "count the blocks of a paged cache", points=3, stars=3, notebook=NB,
           section="3. A paged cache")
 def blocks_in_use(t: Trial) -> None:
-    t.forbidden_references = {"blocks_in_use", "add_sequence", "append_tokens", "fork", "release", "needs"}
+    """The count after each stream of events, against the reference's; a wrong count is named when
+    one recognised mistake, and no other, gives it. Not detected (an honest limit of checking a
+    count): copies of a block that no other sequence holds, made where no copy is needed. Such a
+    copy replaces the block in the table and frees the original at once (its count drops to 0), so
+    the number of blocks in use is the same as without it."""
+    t.forbidden_references = {"blocks_in_use", "add_sequence", "append_tokens", "fork", "release",
+                              "needs", "_simulate"}
     t.error_hints = {
         r"takes \d+ positional argument|missing \d+ required positional argument": "the signature is "
         "blocks_in_use(events, block_size), returning an int.",
@@ -427,4 +510,19 @@ def blocks_in_use(t: Trial) -> None:
     for events, bs, expected, mistakes in planned:
         shown = events if len(events) <= 12 else f"{len(events)} events starting {events[:3]}"
         got = t.call([tuple(e) for e in events], bs, case=f"events={shown}, block_size={bs}")
+        _require_int(t, got)
         t.number(got, expected, what="blocks in use", mistakes=mistakes, hint=_BLOCKS_RECIPE, integer=True)
+
+
+def _require_int(t: Trial, got: Any) -> None:
+    """Fail, with this exercise's own hint, on a count returned as a NumPy number or a float (core's
+    hint speaks of bytes and FLOPs); anything else is left to :meth:`Trial.number`."""
+    kind = _type(got)
+    if kind is float or (kind.__module__ == "numpy" and _issubclass(kind, numbers.Real)):
+        value = _to_float(got)
+        if math.isfinite(value) and value.is_integer():
+            t.fail(f"blocks in use: expected an int, got {describe(got)} {got!r}.", _NOT_INT,
+                   what="type")
+        t.fail(f"blocks in use: expected an int, got {describe(got)} {got!r}.",
+               "a block is taken whole: count blocks with a ceiling, (n + block_size - 1) // "
+               "block_size, in ints (/ gives a float).", generic=True, what="values")

@@ -13,7 +13,15 @@ slots after each sequence's last key, hold NaN. The cases go from friendly to aw
 2. one chunk, GQA, shuffled block ids (and spare blocks), a ragged length;
 3. the same inputs in three chunks (only the split and the merge differ from case 2);
 4. MQA, more chunks than blocks (empty chunks), lengths 0, 1 and ragged, fp16;
-5. an explicit sm_scale, GQA groups of 2, d = 128, fp16.
+5. an explicit sm_scale, GQA groups of 2, d = 128, fp16;
+6. n_splits=None: the learner's own choice (only the output is checked).
+
+Where n_splits > 1 the kernels that read the cache must together launch at least n_splits * B *
+H_kv programs (one per split, sequence and kv head: the fewest of any layout that really splits the
+keys across programs). In case 4 (n_splits = 6 > H / H_kv = 2) a kernel that ignores n_splits and
+gives each (sequence, query head) one program, B * H of them as notebook 09's layout does, falls
+below that bound. Launches that read no part of the cache (a Triton merge of the partial results)
+are not counted.
 
 Every case's expected output (float64) and the outputs of the recognised mistakes are computed
 before the learner's function first runs.
@@ -21,6 +29,7 @@ before the learner's function first runs.
 
 from __future__ import annotations
 
+import inspect
 import math
 import warnings
 from pathlib import Path
@@ -37,8 +46,10 @@ from .instruments import (
     GuardAllocations,
     KernelLaunches,
     Provenance,
+    disabled_modes,
     guarded,
     kernel_device,
+    tensor_args,
     warm_up,
 )
 from .nb09_triton_flash import _TRITON_ERRORS, _tol, _written_by_kernel
@@ -133,6 +144,7 @@ _CASES = [  # (B, H, H_kv, d, lens, page, shuffle, n_splits, sm_scale, dtype)
     (2, 8, 2, 32, [24, 37], 8, True, 3, None, torch.float32),
     (4, 2, 1, 64, [5, 1, 0, 37], 16, True, 6, None, torch.float16),
     (1, 4, 2, 128, [70], 16, True, 2, 0.3, torch.float16),
+    (2, 4, 2, 16, [9, 20], 4, True, None, None, torch.float32),
 ]
 
 
@@ -175,7 +187,7 @@ def _mistake_models(c: dict) -> list[tuple[Mistake, torch.Tensor]]:
     variants += [("gqa-head-mapping", dict(kv_map=m)) for m in ("mod", "div")]
     if n_splits == 1:
         variants.append(("unnormalised-output", dict(normalise=False)))
-    else:
+    elif n_splits is not None:  # None: the learner's split count, unknown here
         variants += [("merge-without-rescale", dict(chunks=(n_splits, tile), combine=combine))
                      for tile in sorted({1, c["k_pages"].shape[1], 16, 32})
                      for combine in ("mean", "mean-all", "sum")]
@@ -215,22 +227,69 @@ def _cases(dev: torch.device) -> list[dict]:
 # --------------------------------------------------------------------------- calling the learner
 
 
+class _ProgramCount(KernelLaunches):
+    """:class:`KernelLaunches` that also adds up the programs of the launches that read the cache
+    (a tensor argument holding k's or v's data that no kernel computed): ``programs``, or None
+    once a launch's grid could not be read."""
+
+    def __init__(self, prov: Provenance, calls: Calls, interpreter: bool):
+        super().__init__(prov, calls, interpreter)
+        self.programs: int | None = 0
+
+    def _launch(self, cls: type, original: Any) -> Any:
+        inner = super()._launch(cls, original)
+        counter = self
+
+        def run(this, *args, **kwargs):
+            if not kwargs.get("warmup") and counter.programs is not None:
+                with disabled_modes():
+                    reads = any(counter.prov.sources(x) & {"k", "v"}
+                                and KERNEL not in counter.prov.sources(x)
+                                for x in tensor_args(args, kwargs))
+                if reads:
+                    n = _grid_size(this, args, kwargs)
+                    counter.programs = None if n is None else counter.programs + n
+            return inner(this, *args, **kwargs)
+
+        return run
+
+
+def _grid_size(kernel: Any, args: tuple, kwargs: dict) -> int | None:
+    """How many programs a launch ``kernel.run(*args, grid=..., **kwargs)`` starts, or None."""
+    grid = kwargs.get("grid")
+    try:
+        if callable(grid):
+            names = list(inspect.signature(kernel.fn).parameters)
+            meta = {**{k: v for k, v in kwargs.items() if k in names}, **dict(zip(names, args))}
+            grid = grid(meta)
+        grid = tuple(grid) if isinstance(grid, (tuple, list)) else (grid,)
+        return math.prod(int(g) for g in grid)
+    except Exception:  # noqa: BLE001 - a grid this cannot read: no count, no complaint
+        return None
+
+
 # The mistakes the watcher (which runs in the notebook's process) reports, by slug: what crosses
 # back is plain data, and the check looks the Mistake up here.
 _WATCHED = {m.slug: m for m in (
     Mistake("store-past-end", "mask every tl.store with the rows that exist (e.g. the query heads "
-            "of a padded GQA group: mask=offs_g < GROUP)."),
+            "of a padded GQA group: mask=offs_g < GROUP).",
+            "stored past the end of a tensor (a tl.store without a mask)"),
     Mistake("no-kernel", "launch your kernel, `_kernel[grid](...)`, and return what it (or your "
-            "merge of what it wrote) gives."),
+            "merge of what it wrote) gives.",
+            "did not launch a Triton kernel"),
     Mistake("course-kernel", "write the kernel in the notebook: the point of the exercise is to "
-            "build it."),
+            "build it.",
+            "launched the course's kernel instead of their own"),
     Mistake("gathered-in-pytorch", "read the pages through the block table inside the kernel "
             "(tl.load of block_tables, then of k_pages at that block); PyTorch only allocates and "
-            "merges."),
+            "merges.",
+            "gathered the pages through the block table in PyTorch, not in the kernel"),
     Mistake("computed-in-pytorch", "pass q, k_pages, v_pages to the kernel and compute there; in "
-            "PyTorch only allocate, and merge the partial outputs the kernel wrote."),
+            "PyTorch only allocate, and merge the partial outputs the kernel wrote.",
+            "computed the attention in PyTorch, not in the kernel"),
     Mistake("left-pytorch", "pass q, k_pages, v_pages themselves to the kernel and do the "
-            "arithmetic inside it."),
+            "arithmetic inside it.",
+            "took q, k or v out of PyTorch (NumPy, Python numbers)"),
 )}
 
 
@@ -238,11 +297,12 @@ def _decode_watcher(fn: Any, args: tuple, options: dict) -> tuple[Any, dict]:
     """A watcher (``Trial.call_watched``): ``fn(*args)`` with guarded allocations, kernel launches
     recorded and the data of q, k_pages, v_pages, block_tables and seq_lens followed. Observes
     what is wrong with how the output was computed (``failures``: (message, slug) pairs, the slug
-    a key of :data:`_WATCHED`) and which sources the output's data comes from (``written``)."""
+    a key of :data:`_WATCHED`), which sources the output's data comes from (``written``) and how
+    many programs the launches that read the cache started (``programs``, None if unknown)."""
     names = {"q": 0, "k": 1, "v": 2, "block_tables": 3, "seq_lens": 4}
     prov = Provenance({name: args[i] for name, i in names.items()}, {"q", "k", "v"})
     calls, guard = Calls(), GuardAllocations()
-    launches = KernelLaunches(prov, calls, interpreter=kernel_device().type == "cpu")
+    launches = _ProgramCount(prov, calls, interpreter=kernel_device().type == "cpu")
     with calls, prov, launches, guard, warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.")
         out = fn(*args)
@@ -272,7 +332,8 @@ def _decode_watcher(fn: Any, args: tuple, options: dict) -> tuple[Any, dict]:
         failures.append((f"your function took q, k or v out of PyTorch ({how}).",
                          "left-pytorch"))
     flat = [out] if isinstance(out, torch.Tensor) else []
-    return out, {"failures": failures, "written": [sorted(prov.sources(x)) for x in flat]}
+    return out, {"failures": failures, "written": [sorted(prov.sources(x)) for x in flat],
+                 "programs": launches.programs}
 
 
 def _nan_hint(c: dict, got: torch.Tensor, passed: list[int]) -> str:
@@ -286,7 +347,7 @@ def _nan_hint(c: dict, got: torch.Tensor, passed: list[int]) -> str:
                        "of it "
                        "is empty, so its output must be 0. Guard l = 0 (divide by 1 instead) and, "
                        "in the merge, a max lse of -inf (use 0): exp(-inf - -inf) is NaN.")
-    if c["n_splits"] > 1 and 1 in passed:
+    if (c["n_splits"] or 1) > 1 and 1 in passed:
         return Mistake("nan-from-empty-chunk", f"NaN with n_splits={c['n_splits']}, none with one "
                        "chunk on such inputs: some chunks are empty here (fewer keys or tiles than "
                        "chunks). An empty "
@@ -296,7 +357,31 @@ def _nan_hint(c: dict, got: torch.Tensor, passed: list[int]) -> str:
     return Mistake("read-past-seq-len", "NaN: your kernel read keys or values that are not part of "
                    "the sequence (here the slots after a sequence's last key, and the block that "
                    "the tables' padding entries point to, hold NaN). Load only keys j < seq_len: "
-                   "tl.load(..., mask=offs < seq_len, other=0.0), the block table entry too.")
+                   "tl.load(..., mask=offs < seq_len, other=0.0), the block table entry too.",
+                   "read keys or values past the sequence's end (padding slots)")
+
+
+_IGNORED_SPLITS = Mistake(
+    "ignored-n_splits", "n_splits must split each sequence's keys across programs: with n_splits "
+    "chunks there is (at least) one program per (split, sequence, kv head), e.g. a grid "
+    "(n_splits, B * H_kv) or (n_splits, B * H), each taking one chunk of the keys, and a merge "
+    "after. One program per (sequence, head) that walks all the keys, as notebook 09's kernel "
+    "does, ignores the split.",
+    "the kernel ignores n_splits: too few programs for the chunks asked for")
+
+
+def _check_programs(t: Trial, c: dict, programs: int | None) -> None:
+    """Fail when the launches that read the cache started fewer programs than the split asks."""
+    n_splits = c["n_splits"]
+    if not isinstance(n_splits, int) or n_splits < 2 or programs is None:
+        return
+    B, H_kv = c["q"].shape[0], c["k_pages"].shape[2]
+    need = n_splits * B * H_kv
+    if programs < need:
+        t.fail(f"the right output, but your kernels that read the cache launched {programs} "
+               f"program(s) in all; n_splits={n_splits} with B={B} sequences and H_kv={H_kv} kv "
+               f"heads needs at least n_splits * B * H_kv = {need}, one per (split, sequence, kv "
+               "head).", _IGNORED_SPLITS)
 
 
 _RECIPE = ("program (split, b, kv head): seq_len = tl.load(SeqLens + b); chunk [lo, hi) of "
@@ -332,7 +417,8 @@ def paged_decode_triton(t: Trial) -> None:
         if isinstance(got, torch.Tensor) and got.dtype != dtype and got.shape == expected.shape:
             t.fail(f"out: expected dtype {dtype} (q's dtype), got {got.dtype}.",
                    Mistake("wrong-dtype", "allocate out like q (torch.empty_like(q)) and convert "
-                           "the float32 result when you store it (.to(Out.dtype.element_ty))."))
+                           "the float32 result when you store it (.to(Out.dtype.element_ty)).",
+                           "returned the output in another dtype than q's"))
         if (_type(got) is _Tensor and got.shape == expected.shape and got.device.type == dev.type
                 and got.dtype == dtype):
             diagnosis = _matched(got, c["models"], tol) or _nan_hint(c, got.detach().cpu(), passed)
@@ -345,6 +431,7 @@ def paged_decode_triton(t: Trial) -> None:
                                     "exp(lse_c - logsumexp(lse)).",
                                     "wrong with several chunks, right with one")
         t.tensor(got, expected, what="out", hint=_RECIPE, diagnosis=diagnosis, **tol)
+        _check_programs(t, c, seen.get("programs"))
         if max(c["seq_lens"].tolist()) > 1:
             written = {id(got): set(seen["written"][0])} if seen["written"] else {}
             _written_by_kernel(t, written, got, "out", {"q", "k", "v"})
