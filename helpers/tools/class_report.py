@@ -238,12 +238,13 @@ def _n(count: int, noun: str) -> str:
 
 
 def _md(text: object) -> str:
-    """Text for Markdown that stays text (no HTML, links or images; one line); code spans in
+    """Text for Markdown that stays text (no HTML, links or images: their characters are
+    backslash-escaped, which reads well unrendered too; one line); code spans in
     backticks, where Markdown renders nothing, are kept as they are."""
     parts = " ".join(str(text).split()).split("`")
     paired = len(parts) % 2 == 1
     for i in range(0, len(parts), 2 if paired else 1):
-        for ch, esc in (("\\", "\\\\"), ("<", "&lt;"), (">", "&gt;"), ("[", "\\["), ("]", "\\]"), ("!", "\\!")):
+        for ch, esc in (("\\", "\\\\"), ("<", "\\<"), (">", "\\>"), ("[", "\\["), ("]", "\\]"), ("!", "\\!")):
             parts[i] = parts[i].replace(ch, esc)
     return ("`" if paired else "\\`").join(parts)
 
