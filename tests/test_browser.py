@@ -609,17 +609,16 @@ def test_a_saved_copy_reopened_shows_the_last_picture(page):
 REPORT_DEMO = ROOT / "docs" / "class-report" / "report.html"
 
 
-def test_the_class_report_reads_in_a_real_browser():
+def test_the_class_report_reads_in_a_real_browser(page):
     """The committed demonstration report (README: For instructors), opened from disk as an
     instructor does: it loads nothing from the network, every chart is an image with an accessible
     name and a description that says its numbers, every table is named by its caption and has column
     headers, and the charts' bars are drawn."""
     requests: list[str] = []
     errors: list[str] = []
-    with sync_api.sync_playwright() as pw:
-        args = ["--disable-dev-shm-usage"] + (["--no-sandbox"] if os.getuid() == 0 else [])
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=args)
-        page = browser.new_page(viewport={"width": 1200, "height": 900})
+    lab_page = page  # the module's browser (one Playwright per process): a tab of its own
+    page = lab_page.context.browser.new_page(viewport={"width": 1200, "height": 900})
+    try:
         page.on("request", lambda r: requests.append(r.url))
         page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
         page.on("pageerror", lambda e: errors.append(str(e)))
@@ -640,6 +639,7 @@ def test_the_class_report_reads_in_a_real_browser():
         assert page.get_by_role("heading", name="Marked for review").count() == 1
         SHOTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SHOTS / "class-report.png"), full_page=False)
-        browser.close()
+    finally:
+        page.close()
     assert all(u.startswith("file://") for u in requests), [u for u in requests if not u.startswith("file://")]
     assert not errors, errors
