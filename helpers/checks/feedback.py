@@ -108,6 +108,13 @@ def first_clause(hint: str, limit: int = 110) -> str:
     return line if _len(line) <= limit else line[: limit - 3].rstrip() + "..."
 
 
+def wrong_signature(contract: str) -> Mistake:
+    """The mistake of a function defined with other parameters than its contract (matched by a
+    check's ``error_hints``); ``contract`` is what follows "the signature is ", its full stop included."""
+    return Mistake("wrong-signature", f"the signature is {contract}",
+                   "defined the function with other parameters than the contract's")
+
+
 # What an unrecognised failure is counted as in a class report (``<exercise id>/not-recognised-<what>``).
 NOT_RECOGNISED = ("shape", "values", "dtype", "nan-inf", "type", "crash", "time-limit", "other")
 

@@ -16,12 +16,11 @@ from .. import nb05_multihead as ref
 from ..nb01_qkv_shapes import merge_heads, split_heads
 from ..nb03_masks import causal_mask, masked_softmax
 from .core import Trial, describe_case, draw, eager_mistakes, exercise, flipped_causal, seeded
-from .feedback import Mistake
+from .feedback import Mistake, wrong_signature
 
 __all__ = ["multi_head_attention", "mha_param_count", "ablate_head"]
 
 NB = "05_multihead"
-_SIGNATURE = "defined the function with other parameters than the contract's"
 
 # (B, T, D, H): d_k = D / H; no two of B, T, H, d_k equal.
 _MHA_CASES = [(2, 5, 12, 3), (1, 7, 24, 4), (3, 6, 20, 5)]
@@ -135,9 +134,8 @@ _SHAPE_ERRORS = {
         "per-head-shape-mismatch", "per-head tensors are [B, H, T, d_k]: scores are q @ "
         "k.transpose(-2, -1), [B, H, T, T], and the [T, T] causal mask broadcasts against them.",
         "combined per-head tensors (scores, mask) of mismatched shapes"),
-    r"takes \d+ positional argument": Mistake(
-        "wrong-signature", "the signature is multi_head_attention(x, w_qkv, w_o, n_heads, causal).",
-        _SIGNATURE),
+    r"takes \d+ positional argument": wrong_signature(
+        "multi_head_attention(x, w_qkv, w_o, n_heads, causal)."),
 }
 
 
@@ -222,9 +220,8 @@ def _count_mistakes(D: int, H: int, bias: bool) -> dict[str, int]:
 @exercise("5.2", "parameters of a multi-head attention layer", points=1, stars=1, notebook=NB,
           section="3. Parameters and FLOPs")
 def mha_param_count(t: Trial) -> None:
-    t.error_hints = {r"takes \d+ positional argument": Mistake(
-        "wrong-signature", "the signature is mha_param_count(d_model, n_heads, bias).",
-        _SIGNATURE)}
+    t.error_hints = {r"takes \d+ positional argument": wrong_signature(
+        "mha_param_count(d_model, n_heads, bias).")}
     # The original Transformer (base), GPT-2 small, and small widths where every formula differs.
     cases = [(512, 8, False), (768, 12, True), (60, 4, True), (96, 3, False), (768, 12, False), (40, 5, True)]
     g = seeded(550)  # then one drawn from a seed: 2 to 8 heads of 2 to 16 dimensions, with or without bias
@@ -310,9 +307,8 @@ def _ablate_models(x, w_qkv, w_o, H: int, head: int, causal: bool) -> dict[str, 
           section="6. Heads as diagnostics")
 def ablate_head(t: Trial) -> None:
     t.error_hints = dict(_SHAPE_ERRORS)
-    t.error_hints[r"takes \d+ positional argument"] = Mistake(
-        "wrong-signature", "the signature is ablate_head(x, w_qkv, w_o, n_heads, head, causal).",
-        _SIGNATURE)
+    t.error_hints[r"takes \d+ positional argument"] = wrong_signature(
+        "ablate_head(x, w_qkv, w_o, n_heads, head, causal).")
     t.error_hints[r"index .* out of bounds|out of range"] = Mistake(
         "head-out-of-range", "head is 0-based: 0 <= head < n_heads.",
         "indexed a head outside 0 .. n_heads - 1 (heads are counted from 0)")

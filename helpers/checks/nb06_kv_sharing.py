@@ -24,13 +24,12 @@ from ..configs import MODELS
 from ..nb01_qkv_shapes import scaled_dot_product_attention
 from ..nb03_masks import causal_mask
 from .core import Trial, describe_case, draw, eager_mistakes, exercise, flipped_causal, seeded
-from .feedback import Mistake
+from .feedback import Mistake, wrong_signature
 from .instruments import OpLog, op_name, warm_up
 
 __all__ = ["repeat_kv", "grouped_query_attention", "kv_values_per_token", "mla_absorbed_scores"]
 
 NB = "06_kv_sharing"
-_SIGNATURE = "defined the function with other parameters than the contract's"
 
 
 # =========================================================================== 6.1
@@ -44,8 +43,7 @@ def _tiled(x: torch.Tensor, n_rep: int) -> torch.Tensor:
           section="2. repeat_kv, SDPA and the Triton kernel")
 def repeat_kv(t: Trial) -> None:
     t.error_hints = {
-        r"takes \d+ positional argument": Mistake(
-            "wrong-signature", "the signature is repeat_kv(x, n_rep).", _SIGNATURE),
+        r"takes \d+ positional argument": wrong_signature("repeat_kv(x, n_rep)."),
         r"expanded size|must match the existing size": Mistake(
             "expand-without-new-axis", "insert a new axis for the copies first: "
             "x[:, :, None] is [B, H_kv, 1, T, d], which expands to [B, H_kv, n_rep, T, d].",
@@ -164,9 +162,8 @@ def grouped_query_attention(t: Trial) -> None:
             "kv-heads-not-repeated", "q has H heads and k, v have H_kv: repeat each kv head H // "
             "H_kv times on dim 1 (repeat_kv) before q @ k.transpose(-2, -1).",
             "multiplied q (H heads) by k, v (H_kv heads) without repeating the kv heads"),
-        r"takes \d+ positional argument": Mistake(
-            "wrong-signature", "the signature is grouped_query_attention(q, k, v, causal).",
-            _SIGNATURE),
+        r"takes \d+ positional argument": wrong_signature(
+            "grouped_query_attention(q, k, v, causal)."),
     }
     # (B, H, H_kv, T, d): GQA with H_kv > 1, MQA (H_kv = 1), MHA (H_kv = H); no two sizes equal.
     shapes = [(2, 6, 2, 5, 4), (1, 4, 1, 7, 3), (3, 2, 2, 5, 8), (1, 9, 3, 4, 6)]
@@ -244,9 +241,8 @@ def _values_mistakes(kind: str, H: int, H_kv: int, d_h: int, d_c: int, d_r: int)
           section="3. What a token costs in the cache")
 def kv_values_per_token(t: Trial) -> None:
     t.error_hints = {
-        r"takes \d+ positional argument": Mistake(
-            "wrong-signature", "the signature is kv_values_per_token(kind, n_heads, n_kv_heads, "
-            "head_dim, kv_lora_rank, rope_dim).", _SIGNATURE),
+        r"takes \d+ positional argument": wrong_signature(
+            "kv_values_per_token(kind, n_heads, n_kv_heads, head_dim, kv_lora_rank, rope_dim)."),
         r"unsupported operand type.*NoneType": Mistake(
             "kind-not-handled", "return a number for every kind: 'mha', 'gqa', 'mqa' and 'mla'.",
             "returned nothing (None) for one of the kinds"),
@@ -320,8 +316,7 @@ def mla_absorbed_scores(t: Trial) -> None:
             "with q @ w_uk.transpose(-2, -1) ([B, H, T_q, d_c]); then multiply by c_kv transposed, "
             "with a heads axis: c_kv.unsqueeze(1).transpose(-2, -1).",
             "multiplied q, w_uk and c_kv with mismatched shapes"),
-        r"takes \d+ positional argument": Mistake(
-            "wrong-signature", "the signature is mla_absorbed_scores(q, c_kv, w_uk).", _SIGNATURE),
+        r"takes \d+ positional argument": wrong_signature("mla_absorbed_scores(q, c_kv, w_uk)."),
     }
     cases = []
     for i, (B, H, T_q, T, d_h, d_c) in enumerate(_MLA_CASES):

@@ -23,13 +23,12 @@ from ..nb03_masks import sliding_window_mask
 from ..nb05_multihead import multi_head_attention
 from ..nb06_kv_sharing import repeat_kv
 from .core import Trial, describe_case, draw, exercise, seeded
-from .feedback import Mistake
+from .feedback import Mistake, wrong_signature
 from .nb08_flops_memory import _known, check_count
 
 __all__ = ["kv_cache_bytes", "decode_step", "prefill_decode_flops", "ring_buffer_decode_step"]
 
 NB = "07_kv_cache"
-_SIGNATURE = "defined the function with other parameters than the contract's"
 
 
 # --------------------------------------------------------------------------- 7.1 kv_cache_bytes
@@ -70,9 +69,8 @@ def _cache_mistakes(B: int, T: int, L: int, H_kv: int, d: int, b: int) -> dict[s
 @exercise("7.1", "bytes of a KV cache", points=1, stars=1, notebook=NB, section="5. How big the cache gets")
 def kv_cache_bytes(t: Trial) -> None:
     t.error_hints = {
-        r"takes \d+ positional argument": Mistake(
-            "wrong-signature", "the signature is kv_cache_bytes(batch, seq_len, n_layers, "
-            "n_kv_heads, head_dim, dtype_bytes).", _SIGNATURE),
+        r"takes \d+ positional argument": wrong_signature(
+            "kv_cache_bytes(batch, seq_len, n_layers, n_kv_heads, head_dim, dtype_bytes)."),
     }
     llama = MODELS["Llama-3-8B"]
     # Llama-3-8B at 8,192 tokens in bf16 (exactly 1 GiB), then cases where no two sizes are equal
@@ -161,10 +159,8 @@ def _compare_step(t: Trial, got, expected: tuple, models: dict) -> tuple[torch.T
 @exercise("7.2", "one decode step with a KV cache", points=3, stars=3, notebook=NB, section="2. One decode step")
 def decode_step(t: Trial) -> None:
     t.error_hints = {
-        r"takes \d+ positional argument": Mistake(
-            "wrong-signature",
-            "the signature is decode_step(x_t, k_cache, v_cache, w_qkv, w_o, n_heads).",
-            _SIGNATURE),
+        r"takes \d+ positional argument": wrong_signature(
+            "decode_step(x_t, k_cache, v_cache, w_qkv, w_o, n_heads)."),
         r"Sizes of tensors must match|size of tensor a .* must match": Mistake(
             "cat-on-wrong-axis", "append along the sequence axis: the caches "
             "and the new k, v are [B, H, T, d_k], so torch.cat([k_cache, k], dim=2).",
@@ -279,9 +275,8 @@ def _prefill_mistakes(P: int, N: int, d: int, L: int, use_cache: bool) -> dict[s
           section="6. Prefill and decode, measured")
 def prefill_decode_flops(t: Trial) -> None:
     t.error_hints = {
-        r"takes \d+ positional argument": Mistake(
-            "wrong-signature", "the signature is prefill_decode_flops(prompt_len, new_tokens, "
-            "d_model, n_layers, use_cache).", _SIGNATURE),
+        r"takes \d+ positional argument": wrong_signature(
+            "prefill_decode_flops(prompt_len, new_tokens, d_model, n_layers, use_cache)."),
     }
     llama = MODELS["Llama-3-8B"]
     # (P, N, d, L): small cases with every size different, a prompt with no new tokens, and a
@@ -453,10 +448,9 @@ def _describe_ring(args: tuple) -> str:
           section="9. Sliding windows: a ring-buffer cache")
 def ring_buffer_decode_step(t: Trial) -> None:
     t.error_hints = {
-        r"takes \d+ positional argument|missing \d+ required positional argument": Mistake(
-            "wrong-signature", "the signature is "
-            "ring_buffer_decode_step(q, k_new, v_new, k_buf, v_buf, t); "
-            "the window W is the buffers' length, k_buf.shape[2].", _SIGNATURE),
+        r"takes \d+ positional argument|missing \d+ required positional argument": wrong_signature(
+            "ring_buffer_decode_step(q, k_new, v_new, k_buf, v_buf, t); the window W is the "
+            "buffers' length, k_buf.shape[2]."),
         r"out of bounds for dimension 2": Mistake(
             "slot-out-of-range", "the buffers have W slots, 0 .. W - 1: token t goes to "
             "slot t % W, which wraps around once t >= W.",

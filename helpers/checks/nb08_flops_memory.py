@@ -13,13 +13,12 @@ from collections.abc import Mapping
 from .. import nb08_flops_memory as ref
 from ..configs import MODELS, ModelConfig
 from .core import Trial, describe, describe_case, draw, exercise, seeded
-from .feedback import Mistake
+from .feedback import Mistake, wrong_signature
 from .guard import key_text
 
 __all__ = ["attention_flops", "score_matrix_bytes", "max_seq_len_for_scores", "training_memory"]
 
 NB = "08_flops_memory"
-_SIGNATURE = "defined the function with other parameters than the contract's"
 
 
 def _known(mistakes: Mapping[str, float], expected: int) -> dict[str, float]:
@@ -150,10 +149,8 @@ def _flops_mistakes(n: int, d: int, H: int, H_kv: int, d_h: int) -> dict[str, di
           section="2. One attention layer, part by part")
 def attention_flops(t: Trial) -> None:
     t.error_hints = {
-        r"takes \d+ positional argument": Mistake(
-            "wrong-signature",
-            "the signature is attention_flops(n, d_model, n_heads, n_kv_heads, head_dim).",
-            _SIGNATURE),
+        r"takes \d+ positional argument": wrong_signature(
+            "attention_flops(n, d_model, n_heads, n_kv_heads, head_dim)."),
     }
     mav, base = MODELS["Llama-4-Maverick"], MODELS["Transformer (base)"]
     # (n, d, H, H_kv, d_h): a small GQA layer whose H*d_h (24) differs from d (20) and where no two
@@ -230,10 +227,8 @@ def _bytes_mistakes(B: int, H: int, T: int, b: int) -> dict[str, float]:
           section="6. The memory of the scores")
 def score_matrix_bytes(t: Trial) -> None:
     t.error_hints = {
-        r"takes \d+ positional argument": Mistake(
-            "wrong-signature",
-            "the signature is score_matrix_bytes(batch, n_heads, seq_len, dtype_bytes).",
-            _SIGNATURE),
+        r"takes \d+ positional argument": wrong_signature(
+            "score_matrix_bytes(batch, n_heads, seq_len, dtype_bytes)."),
     }
     # A small case with every size different (B > 1, 4-byte numbers: counting entries, halving and
     # dropping a size all give different numbers), the SDPA course page's example (B=4, H=32,
@@ -317,10 +312,8 @@ def _drawn_seq_case() -> tuple[int, int, int, int, bool]:
           section="7. The longest context that fits")
 def max_seq_len_for_scores(t: Trial) -> None:
     t.error_hints = {
-        r"takes \d+ positional argument": Mistake(
-            "wrong-signature",
-            "the signature is max_seq_len_for_scores(budget_bytes, batch, n_heads, dtype_bytes).",
-            _SIGNATURE),
+        r"takes \d+ positional argument": wrong_signature(
+            "max_seq_len_for_scores(budget_bytes, batch, n_heads, dtype_bytes)."),
     }
     planned = [(c, ref.max_seq_len_for_scores(*c[:4]), _seq_mistakes(*c)) for c in [*_SEQ_CASES, _drawn_seq_case()]]
     for (budget, B, H, b, _), expected, mistakes in planned:
@@ -502,9 +495,8 @@ def training_memory(t: Trial) -> None:
     t.forbidden_references = {"training_memory", "activation_numbers", "saved_numbers", "layer_activation_numbers",
                               "head_activation_numbers", "max_batch"}
     t.error_hints = {
-        r"takes \d+ positional argument": Mistake(
-            "wrong-signature", "the signature is training_memory(cfg, batch, seq_len, attention).",
-            _SIGNATURE),
+        r"takes \d+ positional argument": wrong_signature(
+            "training_memory(cfg, batch, seq_len, attention)."),
     }
     # A small GQA model in which no two sizes are equal (H*d_h != d, T != B), under each strategy;
     # Llama-3-8B at its 8,192-token context; an MHA model; then one drawn from a seed.

@@ -20,7 +20,7 @@ import torch
 
 from .. import nb09_flash_attention as ref
 from .core import Trial, describe_case, eager_mistakes, exercise, seeded
-from .feedback import Mistake
+from .feedback import Mistake, wrong_signature
 from .instruments import (
     MAX_LIKE,
     call_logged,
@@ -237,9 +237,7 @@ def online_softmax(t: Trial) -> None:
             "state-shape-mismatch", "keep the running max and sum one per row (shape x.shape[:-1]) "
             "and add [..., None] when you subtract them from a block.",
             "the running max or sum does not broadcast against a block (shape mismatch)"),
-        r"takes \d+ positional argument": Mistake(
-            "wrong-signature", "the signature is online_softmax(x, block_size).",
-            "the function's parameters differ from the contract's"),
+        r"takes \d+ positional argument": wrong_signature("online_softmax(x, block_size)."),
     }
     t.forbidden_references = set(_COURSE_FUNCTIONS)
     cases = [(x, bs, structural, ref.online_softmax(x, bs), eager_mistakes(_online_mistakes(x, bs)))
@@ -481,9 +479,8 @@ def flash_attention_tiled(t: Trial) -> None:
             "tile-shape-mismatch", "tile shapes: s = q_blk @ k_blk.transpose(-2, -1) is [B, H, bq, "
             "bk]; m and l are [B, H, bq] (use [..., None] to broadcast them against s and acc).",
             "tile shapes do not match (m and l not broadcast with [..., None])"),
-        r"takes \d+ positional argument": Mistake(
-            "wrong-signature", "the signature is flash_attention_tiled(q, k, v, causal, "
-            "block_size).", "the function's parameters differ from the contract's"),
+        r"takes \d+ positional argument": wrong_signature(
+            "flash_attention_tiled(q, k, v, causal, block_size)."),
     }
     t.forbidden_references = set(_COURSE_FUNCTIONS)
     cases = []

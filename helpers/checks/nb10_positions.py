@@ -19,7 +19,7 @@ import torch
 
 from .. import nb10_positions as ref
 from .core import Trial, describe_case, draw, eager_mistakes, exercise, seeded
-from .feedback import Mistake
+from .feedback import Mistake, wrong_signature
 
 __all__ = ["rope", "alibi_bias", "llama3_rope_frequencies"]
 
@@ -320,10 +320,9 @@ def llama3_rope_frequencies(t: Trial) -> None:
     t.forbidden_references = {"llama3_rope_frequencies", "yarn_frequencies", "yarn_ramp", "rotations",
                               "yarn_index_ramp_frequencies", "position_interpolation_frequencies"}
     t.error_hints = {
-        r"takes \d+ positional argument|missing \d+ required positional argument": Mistake(
-            "wrong-signature", "the signature is llama3_rope_frequencies(inv_freq, factor, "
-            "low_freq_factor, high_freq_factor, original_max_len).",
-            "the function's parameters differ from the contract's"),
+        r"takes \d+ positional argument|missing \d+ required positional argument": wrong_signature(
+            "llama3_rope_frequencies(inv_freq, factor, low_freq_factor, high_freq_factor, "
+            "original_max_len)."),
         r"Boolean value of Tensor with more than one value is ambiguous": Mistake(
             "if-on-tensor", "inv_freq holds d/2 frequencies: an `if` on a comparison of tensors "
             "cannot choose per pair. Use torch.where (or boolean masks), or loop over "

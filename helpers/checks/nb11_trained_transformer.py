@@ -19,7 +19,7 @@ from .. import nb11_trained_transformer as ref
 from ..nb01_qkv_shapes import attention_weights
 from ..nb03_masks import causal_mask
 from .core import Trial, describe_case, eager_mistakes, exercise, seeded
-from .feedback import Mistake
+from .feedback import Mistake, wrong_signature
 
 __all__ = ["swiglu", "causal_lm_loss", "induction_scores", "k_composition_score"]
 
@@ -386,9 +386,8 @@ def k_composition_score(t: Trial) -> None:
     t.forbidden_references = {"k_composition_score", "composition_score", "composition_scores",
                               "random_composition_scores"}  # plain torch: these compute the answer
     t.error_hints = {
-        r"takes \d+ positional argument|missing \d+ required positional argument": Mistake(
-            "wrong-signature", "the signature is k_composition_score(w_qk, w_ov), both [D, D], "
-            "returning a float.", "the function's parameters differ from the contract's"),
+        r"takes \d+ positional argument|missing \d+ required positional argument": wrong_signature(
+            "k_composition_score(w_qk, w_ov), both [D, D], returning a float."),
         r"only one element tensors can be converted"
         r"|a Tensor with \d+ elements cannot be converted": Mistake(
             "norm-over-one-axis", "a norm over one axis gives one number per row or column: the "
