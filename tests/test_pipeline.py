@@ -86,6 +86,16 @@ def test_notebook_is_normalized_and_executed(path):
     assert counts == list(range(1, len(counts) + 1)), f"{path.name} was not executed top to bottom: run `make execute`"
 
 
+def test_no_committed_notebook_depends_on_the_python_that_ran_it():
+    """The drift test must pass on every Python the course supports (3.10-3.13; Colab runs 3.12):
+    a committed notebook records no Python version, and normalising is the same on all of them."""
+    for path in nbtools.notebook_paths():
+        info = nbtools.read(path).metadata.get("language_info", {})
+        assert "version" not in info, f"{path.name} records Python {info['version']}: run `make execute`"
+    nb = nbformat.v4.new_notebook(metadata={"language_info": {"name": "python", "version": "3.12.1"}})
+    assert "version" not in nbtools.normalize(nb).metadata.language_info
+
+
 @pytest.mark.parametrize("path", nbtools.notebook_paths(), ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_code_lines_fit_the_editor(path):
     """JupyterLab and Colab clip code lines much longer than 100 characters at a usual width."""
