@@ -170,22 +170,46 @@ def test_bootstrap_does_nothing_outside_colab(monkeypatch):
     assert calls == []
 
 
-def test_bootstrap_pins_the_course_version_and_fails_in_one_line(monkeypatch):
-    """The cell installs the tag of the version the notebook came from; when pip fails (no
-    network, an unpublished address) it stops with one line saying what to do, not a
-    CalledProcessError traceback."""
+def _run_bootstrap_with_failing_pip(monkeypatch, stderr: str) -> str:
     import types
 
-    failed = subprocess.CompletedProcess([], 1, "", "ERROR: Could not find a version\nfatal: repository not found\n")
+    failed = subprocess.CompletedProcess([], 1, "", stderr)
     monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: failed)
     monkeypatch.setitem(sys.modules, "google", types.ModuleType("google"))
     monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
     with pytest.raises(SystemExit) as stop:
         exec(nbtools.bootstrap_source(), {})
-    message = str(stop.value)
-    assert "\n" not in message and "fatal: repository not found" in message and "internet" in message
-    assert nbtools.course_version() in message and nbtools.repo_url() in message
-    assert f'"{nbtools.repo_url()}", "{nbtools.course_version()}"' in nbtools.bootstrap_source()
+    return str(stop.value)
+
+
+def test_bootstrap_failure_names_pips_own_error_in_one_line(monkeypatch):
+    """When pip fails, the cell stops with one line that quotes pip's error, not a
+    CalledProcessError traceback, and blames the network only when pip's error is a network one."""
+    missing_ref = ("  Running command git checkout -q v9\n  error: pathspec 'v9' did not match any file(s) known to git\n"
+                   "ERROR: Could not find a version that satisfies the requirement attention-course\n")
+    message = _run_bootstrap_with_failing_pip(monkeypatch, missing_ref)
+    assert "\n" not in message and "Could not find a version" in message, message
+    assert nbtools.repo_url() in message and nbtools.BRANCH in message
+    assert "offline" not in message and "internet" not in message, "pip's error was not a network error"
+    offline = ("WARNING: Retrying ... NewConnectionError: Failed to establish a new connection: [Errno -3] "
+               "Temporary failure in name resolution\nERROR: Could not find a version that satisfies the requirement\n")
+    assert "offline" in _run_bootstrap_with_failing_pip(monkeypatch, offline)
+    assert "pip gave no message" in _run_bootstrap_with_failing_pip(monkeypatch, "")
+
+
+def test_bootstrap_installs_a_ref_that_exists():
+    """The bootstrap installs from the branch the README's Colab badges open (a notebook opened there
+    is that branch's, and so are its helpers), never from a tag that may not exist yet; the branch
+    exists in this repository (a clone of it: CI's clean clone included)."""
+    source = nbtools.bootstrap_source()
+    assert f'REPO, BRANCH = "{nbtools.repo_url()}", "{nbtools.BRANCH}"' in source
+    assert nbtools.colab_url("notebooks/01_qkv_shapes.ipynb").split("/blob/")[1].startswith(f"{nbtools.BRANCH}/")
+    refs = subprocess.run(["git", "for-each-ref", "--format=%(refname:short)", "refs/heads", "refs/remotes"],
+                          cwd=ROOT, capture_output=True, text=True)
+    if refs.returncode:
+        pytest.skip("not a git checkout")
+    names = {r.split("/", 1)[-1] for r in refs.stdout.split()}
+    assert nbtools.BRANCH in names, f"the bootstrap installs from {nbtools.BRANCH!r}, which this repository lacks"
     import helpers
 
     assert helpers.__version__ == nbtools.course_version(), "helpers.__version__ and pyproject.toml differ"
@@ -223,7 +247,7 @@ def test_bootstrap_on_colab_installs_helpers_and_keeps_torch(monkeypatch, tmp_pa
     assert len(calls) == 1
     cmd = calls[0]
     assert cmd[:4] == [sys.executable, "-m", "pip", "install"]
-    pinned = f"attention-course @ git+{nbtools.repo_url()}@v{nbtools.course_version()}"
+    pinned = f"attention-course @ git+{nbtools.repo_url()}@{nbtools.BRANCH}"
     assert pinned in cmd and f"torch=={torch.__version__}" in cmd, cmd
     monkeypatch.undo()
 

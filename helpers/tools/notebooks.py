@@ -37,9 +37,13 @@ SOLUTION_ONLY_TAG = "solution-only"  # any cell: dropped from exercises/
 BOOTSTRAP_TAG = "colab-bootstrap"
 EMPTY_ANSWER = "**Your answer:** _double-click this cell and write it here._"
 
+# The branch the Colab badges open (README) and the bootstrap installs from: a notebook opened from
+# a badge is that branch's, so its helpers are too, and the branch always exists (a tag may not yet).
+BRANCH = "main"
+
 BOOTSTRAP_TEMPLATE = '''\
-# Colab bootstrap (identical in every notebook): on Colab, install the course's helpers package at
-# the version this notebook belongs to, keeping Colab's own torch; anywhere else it does nothing.
+# Colab bootstrap (identical in every notebook): on Colab, install the course's helpers package
+# from the branch this notebook was opened from, keeping Colab's torch; elsewhere it does nothing.
 import sys
 
 if "google.colab" in sys.modules:
@@ -47,16 +51,19 @@ if "google.colab" in sys.modules:
 
     import torch
 
-    REPO, VERSION = "{repo}", "{version}"
-    SOURCE = f"attention-course @ git+{{REPO}}@v{{VERSION}}"
-    pip = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", SOURCE,
-                          f"torch=={{torch.__version__}}"], capture_output=True, text=True)
-    if pip.returncode:
-        said = (pip.stderr.strip().splitlines() or ["no message"])[-1]
-        raise SystemExit(
-            f"Could not install the course's helpers {{VERSION}} from {{REPO}} ({{said}}). "
-            "Check that this runtime is connected to the internet and run this cell again; "
-            "if the address is wrong, open the notebook from the course's README.")'''
+    REPO, BRANCH = "{repo}", "{branch}"
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet",
+                          f"attention-course @ git+{{REPO}}@{{BRANCH}}", f"torch=={{torch.__version__}}"],
+                         capture_output=True, text=True)
+    if pip.returncode:  # say pip's own error; blame the network only when pip does
+        lines = pip.stderr.strip().splitlines() or ["pip gave no message"]
+        said = " | ".join([x for x in lines if x.startswith("ERROR")][-2:] or lines[-1:])
+        network = ("resolve host", "name resolution", "Network is unreachable", "new connection")
+        offline = any(w in pip.stderr for w in network)
+        then = ("This runtime looks offline: connect it and run this cell again." if offline else
+                "Run this cell again; if it fails the same way, open the notebook from the README.")
+        source = f"{{REPO}}@{{BRANCH}}"
+        raise SystemExit(f"pip could not install the helpers from {{source}}: {{said}}. {{then}}")'''
 
 
 def _project() -> dict:
@@ -71,16 +78,16 @@ def repo_url() -> str:
 
 
 def course_version() -> str:
-    """The course's version from ``pyproject.toml`` (the bootstrap installs its tag, ``v<version>``)."""
+    """The course's version from ``pyproject.toml`` (``helpers.__version__`` says the same)."""
     return _project()["version"]
 
 
-def bootstrap_source(repo: str | None = None, version: str | None = None) -> str:
+def bootstrap_source(repo: str | None = None, branch: str = BRANCH) -> str:
     """The source of the Colab bootstrap cell."""
-    return BOOTSTRAP_TEMPLATE.format(repo=repo or repo_url(), version=version or course_version())
+    return BOOTSTRAP_TEMPLATE.format(repo=repo or repo_url(), branch=branch)
 
 
-def colab_url(path: str | Path, repo: str | None = None, branch: str = "main") -> str:
+def colab_url(path: str | Path, repo: str | None = None, branch: str = BRANCH) -> str:
     """The "Open in Colab" address of a notebook given its path relative to the repository root."""
     slug = re.sub(r"^https://github.com/", "", (repo or repo_url()).rstrip("/"))
     return f"https://colab.research.google.com/github/{slug}/blob/{branch}/{Path(path).as_posix()}"
