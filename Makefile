@@ -12,6 +12,9 @@ PIP_SPEC := $(TORCH_PIN) -e .[dev]
 CONDA_ENV := attention-course
 NB ?=
 JOBS ?= 2
+# The pip environment's folder: `make test PYTHON=python3.12 VENV=.venv-3.12` builds and tests a
+# second one beside the first (.ci/run does so for Python 3.12 and 3.13).
+VENV ?= .venv
 LAB_ARGS ?=
 # JupyterLab refuses to start as root (containers, some cloud VMs) unless told it may.
 # JupyterLab's news pop-up and update check would cover the first notebook on a learner's first screen.
@@ -25,8 +28,8 @@ else ifneq ($(shell command -v conda 2>/dev/null),)
   PY := conda run --no-capture-output -n $(CONDA_ENV) python
   ENV_STAMP := .env-conda.stamp
 else
-  PY := .venv/bin/python
-  ENV_STAMP := .venv/.stamp
+  PY := $(VENV)/bin/python
+  ENV_STAMP := $(VENV)/.stamp
 endif
 
 .PHONY: help setup lab test test-all execute exercises sync grade gradescope bench kernel-report clean
@@ -61,12 +64,12 @@ endef
 TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 TORCH_INDEX ?= $(if $(and $(filter Linux,$(shell uname -s)),$(if $(shell command -v nvidia-smi),,no-gpu),$(shell $(PYTHON) -c 'import socket; socket.getaddrinfo("download.pytorch.org", 443)' 2>/dev/null && echo reachable)),--extra-index-url $(TORCH_CPU_INDEX))
 
-.venv/.stamp: pyproject.toml
+$(VENV)/.stamp: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Python >= 3.10 is needed; found " + sys.version.split()[0] + ". Run: make PYTHON=python3.11 ...")'
-	@test -x .venv/bin/python || $(PYTHON) -m venv .venv
-	.venv/bin/python -m pip install --quiet --upgrade pip
-	.venv/bin/python -m pip install --quiet $(TORCH_INDEX) $(PIP_SPEC)
-	@$(call hide_nbgrader,.venv/bin/python)
+	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV)/bin/python -m pip install --quiet $(TORCH_INDEX) $(PIP_SPEC)
+	@$(call hide_nbgrader,$(VENV)/bin/python)
 	@touch $@
 
 .env-conda.stamp: environment.yml pyproject.toml
@@ -127,5 +130,5 @@ kernel-report: $(ENV_STAMP)
 	TRITON_INTERPRET=0 $(PY) -m helpers.tools.kernel_report $(KERNEL_REPORT_ARGS)
 
 clean:
-	rm -rf .venv .env-conda.stamp .pytest_cache .ruff_cache build *.egg-info
+	rm -rf .venv .venv-* .env-conda.stamp .pytest_cache .ruff_cache build *.egg-info
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
