@@ -353,8 +353,36 @@ def test_a_class_is_graded_in_parallel_into_a_gradebook(tmp_path, capsys):
     assert got == {("ada", "01_qkv_shapes", "passed"), ("ada", "02_scaling", "passed"),
                    ("bo", "01_qkv_shapes", "not attempted"), ("bo", "02_scaling", "missing")}, got
     assert "score: 7/14 points, 6/12 exercises passed (2 students)" in out, out
+    assert out.rstrip().splitlines()[-1].startswith("verdict: 6 of 12 exercises passed"), out[-500:]
+    assert "exit status 1 only tells CI" in out
     assert grade_main([str(cls / "ada"), "--no-progress", "--gradebook", str(book)]) == 0
+    assert capsys.readouterr().out.rstrip().splitlines()[-1] == "verdict: all 6 exercises passed (exit status 0)"
     assert grade_main([str(cls), "--shard", "1/2", "--no-progress", "--gradebook", str(book)]) == 0  # ada only
+
+
+def test_the_gradebook_goes_where_the_instructor_says(tmp_path, monkeypatch, capsys):
+    """With --report DIR the gradebook goes into DIR, never into the folder `make grade` runs in;
+    a class graded without either goes to gradebook.csv there (covered by .gitignore); a gradebook
+    that cannot be written is refused in one line before anything is graded."""
+    from helpers.tools.grading import gradebook_path
+
+    cls = tmp_path / "class"
+    for student in ("ada", "bo"):
+        (cls / student).mkdir(parents=True)
+        shutil.copy(ROOT / "exercises" / "02_scaling.ipynb", cls / student / "02_scaling.ipynb")
+    monkeypatch.chdir(tmp_path)
+    assert grade_main([str(cls), "--report", "rep", "--no-progress"]) == 1
+    assert (tmp_path / "rep" / "gradebook.csv").is_file() and not (tmp_path / "gradebook.csv").exists()
+    assert "gradebook: rep/gradebook.csv (6 rows)" in capsys.readouterr().out
+    assert gradebook_path(None, None, 2) == Path("gradebook.csv") and gradebook_path(None, None, 1) is None
+    assert gradebook_path(Path("a.csv"), Path("rep"), 2) == Path("a.csv")
+    assert "gradebook.csv" in (ROOT / ".gitignore").read_text().split()
+    (tmp_path / "afile").write_text("")
+    for where, said in (("afile/gradebook.csv", "afile is a file"), ("rep", "rep is a folder")):
+        with pytest.raises(SystemExit) as stop:
+            grade_main([str(cls), "--no-progress", "--gradebook", where])
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and said in err and "Traceback" not in err, err
 
 
 @pytest.mark.slow

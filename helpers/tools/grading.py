@@ -631,6 +631,14 @@ def _shard(text: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
+def gradebook_path(asked: Path | None, report: Path | None, n_students: int) -> Path | None:
+    """Where the gradebook goes: where the instructor said (``--gradebook``), else into the report's
+    folder, else, for a class, ``gradebook.csv`` in the current folder (which .gitignore covers)."""
+    if asked or report:
+        return asked or report / "gradebook.csv"
+    return Path("gradebook.csv") if n_students > 1 else None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m helpers.tools.grading", description=__doc__.split("\n\n")[0])
     parser.add_argument("targets", nargs="*", default=["exercises"],
@@ -638,7 +646,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-j", "--jobs", type=int, default=None, help="notebooks graded at once (default: the number of cores)")
     parser.add_argument("--cell-timeout", type=float, default=DEFAULT_CELL_TIMEOUT_S, help="seconds per cell and per check")
     parser.add_argument("--gradebook", type=Path, default=None,
-                        help="CSV to write (default: gradebook.csv when more than one student is graded)")
+                        help="CSV to write (default: DIR/gradebook.csv with --report DIR, else gradebook.csv "
+                             "in the current folder when more than one student is graded)")
     parser.add_argument("--shard", type=_shard, default=None, metavar="K/N",
                         help="grade only the K-th of N equal shares of the students (for a CI matrix or a batch system)")
     parser.add_argument("--report", type=Path, default=None, metavar="DIR",
@@ -679,6 +688,11 @@ def main(argv: list[str] | None = None) -> int:
     for note in notes:
         print(f"note: {note}")
     n_students = len({s.student for s in subs})
+    gradebook = gradebook_path(args.gradebook, args.report, n_students)
+    blocked = next((p for p in ([gradebook, *gradebook.parents] if gradebook else []) if p.exists()), None)
+    if gradebook and blocked is not None and (blocked == gradebook) == blocked.is_dir():
+        parser.error(f"cannot write the gradebook to {gradebook}: {blocked} is a "
+                     f"{'folder' if blocked.is_dir() else 'file'}")
     print(f"grading {len(subs)} notebook{'s' if len(subs) != 1 else ''}"
           + (f" of {n_students} students" if n_students > 1 else ""), flush=True)
     stats: dict = {}
@@ -688,10 +702,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"graded in {seconds:.1f} s (start-up included): {len(subs) / seconds:.2f} notebooks/s; "
           f"the notebooks' processes used "
           f"{stats.get('cpu_s', 0.0):.1f} CPU-s")
-    gradebook = args.gradebook or (Path("gradebook.csv") if n_students > 1 else None)
     end_leftovers()  # every process a notebook started is ended before anything is written
     if gradebook:
-        write_gradebook(rows, gradebook)
+        try:
+            write_gradebook(rows, gradebook)
+        except OSError as e:
+            print(f"make grade: no gradebook: cannot write {gradebook} ({e.strerror or e})", file=sys.stderr)
+            return 2
         print(f"gradebook: {gradebook} ({len(rows)} rows)")
     if args.report:
         from .class_report import Info, repository, write_report
@@ -710,7 +727,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"make grade: {len(reviews)} notebook{'s' if len(reviews) > 1 else ''} marked for review (see above); "
               "exit 2")
         return 2
+    print(verdict(rows))
     return 0 if passed(rows) else 1
+
+
+def verdict(rows: list[Row]) -> str:
+    """The grader's last line: how many exercises passed, and that a non-zero exit is the verdict
+    (for a student's CI), not a crash."""
+    graded = [r for r in rows if not r.bonus]
+    done = sum(r.status == "passed" for r in graded)
+    if passed(rows):
+        return f"verdict: all {done} exercises passed (exit status 0)"
+    return (f"verdict: {done} of {len(graded)} exercises passed, the rest are listed above. Grading finished "
+            "normally: exit status 1 only tells CI that not everything has passed yet.")
 
 
 if __name__ == "__main__":
