@@ -105,8 +105,9 @@ sync: $(ENV_STAMP)
 # make grade [NB=notebook, student folder or class folder] [JOBS=n: notebooks at once; default all cores]
 #   [REPORT=dir: the class's mistake report, feedback per student] [ANONYMISE=1] [GRADESCOPE=1] (with REPORT)
 #   [EXPECT=03_masks,05_multihead: notebooks every student must hand in]
+#   [GRADEBOOK=path.csv: default REPORT/gradebook.csv, or gradebook.csv here for a class without REPORT]
 grade: $(ENV_STAMP)
-	$(PY) -m helpers.tools.grading $(if $(filter command line environment,$(origin JOBS)),-j $(JOBS) )$(if $(REPORT),--report $(REPORT) )$(if $(filter 1 yes true,$(ANONYMISE)),--anonymise )$(if $(filter 1 yes true,$(GRADESCOPE)),--gradescope )$(if $(EXPECT),--expect $(EXPECT) )$(if $(NB),$(NB),exercises)
+	$(PY) -m helpers.tools.grading $(if $(filter command line environment,$(origin JOBS)),-j $(JOBS) )$(if $(REPORT),--report $(REPORT) )$(if $(GRADEBOOK),--gradebook $(GRADEBOOK) )$(if $(filter 1 yes true,$(ANONYMISE)),--anonymise )$(if $(filter 1 yes true,$(GRADESCOPE)),--gradescope )$(if $(EXPECT),--expect $(EXPECT) )$(if $(NB),$(NB),exercises)
 
 # The autograder zip Gradescope asks for: setup.sh, run_autograder and the course at HEAD (git archive).
 # NOTEBOOKS=03_masks,05_multihead: the assignment's notebooks (one not handed in is graded missing).

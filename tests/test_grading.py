@@ -156,6 +156,7 @@ def test_make_grade_is_wired():
     assert dry_run() == "python -m helpers.tools.grading exercises"
     assert dry_run("NB=exercises/01_qkv_shapes.ipynb") == "python -m helpers.tools.grading exercises/01_qkv_shapes.ipynb"
     assert dry_run("NB=submissions", "JOBS=8") == "python -m helpers.tools.grading -j 8 submissions"
+    assert dry_run("NB=c", "REPORT=r", "GRADEBOOK=g.csv") == "python -m helpers.tools.grading --report r --gradebook g.csv c"
 
 
 # --------------------------------------------------------------------------- slow: notebooks run
