@@ -152,6 +152,33 @@ def test_environment_yml_installs_what_pip_installs():
     assert re.search(r"^\s+- python=3\.(1[0-9])$", text, re.M), "environment.yml pins a Python >= 3.10"
 
 
+NUMBER_WORDS = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen".split()
+
+
+def test_readme_topic_count_is_the_number_of_teaching_notebooks():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    said = re.search(r"The course is complete: (\w+) topics", readme)
+    assert said, "the README's sentence 'The course is complete: N topics' is gone"
+    assert said.group(1) == NUMBER_WORDS[len(_stems("notebooks"))], (
+        f"README says {said.group(1)} topics; notebooks/ has {len(_stems('notebooks'))}")
+
+
+def test_readme_counts_the_tests_of_both_commands(request):
+    """The README's test counts are this suite's: a run of `make test` or `make test-all` (the
+    Makefile's paths, no -k) checks its own figure against the tests it collected; other runs skip."""
+    config = request.config
+    args = sorted(Path(config.rootpath, a).resolve() for a in config.args)
+    mark = config.getoption("markexpr") or ""
+    if args != [ROOT / "notebooks", ROOT / "solutions", ROOT / "tests"] or config.getoption("keyword") or mark not in ("", "not slow"):
+        pytest.skip("not a run of make test or make test-all")
+    command = "make test" if mark else "make test-all"
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    said = re.search(rf"`{command}` runs ([\d,]+) tests", readme)
+    assert said, f"the README no longer says how many tests `{command}` runs"
+    n = len(request.session.items)
+    assert int(said.group(1).replace(",", "")) == n, f"README: `{command}` runs {said.group(1)} tests; it ran {n:,}"
+
+
 def test_readme_test_command_is_what_ci_runs():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     ci = (ROOT / ".ci" / "run").read_text()
