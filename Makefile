@@ -32,12 +32,13 @@ else
   ENV_STAMP := $(VENV)/.stamp
 endif
 
-.PHONY: help setup lab test test-all execute exercises sync grade gradescope bench kernel-report clean
+.PHONY: help setup lab test test-all nbval execute exercises sync grade gradescope bench kernel-report clean
 
 help:
 	@echo "make lab        start JupyterLab on the course (creates the environment on first use)"
 	@echo "make test       the fast suite, for every change: unit, checks, lint, drift, grading, notebooks (nbval)"
 	@echo "make test-all   make test plus the slow checks: browser, nbgrader, package installs, every Run All (CI)"
+	@echo "make nbval      strict nbval of notebooks/ and solutions/ alone (ATEN_CPU_CAPABILITY=default make nbval: another CPU)"
 	@echo "make execute    re-run notebooks/ and solutions/ in fresh kernels and store their outputs"
 	@echo "make exercises  regenerate exercises/ from solutions/"
 	@echo "make sync       rewrite the Colab bootstrap cells and README notebook map from pyproject.toml"
@@ -92,6 +93,11 @@ test: $(ENV_STAMP)
 
 test-all: $(ENV_STAMP)
 	$(PYTEST) tests notebooks solutions
+
+# Strict nbval of the committed notebooks alone, e.g. with torch's kernels for another CPU:
+# `ATEN_CPU_CAPABILITY=default make nbval` (also avx2, avx512; .ci/run runs default and avx2).
+nbval: $(ENV_STAMP)
+	$(PYTEST) notebooks solutions
 
 execute: $(ENV_STAMP)
 	$(PY) -m helpers.tools.notebooks execute notebooks solutions
