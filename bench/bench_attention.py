@@ -47,6 +47,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `helpers` when run as a script
 
 from helpers.nb03_masks import causal_mask  # noqa: E402
+from helpers.package_data import RESULTS_DIR  # noqa: E402
 
 try:
     from helpers import nb09_triton_flash as tf  # noqa: E402  (turns on the interpreter without CUDA)
@@ -397,8 +398,8 @@ def plot(rows: list[dict], info: dict, seqs: tuple, path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help=f"T in {QUICK_T} and shorter timing runs")
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results",
-                        help="directory for <gpu>.csv/.md/.png (default: bench/results)")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR,
+                        help="directory for <gpu>.csv/.md/.png (default: helpers/results, package data)")
     parser.add_argument("--seqs", help="comma-separated sequence lengths (default: by --quick)")
     parser.add_argument("--impls", help=f"comma-separated subset of {','.join(IMPLS)}")
     parser.add_argument("--rep", type=int, help="milliseconds of timed runs per measurement (default: by --quick)")
@@ -459,13 +460,13 @@ def main(argv: list[str] | None = None) -> int:
     plot(rows, info, seqs, stem.with_suffix(".png"))
     print("\n".join(goal_checks(rows)))
     if paths:
-        choices = kernel_gpu.autotune_choices(HEAD_DIMS, Path(__file__).resolve().parent / "results" / "kernel_aot.json")
+        choices = kernel_gpu.autotune_choices(HEAD_DIMS, RESULTS_DIR / "kernel_aot.json")
         (stem.parent / f"{stem.name}-kernels.json").write_text(json.dumps(choices, indent=1))
         table = kernel_gpu.choices_markdown(choices)
         (stem.parent / f"{stem.name}-kernels.md").write_text("\n".join(
             [f"# The autotuner's choices on {info['gpu']}", "",
              ", ".join(f"{k} {v}" for k, v in info.items()) + ". registers / spill_bytes: this GPU's compile; "
-             "aot_*: bench/results/kernel_aot.json (make kernel-report, Triton on a CPU).", ""] + table) + "\n")
+             "aot_*: helpers/results/kernel_aot.json (make kernel-report, Triton on a CPU).", ""] + table) + "\n")
         print("\n".join(table))
     print(f"Wrote {stem}.csv, .md and .png, and {stem.name}-kernels.md/.json")
     return 0 if args.no_decode else run_decode(args, info)

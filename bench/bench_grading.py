@@ -1,6 +1,6 @@
 """Grading throughput: how many notebooks per second `make grade` grades a class at.
 
-    python bench/bench_grading.py [--students 4] [-j JOBS] [--baseline] [--out bench/results]
+    python bench/bench_grading.py [--students 4] [-j JOBS] [--baseline] [--out helpers/results]
 
 Builds classes in a temporary folder: every student hands in every course notebook that has
 exercises, solved (solutions/: every check runs all its cases) or blank (exercises/: every check
@@ -39,6 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from helpers.package_data import RESULTS_DIR  # noqa: E402
 from helpers.tools import notebooks as nbtools  # noqa: E402
 from helpers.tools.grading import Submission, course_notebooks, grade  # noqa: E402
 
@@ -121,7 +122,7 @@ def main() -> int:
     parser.add_argument("--students", type=int, default=4)
     parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--baseline", action="store_true", help="also time the fresh-kernel-per-notebook way")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--report-students", type=int, default=30, help="students of the synthetic class (0: skip)")
     parser.add_argument("--keep-report", type=Path, default=None, metavar="DIR",
                         help="keep the synthetic class's report (and gradebook) in DIR")

@@ -471,7 +471,7 @@ DQ_CONFIGS = [  # many queries x few keys
 
 
 # Per head dim and GPU generation, the rows of the tables above that compile without spilling
-# registers (`make kernel-report`: bench/results/kernel_aot.md; tests/test_kernel_report.py keeps
+# registers (`make kernel-report`: helpers/results/kernel_aot.md; tests/test_kernel_report.py keeps
 # them clean). A table missing here falls back to the generic one.
 # Ampere (A100): pointer grids. The Hopper pointer path and Ada start from these rows.
 _AMPERE = {

@@ -13,7 +13,7 @@ configurations, compiled ahead of time for named GPUs without one.
 
 * The committed report covers every configuration the tables can choose, none spilling; the
   T4/L4 figures match their tables.
-* The GPU's record (make bench on an H200, bench/results/nvidia-h200*): the autotuner chose only
+* The GPU's record (make bench on an H200, helpers/results/nvidia-h200*): the autotuner chose only
   table rows, the TMA ones spill-free on the GPU as the report predicted, and the README states
   what the CSV holds.
 """
@@ -29,6 +29,7 @@ import sys
 
 import pytest
 
+from helpers.package_data import RESULTS, package_file
 from helpers.tools import kernel_report as kr
 
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is Linux-only")
@@ -125,6 +126,7 @@ def test_report_files_round_trip(tmp_path):
 
 AOT_SCRIPT = """
 import json
+from helpers.package_data import RESULTS, package_file
 from helpers.tools import kernel_report as kr
 import helpers.nb09_triton_flash as tf
 from triton.backends.compiler import GPUTarget
@@ -188,10 +190,10 @@ def test_first_configs_compile_without_spilling():
 
 
 def test_the_committed_report_covers_every_choosable_config_and_none_spills():
-    """bench/results/kernel_aot.json (make kernel-report) holds one row per configuration the
+    """helpers/results/kernel_aot.json (make kernel-report) holds one row per configuration the
     autotuner can choose on sm_80 and sm_90 (fp16, bf16; d = 64, 128; causal or not), and none of
     them spills; on sm_90 every one uses wgmma and TMA loads."""
-    rows = kr.read_report(kr.ROOT / "bench" / "results" / "kernel_aot.json")
+    rows = kr.read_report()
     key = lambda r: (r["kernel"], r["target"], r["tma"], r["dtype"], r["head_dim"], r["causal"],  # noqa: E731
                      r["block_m"], r["block_n"], r["num_warps"], r["num_stages"])
     assert sorted(map(key, rows)) == sorted(map(key, kr.report_specs())), "make kernel-report: the tables changed"
@@ -203,9 +205,9 @@ def test_the_committed_report_covers_every_choosable_config_and_none_spills():
 
 
 def test_t4_and_l4_figures_match_their_tables():
-    """bench/results/kernel_aot_t4_l4.json: the T4 (sm_75) runs with tiles that fit its 64 KiB but
+    """helpers/results/kernel_aot_t4_l4.json: the T4 (sm_75) runs with tiles that fit its 64 KiB but
     no tensor cores (every dot is FMA in Triton 3.9); the L4 (sm_89) tables fit 99 KiB, spill-free."""
-    rows = kr.read_report(kr.ROOT / "bench" / "results" / "kernel_aot_t4_l4.json")
+    rows = kr.read_report(package_file(RESULTS, "kernel_aot_t4_l4.json"))
     key = lambda r: (r["kernel"], r["target"], r["head_dim"], r["causal"], r["block_m"], r["block_n"],  # noqa: E731
                      r["num_warps"], r["num_stages"])
     want = kr.report_specs(targets=("sm_75", "sm_89"), dtypes=("fp16",))
@@ -245,7 +247,7 @@ def test_t4_backward_at_d128_compiles_to_fit_64_kib_without_tensor_cores():
 
 # ---------------------------------------------------------------- the GPU's record (make bench on an H200)
 
-H200 = kr.ROOT / "bench" / "results" / "nvidia-h200"
+H200 = package_file(RESULTS, "nvidia-h200.csv").with_suffix("")
 
 
 def test_the_h200_autotuner_chose_table_rows_and_the_tma_ones_never_spilled():
@@ -274,7 +276,7 @@ def _h200_ms(T=4096):
 
 def test_the_readme_states_what_the_h200_measured():
     """The README's sentence on the H200 (beats SDPA's flash backend forward and backward at
-    T = 4,096; a range of cuDNN's forward speed) is what bench/results/nvidia-h200.csv holds."""
+    T = 4,096; a range of cuDNN's forward speed) is what helpers/results/nvidia-h200.csv holds."""
     ms = _h200_ms()
     cases = [(d, c) for d in (64, 128) for c in (False, True)]
     bwd = lambda impl, d, c: ms[(impl, "fwd+bwd", d, c)] - ms[(impl, "fwd", d, c)]  # noqa: E731

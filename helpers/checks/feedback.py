@@ -350,9 +350,9 @@ def model_answer(name: str) -> dict | None:
     model answers (written by ``make exercises`` from ``solutions/``), or None."""
     if "answers" not in _MODEL_ANSWERS:
         try:
-            from importlib.resources import files
+            from helpers.package_data import package_file
 
-            _MODEL_ANSWERS["answers"] = json.loads((files("helpers") / MODEL_ANSWERS_FILE).read_text(encoding="utf-8"))
+            _MODEL_ANSWERS["answers"] = json.loads(package_file(MODEL_ANSWERS_FILE).read_text(encoding="utf-8"))
         except (OSError, ValueError, ModuleNotFoundError):
             _MODEL_ANSWERS["answers"] = {}
     return _MODEL_ANSWERS["answers"].get(name)

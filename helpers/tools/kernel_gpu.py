@@ -10,7 +10,7 @@
 * :func:`compiled_kernels` reads registers, spills, shared memory and the instructions (wgmma,
   TMA copies) of each kernel this process compiled; :func:`autotune_choices` joins the
   autotuner's pick for each shape with those figures and with the ahead-of-time report's
-  (bench/results/kernel_aot.json), so the report's predictions are checked on the GPU.
+  (helpers/results/kernel_aot.json), so the report's predictions are checked on the GPU.
 
 Needs a CUDA GPU; ``python -m helpers.tools.kernel_gpu`` runs the checks alone.
 """

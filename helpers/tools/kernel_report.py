@@ -24,10 +24,10 @@ GPU run gives for free are rebuilt here:
   flags (``CUDABackend.make_cubin``, triton/backends/nvidia/compiler.py) when the kernel came from
   Triton's cache.
 
-Each row of the report (``bench/results/kernel_aot.json``, a JSON list; ``kernel_aot.md`` beside it,
+Each row of the report (``helpers/results/kernel_aot.json``, package data: notebook 09 reads it, a JSON list; ``kernel_aot.md`` beside it,
 ``kernel_aot.meta.json`` for where it came from) has the keys of :data:`ROW_KEYS`.
 
-    python -m helpers.tools.kernel_report [--fast] [--targets sm_80,sm_90] [--out bench/results] [--jobs N]
+    python -m helpers.tools.kernel_report [--fast] [--targets sm_80,sm_90] [--out helpers/results] [--jobs N]
 
 The compiles run in worker processes (spawned, with ``TRITON_INTERPRET=0`` set before Triton is
 imported, so that the kernels are decorated for the GPU even from a notebook running the
@@ -54,6 +54,8 @@ import tempfile
 import time
 from importlib import metadata
 from pathlib import Path
+
+from helpers.package_data import RESULTS, RESULTS_DIR, package_file
 
 ROOT = Path(__file__).resolve().parents[2]
 KERNEL_SOURCE = ROOT / "helpers" / "nb09_triton_flash.py"
@@ -391,8 +393,10 @@ def spilling(rows: list[dict]) -> list[dict]:
     return [row for row in rows if row["spill_bytes"] > 0]
 
 
-def read_report(path=ROOT / "bench" / "results" / "kernel_aot.json") -> list[dict]:
-    """The rows of a report written by this module (a JSON list)."""
+def read_report(path=None) -> list[dict]:
+    """The rows of a report written by this module (a JSON list); by default the committed one
+    (``helpers/results/kernel_aot.json``, read through the package)."""
+    path = path or package_file(RESULTS, "kernel_aot.json")
     return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
@@ -508,7 +512,7 @@ def _load_partial(path: Path, stamp: dict) -> dict[tuple, dict]:
     return {_spec_key(row): row for row in rows}
 
 
-def run_report(targets=REPORT_TARGETS, dtypes=DTYPES, out: Path = ROOT / "bench" / "results",
+def run_report(targets=REPORT_TARGETS, dtypes=DTYPES, out: Path = RESULTS_DIR,
                jobs: int | None = None) -> list[dict]:
     """Compile every spec of report_specs (skipping those a previous interrupted run finished),
     print progress on stderr, and write the report under `out`."""
@@ -553,7 +557,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fast", action="store_true", help="fp16 only (bf16 compiles the same tiles)")
     parser.add_argument("--targets", default=",".join(REPORT_TARGETS), help=f"comma-separated, of {sorted(TARGETS)}")
     parser.add_argument("--dtypes", default=",".join(DTYPES), help="comma-separated, of fp16,bf16")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--jobs", type=int, default=os.cpu_count(), help="compiles at once (default: all cores)")
     args = parser.parse_args(argv)
     targets = tuple(t for t in args.targets.split(",") if t)
