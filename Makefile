@@ -44,7 +44,7 @@ help:
 	@echo "make sync       rewrite the Colab bootstrap cells and README notebook map from pyproject.toml"
 	@echo "make grade      grade exercise notebooks (all, or NB=notebook, student folder or class folder)"
 	@echo "make gradescope the autograder zip for Gradescope (build/gradescope-autograder.zip; see the README)"
-	@echo "make bench      GPU benchmarks into bench/results/ (on CPU: a small interpreter check)"
+	@echo "make bench      GPU benchmarks into helpers/results/ (on CPU: a small interpreter check)"
 	@echo "make kernel-report  registers and spills of every autotuner config, compiled for sm_80/sm_90 without a GPU"
 	@echo "make clean      remove caches and the environment"
 
@@ -130,7 +130,7 @@ bench: $(ENV_STAMP)
 	$(PY) bench/bench_attention.py
 
 # Compiles every config the autotuner can choose for named GPUs (no GPU needed; ~400 compiles, ~30 min
-# on 2 cores; an interrupted run resumes) into bench/results/kernel_aot.{json,md}.
+# on 2 cores; an interrupted run resumes) into helpers/results/kernel_aot.{json,md}.
 # KERNEL_REPORT_ARGS: e.g. --fast (fp16 only), --targets sm_80,sm_89,sm_90, --jobs 4.
 KERNEL_REPORT_ARGS ?=
 kernel-report: $(ENV_STAMP)
