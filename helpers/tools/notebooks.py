@@ -7,8 +7,9 @@
   ``raise NotImplementedError()``, model answers an empty answer cell, hidden tests and
   solution-only cells are removed, outputs are cleared. The model answers go to
   ``helpers/model_answers.json`` (package data), which a passing check shows.
-- ``sync``: rewrite the Colab bootstrap cell of every notebook and the README's notebook map from
-  the repository URL in ``pyproject.toml`` (the one place it is configured).
+- ``sync``: rewrite the Colab bootstrap cell of every notebook, the Colab links cell after its title,
+  and the README's notebook map from the repository URL in ``pyproject.toml`` (the one place it is
+  configured).
 """
 
 from __future__ import annotations
@@ -359,6 +360,40 @@ def set_bootstrap(nb: nbformat.NotebookNode, source: str) -> None:
     nb.cells.insert(index, nbformat.v4.new_code_cell(source, metadata={"tags": [BOOTSTRAP_TAG]}))
 
 
+COLAB_LINKS_TAG = "colab-links"
+COLAB_BADGE = "https://colab.research.google.com/assets/colab-badge.svg"
+
+
+def colab_links_source(path: Path, repo: str | None = None) -> str:
+    """The markdown cell after a notebook's title: on Colab the links between the course's
+    notebooks (``../notebooks/...``, ``../exercises/...``) do not open, so it gives their "Open in
+    Colab" links (for the exercises: the teaching notebook; for a teaching notebook: its exercises),
+    the next topic's, and the README's notebook map."""
+    teaching = [p.name for p in notebook_paths("notebooks")]
+    here = ("notebooks" if path.parent.name == "notebooks" else "exercises", path.name)
+    other = ("exercises", path.name) if here[0] == "notebooks" else ("notebooks", path.name)
+    links = []
+    if (ROOT / "solutions" / path.name).exists() and path.name in teaching:
+        label = "its exercises" if here[0] == "notebooks" else f"notebook {path.stem[:2]}, which they build on"
+        links.append(f"[{label}]({colab_url(f'{other[0]}/{other[1]}', repo)})")
+    later = teaching[teaching.index(path.name) + 1:] if path.name in teaching else []
+    if later:
+        links.append(f"[next: notebook {later[0][:2]}]({colab_url(f'notebooks/{later[0]}', repo)})")
+    links.append(f"[every notebook]({(repo or repo_url()).rstrip('/')}#notebooks)")
+    return (f"[![Open In Colab]({COLAB_BADGE})]({colab_url(f'{here[0]}/{here[1]}', repo)}) "
+            "On Colab, the links between the course's notebooks (`../notebooks/`, `../exercises/`) do not "
+            "open (they do in JupyterLab and on GitHub); these do: " + " · ".join(links) + ".")
+
+
+def set_colab_links(nb: nbformat.NotebookNode, source: str) -> None:
+    """Make the cell after the title the Colab links cell (inserting one if it is missing)."""
+    second = nb.cells[1] if len(nb.cells) > 1 else None
+    if second is not None and COLAB_LINKS_TAG in second.metadata.get("tags", []):
+        second.source = source
+        return
+    nb.cells.insert(1, nbformat.v4.new_markdown_cell(source, metadata={"tags": [COLAB_LINKS_TAG]}))
+
+
 def readme_map(repo: str | None = None) -> str:
     """The README's notebook table: one row per topic, with Colab badges."""
     badge = "https://colab.research.google.com/assets/colab-badge.svg"
@@ -415,9 +450,10 @@ def sync() -> None:
         nb = read(path)
         before = dumps(nb)
         set_bootstrap(normalize(nb), source)
+        set_colab_links(nb, colab_links_source(path))
         if dumps(nb) != before:
             write(nb, path)
-            print(f"bootstrap cell updated: {path.relative_to(ROOT)}")
+            print(f"bootstrap and Colab links cells updated: {path.relative_to(ROOT)}")
     write_exercises()
     readme = ROOT / "README.md"
     readme.write_text(readme_with_map(readme.read_text(encoding="utf-8")), encoding="utf-8")
@@ -434,6 +470,7 @@ def execute(path: Path, timeout: int = 600) -> float:
 
     nb = normalize(read(path))
     set_bootstrap(nb, bootstrap_source())
+    set_colab_links(nb, colab_links_source(path))
     start = time.perf_counter()
     NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute(
         stderr=subprocess.DEVNULL  # the kernel's own start-up log lines are noise here
