@@ -65,6 +65,11 @@ class Audit:
         import sysconfig
 
         self._std = tuple(d.rstrip(os.sep) + os.sep for d in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]})
+        # Installed packages often lie inside the standard library's folder (lib/pythonX.Y/site-packages;
+        # a venv's platstdlib is its own lib/pythonX.Y): their frames are not the standard library's.
+        site = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
+        site |= {p for p in sys.path if "site-packages" in p or "dist-packages" in p}
+        self._site = tuple(os.path.abspath(d).rstrip(os.sep) + os.sep for d in site)
         self._libs = _library_dirs()
         triton_dirs = []
         try:
@@ -89,7 +94,8 @@ class Audit:
             try:
                 frame = caller = getframe(1)
                 when = "during a graded call" if self._armed else "in a cell"
-                while frame is not None and frame.f_code.co_filename.startswith(self._std):
+                while frame is not None and frame.f_code.co_filename.startswith(self._std) \
+                        and not frame.f_code.co_filename.startswith(self._site):
                     frame = frame.f_back
                 if event in AUDIT_PROCESSES:
                     if not self._from(caller, self._triton) and len(self.events) < 50 and (
