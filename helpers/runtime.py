@@ -25,6 +25,7 @@ from __future__ import annotations
 import importlib
 import importlib.machinery
 import importlib.util
+import logging
 import os
 import random
 import re
@@ -96,6 +97,10 @@ def setup(seed: int = 0, quiet: bool = False):
     import numpy as np
     import torch
 
+    # A CUDA build of torch on a machine with a CUDA toolkit but no GPU (Colab's CPU runtime, pip's
+    # default torch on Linux) logs "No CUDA runtime is found, using CUDA_HOME=..." to stderr when
+    # torch.utils.benchmark is imported; the course compiles no C++ extension, so it says nothing.
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     interpreter = configure_triton()
     seed_everything(seed)
     torch.set_printoptions(precision=4, sci_mode=False, linewidth=100)
