@@ -405,12 +405,19 @@ def _check(page, path: str, shots: Path, timings: dict[str, float]) -> None:
                 f"cell {w['cell']}: before running, the explorer shows {w['text'][:50]!r} ({w['mime']}), "
                 "not a picture of its default setting: make it with helpers.explore.explore and re-execute")
 
-    # 2. Opening it changes nothing: once its kernel has started (and sent its language_info), the
-    # notebook is not marked modified (the committed kernelspec and language_info are the kernel's).
+    # 2. Opening it changes nothing but the Python version: once its kernel has started (and sent its
+    # language_info), the notebook's metadata is the committed one plus language_info.version, which
+    # no committed notebook records (it would tie the notebook to the Python that last ran it; the
+    # version JupyterLab adds is what marks a notebook just opened as modified).
     page.wait_for_function(f"(p) => ({KERNEL_JS})(p)[0] === 'idle'", arg=path, timeout=120_000)
     time.sleep(1.0)
-    if page.evaluate("(p) => window.__panels[p].context.model.dirty", path):
-        problems.append("opening the notebook marked it modified (its metadata differs from what the kernel writes)")
+    opened = page.evaluate("(p) => window.__panels[p].context.model.toJSON().metadata", path)
+    info = {k: v for k, v in opened.get("language_info", {}).items() if k != "version"}
+    committed = json.loads(json.dumps(nbtools.read(ROOT / path).metadata))
+    if {**opened, "language_info": info} != committed:
+        changed = sorted(k for k in {*opened, *committed} if k != "language_info" and opened.get(k) != committed.get(k))
+        problems.append("opening the notebook changed its metadata beyond the Python version: "
+                        f"{changed or ['language_info']} differ from what the kernel and JupyterLab write")
 
     # 3. Run all cells in a fresh kernel.
     timings["run all"] = time.monotonic()
