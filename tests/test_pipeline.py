@@ -117,6 +117,7 @@ def test_committed_outputs_hold_no_warnings(path):
             )
 
 
+# fig(?!ures): a figure object, not the word "figures" (which a training cell prints)
 _MACHINE_OUTPUT = re.compile(r"plt\.|interact|widgets|time|perf_counter|bench|display\(|fig(?!ures)|imshow|plot|allocation_peak",
                              re.I)
 
