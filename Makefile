@@ -115,16 +115,23 @@ sync: $(ENV_STAMP)
 grade: $(ENV_STAMP)
 	$(PY) -m helpers.tools.grading $(if $(filter command line environment,$(origin JOBS)),-j $(JOBS) )$(if $(REPORT),--report $(REPORT) )$(if $(GRADEBOOK),--gradebook $(GRADEBOOK) )$(if $(filter 1 yes true,$(ANONYMISE)),--anonymise )$(if $(filter 1 yes true,$(GRADESCOPE)),--gradescope )$(if $(EXPECT),--expect $(EXPECT) )$(if $(NB),$(NB),exercises)
 
-# The autograder zip Gradescope asks for: setup.sh, run_autograder and the course at HEAD (git archive).
+# The autograder zip Gradescope asks for: setup.sh, run_autograder and the course at GRADESCOPE_REV
+# (default HEAD: git archive, so committed files only; tests/test_gradescope.py names a tree of the
+# working tree) in GRADESCOPE_OUT (default build/; the test uses a temporary folder).
 # NOTEBOOKS=03_masks,05_multihead: the assignment's notebooks (one not handed in is graded missing).
+GRADESCOPE_REV ?= HEAD
+GRADESCOPE_OUT ?= build
 gradescope: $(ENV_STAMP)
-	rm -rf build/gradescope build/gradescope-autograder.zip && mkdir -p build/gradescope
-	git archive --format=tar --prefix=course/ HEAD | tar -x -C build/gradescope
-	sed 's/@TORCH_PIN@/$(TORCH_PIN)/' gradescope/setup.sh > build/gradescope/setup.sh
-	echo "$(NOTEBOOKS)" > build/gradescope/course/gradescope_notebooks.txt
-	cp gradescope/run_autograder build/gradescope/ && chmod +x build/gradescope/setup.sh build/gradescope/run_autograder
-	$(PY) -c "import shutil; shutil.make_archive('build/gradescope-autograder', 'zip', 'build/gradescope')"
-	@echo "wrote build/gradescope-autograder.zip: upload it as the assignment's autograder (README: Gradescope)"
+	rm -rf "$(GRADESCOPE_OUT)/gradescope" "$(GRADESCOPE_OUT)/gradescope-autograder.zip"
+	mkdir -p "$(GRADESCOPE_OUT)/gradescope"
+	set -o pipefail; git archive --format=tar --prefix=course/ $(GRADESCOPE_REV) | tar -x -C "$(GRADESCOPE_OUT)/gradescope"
+	sed 's/@TORCH_PIN@/$(TORCH_PIN)/' gradescope/setup.sh > "$(GRADESCOPE_OUT)/gradescope/setup.sh"
+	echo "$(NOTEBOOKS)" > "$(GRADESCOPE_OUT)/gradescope/course/gradescope_notebooks.txt"
+	cp gradescope/run_autograder "$(GRADESCOPE_OUT)/gradescope/"
+	chmod +x "$(GRADESCOPE_OUT)/gradescope/setup.sh" "$(GRADESCOPE_OUT)/gradescope/run_autograder"
+	$(PY) -c "import shutil, sys; shutil.make_archive(sys.argv[1], 'zip', sys.argv[2])" \
+	  "$(GRADESCOPE_OUT)/gradescope-autograder" "$(GRADESCOPE_OUT)/gradescope"
+	@echo "wrote $(GRADESCOPE_OUT)/gradescope-autograder.zip: upload it as the assignment's autograder (README: Gradescope)"
 
 bench: $(ENV_STAMP)
 	$(PY) bench/bench_attention.py
