@@ -6,8 +6,10 @@ configurations, compiled ahead of time for named GPUs without one.
   report's files.
 * One subprocess (TRITON_INTERPRET=0, fresh Triton) that specialises the forward kernel as the JIT
   does on a GPU (unit strides and GROUP become constants 1, pointers and the other integers carry
-  divisibility 16) and compiles the first entry of each kernel's table for sm_90 (Hopper: wgmma).
-  A few seconds per compile, ~20 s in all on 2 cores (less once Triton's cache holds them).
+  divisibility 16): a few seconds.
+* Slow: the same subprocess also compiles the first entry of each kernel's table for sm_90 (Hopper:
+  wgmma) and sm_80. A few seconds per compile, 20-40 s in all on 2 cores (less once Triton's cache
+  holds them); make test reads the committed report's spills instead.
 * Slow: compile_row for sm_80 from this process, whose Triton runs the interpreter: it compiles in
   a spawned worker, and the dots become Ampere's mma.sync.
 
@@ -124,7 +126,9 @@ def test_report_files_round_trip(tmp_path):
     assert "| fwd | sm_90 | cp.async | 64 | 1 | 255-255 | 1 | 12 |" in md and "## Spilling configurations" in md
 
 
-AOT_SCRIPT = """
+# The JIT's specialisation, without compiling: what the fast test checks, and the first half of the
+# slow one's script.
+SPEC_SCRIPT = """
 import json
 from helpers.package_data import RESULTS, package_file
 from helpers.tools import kernel_report as kr
@@ -143,6 +147,8 @@ specs = [dict(kernel=kind, target=target, tma=tma, dtype="fp16", head_dim=128, c
               **dict(zip(("block_m", "block_n", "num_warps", "num_stages"),
                          kr.config_table(kind, 128, tf.table_name(target, tma))[0])))
          for target, tma in (("sm_90", True), ("sm_90", False), ("sm_80", False)) for kind in kr.KERNELS]
+"""
+AOT_SCRIPT = SPEC_SCRIPT + """
 print(json.dumps({"spec": spec, "rows": kr.compile_rows(specs, jobs=1)}))
 """
 
@@ -153,20 +159,18 @@ print(json.dumps({"spec": spec, "rows": kr.compile_rows(specs, jobs=1)}))
 REGISTER_CEILING = {"3.9": {"sm_90": 232, "sm_80": 255}}
 
 
-@needs_triton
-def test_first_configs_compile_without_spilling():
-    """The first entry of each table (the one a first launch tries) for sm_90 (both load paths) and
-    sm_80 at d = 128, causal: no spill, Hopper's wgmma (and TMA loads on its descriptor path),
-    registers under the ceiling."""
-    import triton
+def _run_aot(script: str) -> dict:
+    """``script`` in a fresh Python whose Triton compiles (TRITON_INTERPRET=0); its last line, as JSON."""
     env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
-    run = subprocess.run([sys.executable, "-c", AOT_SCRIPT], capture_output=True, text=True, env=env, cwd=kr.ROOT,
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=kr.ROOT,
                          timeout=300)
     if run.returncode and "ptxas" in run.stderr and ("not found" in run.stderr or "No such file" in run.stderr):
         pytest.skip("this Triton install has no ptxas to compile with")
     assert run.returncode == 0, run.stderr[-3000:]
-    out = json.loads(run.stdout.splitlines()[-1])
-    spec = out["spec"]
+    return json.loads(run.stdout.splitlines()[-1])
+
+
+def _assert_the_jits_specialisation(spec: dict) -> None:
     # the JIT's specialisation for B=4, H=H_kv=32, T=4096, d=64, contiguous
     for name in ("stride_qd", "stride_kd", "stride_vd", "stride_od", "GROUP"):
         assert spec["signature"][name] == "constexpr" and spec["constexprs"][name] == 1, name
@@ -175,6 +179,26 @@ def test_first_configs_compile_without_spilling():
     assert spec["signature"]["qk_scale"] == "fp32" and spec["signature"]["N_Q"] == "i32"
     assert {"Q", "K", "V", "Out", "Lse", "stride_qz", "stride_qh", "stride_qm", "H", "N_Q", "N_K"} <= set(spec["divisible"])
     assert "qk_scale" not in spec["divisible"]
+
+
+@needs_triton
+def test_the_forward_kernel_is_specialised_as_the_jit_does():
+    """Fast stand-in for the slow compile below (make test): the same subprocess script up to the
+    compiles, so a change in Triton's specialisation or in the kernel's arguments shows here;
+    whether the compiled rows spill, make test reads from the committed report
+    (test_the_committed_report_covers_every_choosable_config_and_none_spills)."""
+    _assert_the_jits_specialisation(_run_aot(SPEC_SCRIPT + '\nprint(json.dumps({"spec": spec}))\n')["spec"])
+
+
+@needs_triton
+@pytest.mark.slow
+def test_first_configs_compile_without_spilling():
+    """The first entry of each table (the one a first launch tries) for sm_90 (both load paths) and
+    sm_80 at d = 128, causal: no spill, Hopper's wgmma (and TMA loads on its descriptor path),
+    registers under the ceiling."""
+    import triton
+    out = _run_aot(AOT_SCRIPT)
+    _assert_the_jits_specialisation(out["spec"])
     rows = out["rows"]
     assert [(r["target"], r["tma"], r["kernel"]) for r in rows] == [
         (t, tma, k) for t, tma in (("sm_90", True), ("sm_90", False), ("sm_80", False)) for k in kr.KERNELS]
