@@ -239,8 +239,13 @@ def test_feedback_and_gradescope_results(tmp_path):
     assert "**Model answer.**" not in text  # the answer's own bold label is not repeated
 
 
+@pytest.mark.slow
 def test_grading_a_class_writes_the_report_with_exactly_the_planted_mistakes(tmp_path, capsys):
-    """Students built from tests' wrong implementations: mistakes.csv counts exactly what was planted."""
+    """Students built from tests' wrong implementations: mistakes.csv counts exactly what was planted.
+    Slow (a class of 5 graded, ~17 s on 2 cores): make test keeps each link cheaply: the grader's rows
+    carry the judge's mistake id (tests/test_grading.py, the cheats' rows), mistakes.csv counts rows
+    (test_mistakes_csv_counts_students_per_mistake_and_attempts), --report writes it
+    (test_the_gradebook_goes_where_the_instructor_says), results.json (test_feedback_and_gradescope_results)."""
     plan = synthetic_class.build(tmp_path / "class", students=5, seed=3, notebooks=["03_masks"], skills=(0.0, 0.4))
     expected: dict[str, int] = {}
     attempted: dict[str, int] = {}

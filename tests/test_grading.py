@@ -162,7 +162,11 @@ def test_make_grade_is_wired():
 # --------------------------------------------------------------------------- slow: notebooks run
 
 
+@pytest.mark.slow
 def test_blank_exercises_grade_zero_and_solutions_full_marks():
+    """Every course notebook through the grader: 24 notebook runs, ~20 s on 2 cores. make test keeps
+    the same path on two notebooks (test_a_class_is_graded_in_parallel_into_a_gradebook: solutions
+    01 and 02 pass, a blank 01 is not attempted), and nbval runs every solution notebook's checks."""
     subs = [Submission(folder, stem, ROOT / folder / f"{stem}.ipynb") for folder in ("exercises", "solutions")
             for stem in GRADED_STEMS]
     rows = grade(subs, jobs=2, progress=False)
@@ -257,6 +261,9 @@ def test_a_deleted_or_replaced_check_cell_cannot_make_a_wrong_function_pass(chea
         rows = cheat_rows[cheat]
         assert rows["merge_heads"].status == "failed", format_table(list(rows.values()))
         assert "transpose(1, 2) first" in rows["merge_heads"].hint
+        # the judge's mistake id reaches the row (what the class report counts; the slow
+        # test_class_report.py::test_grading_a_class_writes_the_report_with_exactly_the_planted_mistakes)
+        assert rows["merge_heads"].mistake_id == "1.2/reshape-without-transpose", rows["merge_heads"]
         assert rows["qkv_projection"].status == rows["scaled_dot_product_attention"].status == "passed"
         assert not passed(list(rows.values()))
 
@@ -374,6 +381,7 @@ def test_the_gradebook_goes_where_the_instructor_says(tmp_path, monkeypatch, cap
     monkeypatch.chdir(tmp_path)
     assert grade_main([str(cls), "--report", "rep", "--no-progress"]) == 1
     assert (tmp_path / "rep" / "gradebook.csv").is_file() and not (tmp_path / "gradebook.csv").exists()
+    assert (tmp_path / "rep" / "mistakes.csv").is_file() and (tmp_path / "rep" / "report.html").is_file()
     assert "gradebook: rep/gradebook.csv (6 rows)" in capsys.readouterr().out
     assert gradebook_path(None, None, 2) == Path("gradebook.csv") and gradebook_path(None, None, 1) is None
     assert gradebook_path(Path("a.csv"), Path("rep"), 2) == Path("a.csv")
