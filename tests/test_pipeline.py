@@ -221,11 +221,12 @@ def test_bootstrap_does_nothing_outside_colab(monkeypatch):
     assert calls == []
 
 
-def _run_bootstrap_with_failing_pip(monkeypatch, stderr: str) -> str:
+def _run_bootstrap(monkeypatch, run) -> str:
+    """Run the bootstrap cell as on Colab, with ``run`` standing in for subprocess.run; return the
+    message it stops with."""
     import types
 
-    failed = subprocess.CompletedProcess([], 1, "", stderr)
-    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: failed)
+    monkeypatch.setattr(subprocess, "run", run)
     monkeypatch.setitem(sys.modules, "google", types.ModuleType("google"))
     monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
     with pytest.raises(SystemExit) as stop:
@@ -233,19 +234,37 @@ def _run_bootstrap_with_failing_pip(monkeypatch, stderr: str) -> str:
     return str(stop.value)
 
 
-def test_bootstrap_failure_names_pips_own_error_in_one_line(monkeypatch):
-    """When pip fails, the cell stops with one line that quotes pip's error, not a
-    CalledProcessError traceback, and blames the network only when pip's error is a network one."""
-    missing_ref = ("  Running command git checkout -q v9\n  error: pathspec 'v9' did not match any file(s) known to git\n"
-                   "ERROR: Could not find a version that satisfies the requirement attention-course\n")
-    message = _run_bootstrap_with_failing_pip(monkeypatch, missing_ref)
-    assert "\n" not in message and "Could not find a version" in message, message
-    assert nbtools.repo_url() in message and nbtools.BRANCH in message
-    assert "offline" not in message and "internet" not in message, "pip's error was not a network error"
+def _pip_says(stderr: str):
+    return lambda cmd, **kw: subprocess.CompletedProcess(cmd, 1, "", stderr)
+
+
+def test_bootstrap_failure_quotes_the_real_cause_in_one_line(monkeypatch, tmp_path):
+    """When pip fails, the cell stops with one line that quotes the cause pip (or git, under pip)
+    gave, not a CalledProcessError traceback, and blames the network only when that cause is a
+    network one. The first case is real: pip installing from a git repository that lacks the branch."""
+    real_run = subprocess.run
+    repo = tmp_path / "repo"
+    (repo / "pyproject.toml").parent.mkdir()
+    (repo / "pyproject.toml").write_text('[project]\nname = "x"\nversion = "0"\n')
+    git = ["git", "-c", "user.email=a@b", "-c", "user.name=a", "-c", "init.defaultBranch=other"]
+    for args in (["init", "-q"], ["add", "."], ["commit", "-qm", "x"]):
+        real_run([*git, *args], cwd=repo, check=True, capture_output=True)
+
+    def pip_from_local_repo(cmd, **kw):  # the bootstrap's own pip command, aimed at the local repository
+        cmd = [f"x @ git+file://{repo}@{nbtools.BRANCH}" if c.startswith("attention-course @") else c
+               for c in cmd if not c.startswith("torch==")]
+        return real_run([*cmd, "--no-deps", "--no-build-isolation"], **kw)
+
+    message = _run_bootstrap(monkeypatch, pip_from_local_repo)
+    assert "\n" not in message and f"pathspec '{nbtools.BRANCH}' did not match" in message, message
+    assert nbtools.repo_url() in message and "offline" not in message and ".." not in message, message
     offline = ("WARNING: Retrying ... NewConnectionError: Failed to establish a new connection: [Errno -3] "
                "Temporary failure in name resolution\nERROR: Could not find a version that satisfies the requirement\n")
-    assert "offline" in _run_bootstrap_with_failing_pip(monkeypatch, offline)
-    assert "pip gave no message" in _run_bootstrap_with_failing_pip(monkeypatch, "")
+    assert "offline" in _run_bootstrap(monkeypatch, _pip_says(offline))
+    git_offline = "  fatal: unable to access 'https://github.com/a/b/': Could not resolve host: github.com\n"
+    said = _run_bootstrap(monkeypatch, _pip_says(git_offline))
+    assert "offline" in said and "Could not resolve host" in said, said
+    assert "pip gave no message" in _run_bootstrap(monkeypatch, _pip_says(""))
 
 
 def test_bootstrap_installs_a_ref_that_exists():

@@ -56,9 +56,11 @@ if "google.colab" in sys.modules:
     pip = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet",
                           f"attention-course @ git+{{REPO}}@{{BRANCH}}", f"torch=={{torch.__version__}}"],
                          capture_output=True, text=True)
-    if pip.returncode:  # say pip's own error; blame the network only when pip does
-        lines = pip.stderr.strip().splitlines() or ["pip gave no message"]
-        said = " | ".join([x for x in lines if x.startswith("ERROR")][-2:] or lines[-1:])
+    if pip.returncode:  # quote pip's (or git's) own error; blame the network only when it does
+        lines = [x.strip() for x in pip.stderr.splitlines() if x.strip()] or ["pip gave no message"]
+        causes = [x for x in lines if x.startswith(("fatal:", "error:", "ERROR:"))
+                  and "subprocess-exited-with-error" not in x]
+        said = " | ".join(causes[-2:] or lines[-1:]).rstrip(".")
         network = ("resolve host", "name resolution", "Network is unreachable", "new connection")
         offline = any(w in pip.stderr for w in network)
         then = ("This runtime looks offline: connect it and run this cell again." if offline else
