@@ -8,8 +8,9 @@ by GRADESCOPE_REV), not HEAD: the test checks the code it is run on, as every ot
 an uncommitted change to pyproject.toml's dependencies or to setup.sh is graded before its commit
 (on CI the two are the same). Untracked files are left out, as `make gradescope` would leave them.
 
-setup.sh takes torch from PyTorch's CPU index on Gradescope; here AUTOGRADER_TORCH_INDEX is empty,
-so that pip's own configuration (this project's wheels, a CI mirror) provides it as for `make setup`.
+setup.sh takes torch from PyTorch's CPU index on Gradescope; here too when that index can be reached
+(not several GB of CUDA packages from PyPI), else AUTOGRADER_TORCH_INDEX is empty and pip's own
+configuration (this project's wheels, a CI mirror) provides it, as for `make setup`.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import pytest
 
 from helpers.checks import EXERCISES
 from tests.test_class_report import GRADESCOPE_SCHEMA
+from tests.torch_index import cpu_index
 
 ROOT = Path(__file__).resolve().parent.parent
 HANDED_IN = ("01_qkv_shapes", "03_masks")  # two short notebooks
@@ -88,7 +90,7 @@ def gradescope(tmp_path_factory) -> dict:
     for stub in stubs.iterdir():
         stub.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
-    env.update(PATH=f"{stubs}{os.pathsep}{env.get('PATH', '')}", AUTOGRADER_ROOT=str(root), AUTOGRADER_TORCH_INDEX="")
+    env.update(PATH=f"{stubs}{os.pathsep}{env.get('PATH', '')}", AUTOGRADER_ROOT=str(root), AUTOGRADER_TORCH_INDEX=cpu_index())
     _run(["bash", "setup.sh"], "setup.sh", 1500, cwd=root / "source", env=env)
     assert "python3-venv" in apt_log.read_text(), "setup.sh did not install Python's venv with apt-get"
     shutil.copy2(root / "source" / "run_autograder", root / "run_autograder")  # where Gradescope runs it

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import ast
 import concurrent.futures
-import importlib.metadata
 import json
 import os
 import re
@@ -33,6 +32,7 @@ import pytest
 from helpers.checks.feedback import RAISE_NOT_ATTEMPTED_ENV
 from helpers.package_data import RESULTS, package_file
 from helpers.tools import notebooks as nbtools
+from tests.torch_index import running_torch_pip_args
 
 try:
     import tomllib
@@ -166,9 +166,7 @@ def _installed_course(work: Path) -> Path:
     (wheel,) = (work / "wheel").glob("attention_course-*.whl")
     venv.create(work / "venv", with_pip=True)
     python = work / "venv" / "bin" / "python"
-    # the running torch (and Triton): pip finds them where it found them for this environment
-    same = [f"{name}=={importlib.metadata.version(name)}" for name in ("torch", "triton")
-            if importlib.util.find_spec(name)]
+    same = running_torch_pip_args()  # the running torch and Triton, from where pip can find them
     subprocess.run([str(python), "-m", "pip", "install", "--quiet", str(wheel), *same, "ipykernel", "nbclient"],
                    check=True)
     return python
