@@ -42,6 +42,22 @@ def right_cases(right: dict[str, list[Callable]]) -> list:
     return [pytest.param(name, fn, id=f"{name}-{_id(fn)}") for name, fns in right.items() for fn in fns]
 
 
+def first_fast(params: list, keep: dict[str, int]) -> list:
+    """``params`` (from :func:`wrong_cases` or :func:`right_cases`) with only the first ``keep[name]``
+    cases of each exercise named in ``keep`` left in ``make test``; the others are marked slow
+    (``make test-all``), same ids. For exercises whose every case takes a second or more (the Triton
+    interpreter, tile loops): the first listed are the commonest mistakes, and they run the same
+    check, so a broken check still fails ``make test``."""
+    seen: dict[str, int] = {}
+    out = []
+    for p in params:
+        name = p.values[0]
+        seen[name] = seen.get(name, 0) + 1
+        slow = name in keep and seen[name] > keep[name]
+        out.append(pytest.param(*p.values, marks=[*p.marks, pytest.mark.slow], id=p.id) if slow else p)
+    return out
+
+
 def assert_rejected(name: str, wrong: Callable, hint: str) -> CheckFailed:
     """The check of ``name`` fails on ``wrong``, naming the exercise and giving ``hint``."""
     with pytest.raises(CheckFailed) as info:

@@ -77,7 +77,15 @@ def test_every_check_has_wrong_and_right_implementations(name):
     assert len(RIGHT.get(name, [])) >= 1, f"no right variant of {name} in its tests/test_nb*.py"
 
 
-@pytest.mark.parametrize("name, wrong", [(name, impls[0][0]) for name, impls in sorted(WRONG.items())],
+# Three failed attempts of a Triton kernel in the interpreter, or of the tiled loops, take seconds: in
+# make test-all. The recipe logic is the feedback module's, the same for every check, and make test
+# runs it on every other exercise (and these checks' first failures in their topic's test file).
+SLOW_RECIPE = {"flash_attention_tiled", "flash_attention_triton", "flash_attention_triton_backward",
+               "paged_decode_triton"}
+
+
+@pytest.mark.parametrize("name, wrong", [pytest.param(name, impls[0][0], marks=[pytest.mark.slow] if name in SLOW_RECIPE else [])
+                                         for name, impls in sorted(WRONG.items())],
                          ids=lambda v: getattr(v, "__name__", None) if callable(v) else None)
 def test_a_first_failure_hides_the_recipe_and_a_repeated_one_shows_it(name, wrong):
     """Graduated hints: the full recipe (``hint=`` of t.tensor / t.number) comes only from the
