@@ -311,7 +311,10 @@ def test_every_exercise_with_a_solution_has_a_model_answer():
 
 
 def test_model_answers_are_package_data():
-    import tomllib
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
 
     with open(nbtools.ROOT / "pyproject.toml", "rb") as f:
         data = tomllib.load(f)["tool"]["setuptools"]["package-data"]

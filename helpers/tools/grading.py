@@ -693,6 +693,8 @@ def main(argv: list[str] | None = None) -> int:
     if gradebook and blocked is not None and (blocked == gradebook) == blocked.is_dir():
         parser.error(f"cannot write the gradebook to {gradebook}: {blocked} is a "
                      f"{'folder' if blocked.is_dir() else 'file'}")
+    if gradebook and blocked is not None and not os.access(blocked, os.W_OK):
+        parser.error(f"cannot write the gradebook to {gradebook}: {blocked} is not writable")
     print(f"grading {len(subs)} notebook{'s' if len(subs) != 1 else ''}"
           + (f" of {n_students} students" if n_students > 1 else ""), flush=True)
     stats: dict = {}
