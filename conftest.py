@@ -9,6 +9,10 @@
   kernels (nbval, the browser test); torch would start a thread per core in every one of them, and
   oversubscribed small-tensor work runs several times slower. Outputs do not depend on it (they
   are rounded; nbval passes with 1 thread or 2). Set OMP_NUM_THREADS to choose otherwise.
+- The teaching notebooks that train or launch the most (09's Triton kernel in the interpreter, 10's
+  and 11's trained models: a third of all notebook time) run under nbval in `make test-all` only
+  (``SLOW_NOTEBOOKS``); `make test` keeps their solutions notebooks under nbval and their lessons'
+  unit tests (tests/test_nb09_*.py, test_nb10_*.py, test_nb11_*.py), and CI runs them all.
 - Triton's interpreter is switched on (when there is no CUDA GPU) before any test module can
   import Triton, as ``setup()`` does in a notebook: Triton reads ``TRITON_INTERPRET`` when a kernel
   is decorated, so otherwise the outcome would depend on which test a worker happens to run first.
@@ -16,7 +20,18 @@
 
 import os
 
+import pytest
+
 RAISE_NOT_ATTEMPTED_ENV = "ATTN_COURSE_RAISE_NOT_ATTEMPTED"
+SLOW_NOTEBOOKS = ("notebooks/09_flash_attention.ipynb", "notebooks/10_positions.ipynb",
+                  "notebooks/11_trained_transformer.ipynb")
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m "not slow"` deselects by mark
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.nodeid.split("::")[0] in SLOW_NOTEBOOKS:
+            item.add_marker(pytest.mark.slow)
 
 
 def pytest_configure(config):

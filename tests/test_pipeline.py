@@ -203,6 +203,15 @@ def test_readme_counts_the_tests_of_both_commands(request):
     assert int(said.group(1).replace(",", "")) == n, f"README: `{command}` runs {said.group(1)} tests; it ran {n:,}"
 
 
+def test_the_notebooks_left_to_make_test_all_exist_and_keep_their_solutions_in_make_test():
+    """conftest.SLOW_NOTEBOOKS (nbval in `make test-all` only) names teaching notebooks that exist,
+    never a solutions notebook: `make test` still runs every solutions notebook under nbval."""
+    from conftest import SLOW_NOTEBOOKS
+
+    for name in SLOW_NOTEBOOKS:
+        assert (ROOT / name).is_file() and name.startswith("notebooks/"), name
+
+
 def test_readme_test_command_is_what_ci_runs():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     ci = (ROOT / ".ci" / "run").read_text()
