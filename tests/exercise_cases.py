@@ -42,18 +42,21 @@ def right_cases(right: dict[str, list[Callable]]) -> list:
     return [pytest.param(name, fn, id=f"{name}-{_id(fn)}") for name, fns in right.items() for fn in fns]
 
 
-def first_fast(params: list, keep: dict[str, int]) -> list:
+def first_fast(params: list, keep: dict[str, int], also: frozenset[str] | set[str] = frozenset()) -> list:
     """``params`` (from :func:`wrong_cases` or :func:`right_cases`) with only the first ``keep[name]``
-    cases of each exercise named in ``keep`` left in ``make test``; the others are marked slow
-    (``make test-all``), same ids. For exercises whose every case takes a second or more (the Triton
-    interpreter, tile loops): the first listed are the commonest mistakes, and they run the same
-    check, so a broken check still fails ``make test``."""
+    cases of each exercise named in ``keep`` left in ``make test``, and those whose id is in ``also``
+    (a mistake of another kind than the first ones, caught by another part of the check); the others
+    are marked slow (``make test-all``), same ids. For exercises whose cases take a second or more (the
+    Triton interpreter, tile loops) or that have dozens of them: the first listed are the commonest
+    mistakes, and they run the same check, so a broken check still fails ``make test``."""
+    unknown = set(also) - {p.id for p in params}
+    assert not unknown, f"first_fast: no case has the id {sorted(unknown)}"
     seen: dict[str, int] = {}
     out = []
     for p in params:
         name = p.values[0]
         seen[name] = seen.get(name, 0) + 1
-        slow = name in keep and seen[name] > keep[name]
+        slow = name in keep and seen[name] > keep[name] and p.id not in also
         out.append(pytest.param(*p.values, marks=[*p.marks, pytest.mark.slow], id=p.id) if slow else p)
     return out
 

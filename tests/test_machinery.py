@@ -49,6 +49,22 @@ SAMPLE = ["scaled_scores", "qkv_projection", "dot_product_std", "find_mask_leaks
           "mha_param_count", "kv_cache_bytes", "decode_step", "attention_flops", "flash_attention_tiled",
           "flash_attention_triton", "alibi_bias", "induction_scores"]
 _SAVED = {name: getattr(torch, name) for name in ("isclose", "allclose", "equal")}
+# The grids over every exercise (the reference passes, its recipe comes on the third failure, calling
+# or untracing the reference is refused) run in make test on the first exercise of each notebook and on
+# every exercise whose check watches the learner's function run (Trial.call_watched: 2.3's generator,
+# 4.3's autograd, 6.4's and 9.1-9.2's op log, 9.3-9.4's and 12.4's kernel launches); make test-all runs
+# them on all. The other exercises share the first ones' machinery (Trial.call and the guard).
+WATCHED = {"dot_product_std", "attention_backward", "mla_absorbed_scores", "online_softmax", "flash_attention_tiled",
+           "flash_attention_triton", "flash_attention_triton_backward", "paged_decode_triton"}
+assert WATCHED <= set(EXERCISES), WATCHED - set(EXERCISES)
+FAST_NAMES = WATCHED | {min((ex for ex in EXERCISES.values() if ex.notebook == nb),
+                            key=lambda ex: [int(n) for n in ex.id.split(".")]).name
+                        for nb in {ex.notebook for ex in EXERCISES.values()}}
+
+
+def fast_names(names) -> list:
+    """``names`` as parameters, those not in FAST_NAMES marked slow (same ids)."""
+    return [pytest.param(name, marks=[] if name in FAST_NAMES else [pytest.mark.slow]) for name in names]
 
 
 @pytest.fixture(autouse=True)
@@ -64,7 +80,7 @@ def _fresh(monkeypatch):
 # =========================================================================== the registry
 
 
-@pytest.mark.parametrize("name", sorted(EXERCISES))
+@pytest.mark.parametrize("name", fast_names(sorted(EXERCISES)))
 def test_reference_passes(name, capsys):
     getattr(checks, name)(getattr(reference, name))
     out = capsys.readouterr().out
@@ -79,12 +95,13 @@ def test_every_check_has_wrong_and_right_implementations(name):
 
 # Three failed attempts of a Triton kernel in the interpreter, or of the tiled loops, take seconds: in
 # make test-all. The recipe logic is the feedback module's, the same for every check, and make test
-# runs it on every other exercise (and these checks' first failures in their topic's test file).
+# runs it on the other exercises of FAST_NAMES (and these checks' first failures in their topic's test file).
 SLOW_RECIPE = {"flash_attention_tiled", "flash_attention_triton", "flash_attention_triton_backward",
                "paged_decode_triton"}
 
 
-@pytest.mark.parametrize("name, wrong", [pytest.param(name, impls[0][0], marks=[pytest.mark.slow] if name in SLOW_RECIPE else [])
+@pytest.mark.parametrize("name, wrong", [pytest.param(name, impls[0][0], marks=[pytest.mark.slow]
+                                                      if name in SLOW_RECIPE or name not in FAST_NAMES else [])
                                          for name, impls in sorted(WRONG.items())],
                          ids=lambda v: getattr(v, "__name__", None) if callable(v) else None)
 def test_a_first_failure_hides_the_recipe_and_a_repeated_one_shows_it(name, wrong):
@@ -893,9 +910,16 @@ def _via_topic_module(name):
     return lambda *a, **k: getattr(module, name)(*a, **k)
 
 
-@pytest.mark.parametrize("how", [_via_reference_module, _via_alias, _via_partial, _via_topic_module],
-                         ids=["reference", "alias", "partial", "topic_module"])
-@pytest.mark.parametrize("name", NAMES)
+HOWS = {"reference": _via_reference_module, "alias": _via_alias, "partial": _via_partial,
+        "topic_module": _via_topic_module}
+
+
+# make test: every way on the plain exercises of FAST_NAMES; on the watched ones (0.1-0.2 s a call) the
+# way a notebook imports it, through the topic module (the ways are the guard's, the same for all).
+@pytest.mark.parametrize("name, how", [
+    pytest.param(name, how, id=f"{name}-{way}",
+                 marks=[] if name in FAST_NAMES and (name not in WATCHED or way == "topic_module") else [pytest.mark.slow])
+    for name in NAMES for way, how in HOWS.items()])
 def test_calling_the_course_reference_is_refused(name, how):
     if how is _via_topic_module and not any(
             n.startswith("helpers.") and n != "helpers.reference" and not n.startswith("helpers.checks")
@@ -905,7 +929,7 @@ def test_calling_the_course_reference_is_refused(name, how):
     assert "called the course's own solution" in str(e), str(e)
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", fast_names(NAMES))
 def test_turning_off_the_watch_to_call_the_reference_is_refused(name):
     ref = getattr(reference, name)
 
@@ -1054,7 +1078,8 @@ def test_an_unrecognised_mistake_is_described_by_a_fact(name, wrong, fact):
     assert f"found: {fact}" in str(e).replace("\n", " ").replace("  ", " ") or fact in e.instructor_hint, str(e)
 
 
-@pytest.mark.parametrize("name", ["scaled_dot_product_attention", "kv_cache_bytes"])
+# Each case waits out the 1 s limit: make test-all adds an exercise that returns an int.
+@pytest.mark.parametrize("name", ["scaled_dot_product_attention", pytest.param("kv_cache_bytes", marks=pytest.mark.slow)])
 def test_a_function_that_never_returns_is_stopped_at_the_time_limit(name, monkeypatch):
     monkeypatch.setattr(core, "DEFAULT_TIME_LIMIT_S", 1.0)
 

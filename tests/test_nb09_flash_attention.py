@@ -1787,6 +1787,7 @@ def test_two_pass_is_seen_whatever_computes_the_block_maxima():
 
 
 @needs_triton
+@pytest.mark.slow  # make test: test_triton_instruments_are_removed_after_an_autotuned_run runs the same check
 def test_triton_forward_accepts_an_autotuned_kernel(capsys):
     checks.flash_attention_triton(triton_autotuned)
     assert "✓ 9.3" in capsys.readouterr().out
@@ -1831,10 +1832,14 @@ def test_triton_forward_explains_a_non_tensor_lse():
 
 
 # The Triton kernels run in the interpreter and the tiled function loops over tiles in Python: a
-# case of their checks takes 0.3-2 s, 70 of them ~30 s on 2 cores. make test keeps the first
-# (commonest) mistakes and the first right variant of each; make test-all runs all of them.
-FAST_WRONG = {"flash_attention_tiled": 4, "flash_attention_triton": 3, "flash_attention_triton_backward": 3}
-FAST_RIGHT = {"flash_attention_tiled": 1, "flash_attention_triton": 1}
+# case of their checks takes 0.3-2 s, 70 of them ~30 s on 2 cores; 9.1 has 30 cases, some of 0.3-0.9 s.
+# make test keeps the first (commonest) mistakes and the first right variant of each; make test-all
+# runs all of them. (9.1's course-solution call, NumPy and op-log mistakes have stand-ins in make test:
+# test_machinery's refusal of the reference on 9.1, test_provenance_sees_data_leave_pytorch and
+# test_two_pass_is_seen_whatever_computes_the_block_maxima.)
+FAST_WRONG = {"online_softmax": 7, "flash_attention_tiled": 3, "flash_attention_triton": 3,
+              "flash_attention_triton_backward": 3}
+FAST_RIGHT = {"online_softmax": 1, "flash_attention_tiled": 1, "flash_attention_triton": 1}
 
 
 @pytest.mark.parametrize(("name", "wrong", "hint"), first_fast(wrong_cases(WRONG), FAST_WRONG))

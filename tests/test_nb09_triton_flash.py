@@ -109,14 +109,18 @@ KERNEL_CASES = [
     (1, 4, 1, 100, 128, True, torch.float16),  # MQA, causal
 ]
 # The interpreter takes 3-7 s per case at T = 257 (several tiles in both axes, 2-4 heads): in make test-all
-# only. make test keeps every other case, whose T = 100 and 17 are ragged too (T = 100: several query
-# and key tiles, the last one partial), and every d, causal, dtype, GQA and MQA value.
+# only. make test keeps every other case but two, whose T = 100 and 17 are ragged too (T = 100: several
+# query and key tiles, the last one partial), and every d, causal, dtype, GQA and MQA value.
 SLOW_T = 257
+# Also in make test-all only (0.1-0.4 s each): T = 17 causal and T = 100 non-causal, whose values the
+# cases kept cover (T = 17 non-causal, T = 100 causal; ragged non-causal with several key tiles:
+# test_triton_non_contiguous_and_cross_attention).
+MORE_SLOW = [(2, 2, 2, 17, 32, True, torch.float32), (1, 2, 2, 100, 64, False, torch.float16)]
 
 
 def _cases(cases: list[tuple]) -> list:
-    """``cases`` with those at T = SLOW_T marked slow (same order, so the same test ids)."""
-    return [pytest.param(*c, marks=pytest.mark.slow) if c[3] == SLOW_T else c for c in cases]
+    """``cases`` with those at T = SLOW_T or in MORE_SLOW marked slow (same order, so the same test ids)."""
+    return [pytest.param(*c, marks=pytest.mark.slow) if c[3] == SLOW_T or c in MORE_SLOW else c for c in cases]
 
 
 @pytest.fixture
@@ -186,8 +190,10 @@ def test_tma_dispatch_needs_contiguous_rows_and_a_hopper(monkeypatch):
     assert not tf._tma_for(x)
 
 
+# causal=True in make test-all only: test_triton_function_apply_with_four_arguments_on_B_T_d[True] and
+# test_triton_leading_dims_and_gqa_in_half_precision take the causal kernels through autograd.
 @needs_triton
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("causal", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_triton_autograd_function(causal):
     q, k, v = make_qkv(1, 4, 2, 45, 32)
     q, k, v = (t.requires_grad_() for t in (q, k, v))
@@ -465,8 +471,9 @@ def test_bench_without_cuda_runs_interpreter_check(capsys):
 # =============================================================== the API (Triton's interpreter without a CUDA GPU: small shapes)
 
 
+# causal=False in make test-all only: test_triton_autograd_function[False] takes it through autograd.
 @needs_triton
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("causal", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_triton_function_apply_with_four_arguments_on_B_T_d(causal):
     """The call other courses' tests make: ``FlashAttentionFunction.apply(q, k, v, is_causal)``
     with q, k, v ``[B, T, d]``; the saved lse is ``[B, T]``."""

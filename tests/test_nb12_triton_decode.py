@@ -95,8 +95,11 @@ def test_paged_decode_matches_sdpa(B, H, H_kv, d, lens, page, n_splits, dtype):
     assert_matches_sdpa(out, args, dtype)
 
 
+# make test keeps min_group=64, the broadcast product for groups of 2 and 1 (test_paged_decode_matches_sdpa
+# takes tl.dot, the default for every group).
 @needs_triton
-@pytest.mark.parametrize("min_group", [1, 2, 64])
+@pytest.mark.parametrize("min_group", [pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow),
+                                       64])
 def test_both_score_paths_and_an_explicit_scale(min_group, monkeypatch):
     """tl.dot (the group padded to 16 rows) and the broadcast product (a group of 2 rows, or of
     1 under min_group=2) give the same answer."""
@@ -402,10 +405,11 @@ if td is not None:
         _learner("decode_triton_merge", merge="triton"),
     ]
 
-_FAST_WRONG = {"decode_no_sm_scale", "decode_ignores_block_table", "decode_reads_key_seq_len",
-               "decode_gqa_head_mod", "decode_in_pytorch", "decode_gathers_in_pytorch",
-               "decode_ignores_n_splits", "gather_with_the_course_helper",
-               "merge_with_the_course_kernel"}
+# make test keeps the first two wrong kernels (decode_reads_key_seq_len and decode_gqa_head_mod, the
+# next two, run the same comparison and mistake models), one of each other kind (the launches counted,
+# no kernel at all, the cache gathered in PyTorch, the course's helpers called) and the first right one.
+_FAST_WRONG = {"decode_no_sm_scale", "decode_ignores_block_table", "decode_in_pytorch", "decode_gathers_in_pytorch",
+               "decode_ignores_n_splits", "gather_with_the_course_helper", "merge_with_the_course_kernel"}
 
 
 def _mark_slow(params, fast):
@@ -427,6 +431,7 @@ def test_check_accepts_right(name, right):
 
 
 @needs_triton
+@pytest.mark.slow  # make test: test_machinery's test_reference_passes[paged_decode_triton] runs the same check
 def test_check_accepts_the_course_kernel():
     from helpers import checks, reference
 
