@@ -13,7 +13,7 @@ CONDA_ENV := attention-course
 NB ?=
 JOBS ?= 2
 # The pip environment's folder: `make test PYTHON=python3.12 VENV=.venv-3.12` builds and tests a
-# second one beside the first (.ci/run does so for Python 3.12 and 3.13).
+# second one beside the first (.ci/run does so for Python 3.10, 3.12 and 3.13).
 VENV ?= .venv
 LAB_ARGS ?=
 # JupyterLab refuses to start as root (containers, some cloud VMs) unless told it may.
