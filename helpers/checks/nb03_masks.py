@@ -161,10 +161,10 @@ def _softmax_mistakes(s: torch.Tensor, allowed: torch.Tensor) -> dict:
     empty_rows = int((~any_row).sum())
     lowest = float(s[a].min()) if bool(a.any()) else 0.0
 
-    def renormalised():
+    def renormalised(floor=0.0):  # floor: a denominator clamped from below (clamp_min(1e-30))
         p = torch.softmax(s, -1) * a
         d = p.sum(-1, keepdim=True)
-        return p / torch.where(d > 0, d, torch.ones_like(d))
+        return p / (d.clamp_min(floor) if floor else torch.where(d > 0, d, torch.ones_like(d)))
 
     def no_max():
         e = torch.exp(s) * a
@@ -182,6 +182,14 @@ def _softmax_mistakes(s: torch.Tensor, allowed: torch.Tensor) -> dict:
                 "blocked score is far larger than the allowed ones (logits of 1e4) the allowed "
                 "probabilities underflow to 0 before you renormalise. Fill blocked scores with "
                 "-inf before the softmax."): renormalised,
+        # the same mistake with the denominator clamped (where allowed probabilities underflowed to
+        # below the clamp, the row comes out unnormalised): named alike on every draw
+        Mistake("masked-after-softmax-renormalised",
+                "you masked after the softmax and renormalised: exact on paper, but when a "
+                "blocked score is far larger than the allowed ones (logits of 1e4) the allowed "
+                "probabilities underflow (to 0, or below your clamp of the denominator) before you "
+                "renormalise. Fill blocked scores with -inf before the softmax.",
+                "masked after the softmax and renormalised"): lambda: renormalised(1e-30),
         Mistake("masked-after-softmax",
                 "you masked after the softmax: the zeroed weights no longer sum to 1, and the "
                 "kept ones are divided by a denominator that still contains the blocked keys (so "
@@ -253,6 +261,7 @@ def masked_softmax(t: Trial) -> None:
     s3 = torch.randn(B, H, T_q, T_k, generator=g) * 1e4
     a3 = torch.rand(T_q, T_k, generator=g) < 0.5
     a3[:, 0] = True
+    a3[0, -1] = False  # row 0 (below) always has a blocked key for a finite fill to favour
     # ... and one row whose allowed scores all lie far below any finite fill (-1e4 .. -1e6), on every
     # draw: a finite fill then gives the blocked keys the weight.
     s3[0, 0, 0] = torch.where(a3[0], s3[0, 0, 0] - 5e6, s3[0, 0, 0])
