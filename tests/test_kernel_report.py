@@ -130,7 +130,6 @@ def test_report_files_round_trip(tmp_path):
 # slow one's script.
 SPEC_SCRIPT = """
 import json
-from helpers.package_data import RESULTS, package_file
 from helpers.tools import kernel_report as kr
 import helpers.nb09_triton_flash as tf
 from triton.backends.compiler import GPUTarget

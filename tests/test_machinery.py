@@ -57,8 +57,7 @@ _SAVED = {name: getattr(torch, name) for name in ("isclose", "allclose", "equal"
 WATCHED = {"dot_product_std", "attention_backward", "mla_absorbed_scores", "online_softmax", "flash_attention_tiled",
            "flash_attention_triton", "flash_attention_triton_backward", "paged_decode_triton"}
 assert WATCHED <= set(EXERCISES), WATCHED - set(EXERCISES)
-FAST_NAMES = WATCHED | {min((ex for ex in EXERCISES.values() if ex.notebook == nb),
-                            key=lambda ex: [int(n) for n in ex.id.split(".")]).name
+FAST_NAMES = WATCHED | {min((ex for ex in EXERCISES.values() if ex.notebook == nb), key=lambda ex: ex.order).name
                         for nb in {ex.notebook for ex in EXERCISES.values()}}
 
 

@@ -253,7 +253,7 @@ def test_bootstrap_failure_quotes_the_real_cause_in_one_line(monkeypatch, tmp_pa
     network one. The first case is real: pip installing from a git repository that lacks the branch."""
     real_run = subprocess.run
     repo = tmp_path / "repo"
-    (repo / "pyproject.toml").parent.mkdir()
+    repo.mkdir()
     (repo / "pyproject.toml").write_text('[project]\nname = "x"\nversion = "0"\n')
     git = ["git", "-c", "user.email=a@b", "-c", "user.name=a", "-c", "init.defaultBranch=other"]
     for args in (["init", "-q"], ["add", "."], ["commit", "-qm", "x"]):

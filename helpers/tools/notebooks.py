@@ -398,7 +398,7 @@ def set_colab_links(nb: nbformat.NotebookNode, source: str) -> None:
 
 def readme_map(repo: str | None = None) -> str:
     """The README's notebook table: one row per topic, with Colab badges."""
-    badge = "https://colab.research.google.com/assets/colab-badge.svg"
+    badge = COLAB_BADGE
     rows = ["| # | topic | teaching notebook | exercises |", "|---|---|---|---|"]
     for path in notebook_paths("notebooks"):
         stem = path.stem
