@@ -7,8 +7,10 @@ case, expected vs got, and a hint at the likely mistake.
 The machinery, one job a module: ``core`` (cases, the trial, comparisons, registering checks),
 ``feedback`` (failures, messages, graduated hints, model answers, recorders), ``guard`` (the
 integrity guard, refusing the reference, time limits, plain data), ``diagnose`` (facts about a wrong
-output that no known mistake explains) and ``instruments`` (the op log, provenance of values,
-guarded allocations, kernel launches: what a check observes while the learner's function runs).
+output that no known mistake explains), ``instruments`` (the op log, provenance of values,
+guarded allocations, kernel launches: what a check observes while the learner's function runs) and
+``watchers`` (the learner's function run under the instruments, in the notebook's process when
+``make grade`` grades; ``calling`` makes that call).
 The checks themselves: one module a notebook, ``nbNN_topic``, each listing its checks in ``__all__``.
 """
 

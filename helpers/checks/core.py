@@ -27,7 +27,10 @@ When ``make grade`` grades, the same check runs in a judge process and ``fn`` is
 :class:`~helpers.checks.calling.Remote`: each ``t.call`` travels to the notebook's process, which
 runs the learner's function there with the same guard (``calling.protected_call``) and sends back
 what it returned; the cases come from salted seeds (:func:`seeded`), and the expected values and
-the verdict never leave the judge.
+the verdict never leave the judge. What a watcher (:mod:`helpers.checks.watchers`) observes there
+comes from the notebook's process as well, so it only advises: a failure decided from it
+(:meth:`Trial.fail_observed`) becomes a note in the result's ``review``, and the verdict rests on
+the returned values.
 """
 
 from __future__ import annotations
@@ -243,6 +246,29 @@ class Trial:
         raise kind("\n".join(lines), hint, instructor_hint=instructor, recognised=recognised, recipe=recipe,
                    summary=summary, case=self.case, exercise=ex, mistake_id=mid, mistake=description)
 
+    def fail_observed(self, message: str, hint: str = "", kind: type[CheckFailed] = CheckFailed, *, recipe: str = "",
+                      generic: bool = False, found: str = "", what: str = "") -> None:
+        """A failure decided from what a watcher observed (the observations of :meth:`call_watched`),
+        not from the values the function returned. In a learner's session it is :meth:`fail` (same
+        arguments, same message, hint and mistake id). When ``make grade`` grades (``fn`` is a
+        :class:`~helpers.checks.calling.Remote`), the observations come from the notebook's own
+        process, which the notebook controls: nothing fails, a note for a grader is added to
+        :attr:`review` (once per mistake), and this returns, so the check goes on and decides from
+        the returned values alone. A caller that would have stopped here continues as if nothing
+        had been observed."""
+        __tracebackhide__ = True
+        if _type(self.fn) is not Remote:
+            self.fail(message, hint, kind, recipe=recipe, generic=generic, found=found, what=what)
+        named = _isinstance(hint, Mistake) and not generic  # the mistake id as fail records it
+        mid = mistake_id(self.ex, hint, named or (bool(hint) and not generic and not what), what or "other")
+        tag = f"[{mid}]"
+        if any(tag in note for note in self.review):
+            return
+        seen = re.sub(r"\byour\b", "the", re.sub(r"\bYour\b", "The", message.split("\n")[0].strip())).rstrip(".")
+        seen = seen if _len(seen) <= 160 else seen[:157] + "..."
+        self.review.append(f"{self.ex.id} {self.ex.name}: {seen} {tag}; advisory, as it was observed in the "
+                           "notebook's own process")
+
     # -- cases with expected values first
 
     def cases(self, reference: Callable, inputs: Iterable[Any]) -> list[Case]:
@@ -284,10 +310,12 @@ class Trial:
 
     def call_watched(self, watcher: Callable, args: tuple, options: Any = None, case: str | None = None) -> tuple[Any, Any]:
         """Like :meth:`call`, with the learner's function run by ``watcher(fn, args, options)``,
-        a function defined at module level in ``helpers.checks`` that returns ``(output,
-        observations)``: what instruments saw, as plain data (lists, dicts, strings, numbers).
-        When ``make grade`` grades, the watcher runs in the notebook's process and the check in
-        the grader's, so everything the check learns about the call has to be in those two."""
+        a function of :mod:`helpers.checks.watchers` that returns ``(output, observations)``: what
+        instruments saw, as plain data (lists, dicts, strings, numbers). When ``make grade``
+        grades, the watcher runs in the notebook's process and the check in the grader's, so
+        everything the check learns about the call has to be in those two; and since that process
+        is the notebook's, a failure decided from the observations is :meth:`fail_observed`
+        (advisory there), never :meth:`fail`."""
         __tracebackhide__ = True
         return self._call(watcher, options, args, {}, case)
 

@@ -317,43 +317,36 @@ class Watched:
         self.ops, self.exported, self.scalar_reads = ops, exported, scalar_reads
 
 
-def logging_watcher(fn: Callable, args: tuple, sources: dict[str, int]) -> tuple[Any, dict]:
-    """A watcher (``Trial.call_watched``): ``fn(*args)`` with its aten ops logged and the data of the
-    arguments named in ``sources`` (name -> position) followed."""
-    named = {name: args[i] for name, i in sources.items()}
-    log, prov, calls = OpLog(), Provenance(named), Calls()
-    with calls, prov, log:
-        out = fn(*args)
-    exported = next((how for how, x in calls.exported if x.numel() > 1 and prov.sources(x) & set(named)), "")
-    return out, {"ops": log.ops, "exported": exported, "scalar_reads": prov.scalar_reads}
-
-
 def call_logged(t: Trial, *args: Any, sources: dict[str, int], case: str) -> tuple[Any, Watched]:
     """``t.call(*args)`` with the learner's aten ops logged and the data of ``sources`` (name ->
     position among ``args``) followed."""
     __tracebackhide__ = True
+    from .watchers import logged  # here: watchers imports this module
+
     warm_up()
-    got, seen = t.call_watched(logging_watcher, args, sources, case=case)
+    got, seen = t.call_watched(logged, args, sources, case=case)
     return got, Watched(seen["ops"], seen["exported"], seen["scalar_reads"])
 
 
 def check_stays_in_torch(t: Trial, seen: Watched, what: str, reads_limit: int | None) -> None:
-    """Fail if the sources' data left PyTorch, where the op log cannot follow the work."""
+    """Fail if the sources' data left PyTorch, where the op log cannot follow the work (decided from
+    observations: ``t.fail_observed``)."""
     __tracebackhide__ = True
     if seen.exported:
-        t.fail(f"your function took {what} out of PyTorch ({seen.exported}): the check follows your computation "
-               "through PyTorch's operations to see how it reads the data, and cannot follow work done in NumPy or "
-               "on Python lists.",
-               Mistake("data-left-torch", "keep the data in torch tensors (torch.exp, .amax, @ "
-                       "...) from start to end.",
-                       "took the data out of PyTorch (NumPy, Python lists)"))
+        t.fail_observed(f"your function took {what} out of PyTorch ({seen.exported}): the check follows your "
+                        "computation through PyTorch's operations to see how it reads the data, and cannot follow "
+                        "work done in NumPy or on Python lists.",
+                        Mistake("data-left-torch", "keep the data in torch tensors (torch.exp, .amax, @ "
+                                "...) from start to end.",
+                                "took the data out of PyTorch (NumPy, Python lists)"))
+        return
     if reads_limit is not None and seen.scalar_reads >= reads_limit:
-        t.fail(f"your function read {what} into {seen.scalar_reads} Python numbers one at a time (.item(), "
-               "float(), a loop over elements): the check follows your computation through PyTorch's operations "
-               "and cannot follow arithmetic on Python numbers.",
-               Mistake("read-numbers-one-at-a-time", "work on blocks as tensors: x[..., s:s + "
-                       "block_size] and torch operations on it.",
-                       "read the data one Python number at a time (.item(), float(), loops)"))
+        t.fail_observed(f"your function read {what} into {seen.scalar_reads} Python numbers one at a time "
+                        "(.item(), float(), a loop over elements): the check follows your computation through "
+                        "PyTorch's operations and cannot follow arithmetic on Python numbers.",
+                        Mistake("read-numbers-one-at-a-time", "work on blocks as tensors: x[..., s:s + "
+                                "block_size] and torch operations on it.",
+                                "read the data one Python number at a time (.item(), float(), loops)"))
 
 
 # --------------------------------------------------------------------------- kernel launches and guarded memory (9.3, 9.4)

@@ -13,6 +13,7 @@ import torch
 
 from .. import nb01_qkv_shapes as attention
 from .. import nb02_scaling as scaling
+from . import watchers
 from .core import Trial, describe, describe_case, eager_mistakes, exercise, seeded
 from .feedback import Mistake
 
@@ -280,41 +281,12 @@ def _pairs_for(c: float, d_k: int) -> float:
     return (b + math.sqrt(b * b - 4 * c * kappa)) / (2 * c)
 
 
-def _rng_watcher(fn, args: tuple, global_state: torch.Tensor | None):
-    """A watcher (``Trial.call_watched``): ``fn(d_k, n, generator)`` with torch's global RNG set to
-    ``global_state`` (if given) and put back afterwards, so that a learner's function cannot shift
-    the random numbers of the notebook around it. Observes whether it changed the global RNG and
-    used the generator, and the generator's state after the call."""
-    g = args[2]
-    g_before = g.get_state()
-    saved = torch.get_rng_state()
-    if global_state is not None:
-        torch.set_rng_state(global_state)
-    before = torch.get_rng_state()
-    try:
-        got = fn(*args)
-        changed = not torch.equal(before, torch.get_rng_state())
-    finally:
-        torch.set_rng_state(saved)
-    after = g.get_state()
-    return got, {"changed": changed, "used": not torch.equal(g_before, after), "after": after}
-
-
 def _call_watched(t: Trial, d_k: int, n: int, seed: int, global_state: torch.Tensor | None = None):
     """Call with a fresh generator seeded ``seed``. Returns (result, global RNG changed, generator
     used, generator state after)."""
-    got, seen = t.call_watched(_rng_watcher, (d_k, n, seeded(seed)), global_state,
+    got, seen = t.call_watched(watchers.rng, (d_k, n, seeded(seed)), global_state,
                                case=f"d_k={d_k}, n_samples={n}, generator=torch.Generator().manual_seed({seed})")
     return got, seen["changed"], seen["used"], seen["after"]
-
-
-def _seeds_watcher(fn, args: tuple, seeds: list[int]):
-    """A watcher: ``fn(d_k, n_samples, generator)`` once per seed, torch's global RNG put back after."""
-    saved = torch.get_rng_state()
-    try:
-        return [fn(*args, torch.Generator().manual_seed(s)) for s in seeds], None
-    finally:
-        torch.set_rng_state(saved)
 
 
 def _value(t: Trial, got, what: str = "your function") -> float:
@@ -376,7 +348,7 @@ def _spread(t: Trial) -> None:
     seeds = list(_SPREAD_SEEDS)
     # Fixed seeds, not salted: a statistical test must not fail a right answer at random; the
     # graded values themselves come from salted seeds (_call_watched), so no table can pass.
-    results, _ = t.call_watched(_seeds_watcher, (_SPREAD_D, _SPREAD_N), seeds,
+    results, _ = t.call_watched(watchers.seeds, (_SPREAD_D, _SPREAD_N), seeds,
                                 case=f"d_k={_SPREAD_D}, n_samples={_SPREAD_N}, generators seeded {seeds[0]}..{seeds[-1]}")
     if type(results) is not list or len(results) != len(seeds):
         t.fail(f"calling your function once per seed gave {describe(results)}.")
@@ -402,20 +374,24 @@ def dot_product_std(t: Trial) -> None:
     for i, (d_k, n, seed) in enumerate(_VALUE_CASES):
         got, changed, used, g_after = _call_watched(t, d_k, n, seed)
         value = _value(t, got)
+        # `changed`, `used` and the generators' states are observations (watchers.rng): failures decided
+        # from them are t.fail_observed, notes for a grader when `make grade` grades.
         if changed:
             # Reseeding the global RNG makes the result independent of the global state before the call.
             again, _, _, _ = _call_watched(t, d_k, n, seed, global_state=seeded(12345).get_state())
             if _value(t, again) == value:
-                t.fail("your function reseeded torch's global random number generator.",
-                       _RESEEDED_GLOBAL)
-            t.fail("your function drew from torch's global random number generator, so the seed the caller "
-                   "put in `generator` does not control the result.",
-                   _USED_GLOBAL)
+                t.fail_observed("your function reseeded torch's global random number generator.",
+                                _RESEEDED_GLOBAL)
+            else:
+                t.fail_observed("your function drew from torch's global random number generator, so the seed the "
+                                "caller put in `generator` does not control the result.",
+                                _USED_GLOBAL)
         if not used:
             if value == expected[d_k]:
-                t.fail(f"you returned sqrt(d_k) = {expected[d_k]:g} exactly: the theoretical value, not a measurement.",
-                       _RETURNED_THEORY)
-            t.fail("your function never drew from the generator it was given.", _IGNORED_GENERATOR)
+                t.fail_observed(f"you returned sqrt(d_k) = {expected[d_k]:g} exactly: the theoretical value, not a "
+                                "measurement.", _RETURNED_THEORY)
+            else:
+                t.fail_observed("your function never drew from the generator it was given.", _IGNORED_GENERATOR)
         if i == 0:
             # Same seed -> same result; another seed -> another result.
             again, _, _, _ = _call_watched(t, d_k, n, seed)
@@ -425,9 +401,9 @@ def dot_product_std(t: Trial) -> None:
             other, _, _, g_other = _call_watched(t, d_k, n, seed + 1)
             if _value(t, other) == value:
                 if torch.equal(g_after, g_other):
-                    t.fail("generators with different seeds gave the same result, and ended in the same state: "
-                           "your function reseeds the generator it is given.",
-                           _RESEEDED_GENERATOR)
+                    t.fail_observed("generators with different seeds gave the same result, and ended in the same "
+                                    "state: your function reseeds the generator it is given.",
+                                    _RESEEDED_GENERATOR)
                 t.fail("generators with different seeds gave the same result: it does not depend on the numbers "
                        "drawn.", recipe=_RECIPE)
         tol = _rel_tol(d_k, n)

@@ -8,9 +8,11 @@ import torch
 
 from .. import nb01_qkv_shapes as att
 from .. import nb04_backward as ref
+from . import watchers
 from .core import Trial, describe_case, eager_mistakes, exercise, seeded
 from .feedback import Mistake
-from .instruments import Calls, OpLog, op_name, warm_up
+from .instruments import warm_up
+from .watchers import FORWARD_PASSES
 
 __all__ = ["softmax_jacobian", "softmax_backward", "attention_backward"]
 
@@ -295,60 +297,6 @@ def _attention_mistakes(q, k, v, dO, causal) -> dict:
     return mistakes
 
 
-_EXP_LIKE = {"exp", "exp2", "expm1", "_softmax", "_log_softmax", "logsumexp", "sigmoid", "logaddexp"}
-
-
-class _TooMuchWork(BaseException):
-    """Stops a learner's function that has already run the forward pass many times (a BaseException,
-    so that a bare ``except Exception`` in learner code cannot swallow it)."""
-
-
-class _ExpLog(OpLog):
-    """Counts the numbers that go through exp or softmax; stops the function past ``budget``."""
-
-    def __init__(self, budget: int):
-        super().__init__()
-        self.budget, self.work = budget, 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = super().__torch_dispatch__(func, types, args, kwargs)
-        op, _, _, numels = self.ops.pop()  # only the count is kept
-        if numels and (op_name(op) in _EXP_LIKE or op == "aten.pow.Scalar"):
-            self.work += numels[0]
-            if self.work > self.budget:
-                raise _TooMuchWork()
-        return out
-
-
-def _backward_watcher(fn, args: tuple, options: None) -> tuple:
-    """A watcher (``Trial.call_watched``): runs fn and observes tensors saved for an autograd backward
-    (the check's inputs do not require grad, so a by-hand computation saves none; .backward(),
-    torch.autograd.grad and torch.func.vjp always do), calls of automatic differentiation in either
-    mode (torch.autograd, torch.autograd.forward_ad, torch.func), and how many numbers went through
-    exp or softmax (finite differences run the forward pass many times: the function is stopped
-    once it has done the work of _FORWARD_PASSES + 1 forward passes, and None stands for its output)."""
-    q, k = args[0], args[1]
-    seen: dict = {"p_numel": q[..., 0].numel() * k.shape[-2]}
-    saved: list = []
-    log = _ExpLog((_FORWARD_PASSES + 1) * seen["p_numel"])
-
-    def pack(x):
-        saved.append(True)
-        return x
-
-    calls = Calls()
-    out = None
-    try:
-        with calls, log, torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
-            out = fn(*args)
-    except _TooMuchWork:
-        out = None
-    finally:
-        seen["autograd"] = calls.autograd[:1] or (["a tensor saved for the backward pass"] if saved else [])
-        seen["exp_work"] = log.work
-    return out, seen
-
-
 def _close(a, b) -> bool:
     return isinstance(a, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype and torch.allclose(a, b, atol=1e-8, rtol=1e-6)
 
@@ -365,7 +313,6 @@ _WRONG_ORDER = Mistake(
     "grads-in-wrong-order",
     "the gradients are returned in the wrong order: return (grad_q, grad_k, grad_v), the order of "
     "the inputs q, k, v.")
-_FORWARD_PASSES = 4  # exp/softmax work allowed, in forward passes (one computes P once, a careful one twice)
 
 
 @exercise("4.3", "attention backward by hand", points=3, stars=3, notebook=NB,
@@ -397,15 +344,16 @@ def attention_backward(t: Trial) -> None:
     names = ("grad_q", "grad_k", "grad_v")
     for q, k, v, grad_out, causal, expected, mistakes in cases:
         case = describe_case(q=q, k=k, v=v, grad_out=grad_out, causal=causal)
-        got, seen = t.call_watched(_backward_watcher, (q, k, v, grad_out, causal), case=case)
+        got, seen = t.call_watched(watchers.backward, (q, k, v, grad_out, causal), case=case)
+        # What watchers.backward saw decides these two only in a learner's session (t.fail_observed).
         if seen.get("autograd"):
-            t.fail(f"your function used automatic differentiation ({seen['autograd'][0]}) to get "
-                   "the gradients.", _USED_AUTOGRAD)
-        if seen.get("exp_work", 0) > _FORWARD_PASSES * seen["p_numel"]:
-            t.fail(f"your function put more than {_FORWARD_PASSES} forward passes' worth of numbers through exp or "
-                   f"softmax ({seen['exp_work']:,}; one pass computes P, {seen['p_numel']:,} numbers), and was "
-                   "stopped: gradients from many forward passes are numerical differentiation (finite "
-                   "differences), not the backward formulas.", _FINITE_DIFFERENCES)
+            t.fail_observed(f"your function used automatic differentiation ({seen['autograd'][0]}) to get "
+                            "the gradients.", _USED_AUTOGRAD)
+        if seen.get("exp_work", 0) > FORWARD_PASSES * seen["p_numel"]:
+            t.fail_observed(f"your function put more than {FORWARD_PASSES} forward passes' worth of numbers through "
+                            f"exp or softmax ({seen['exp_work']:,}; one pass computes P, {seen['p_numel']:,} numbers), "
+                            "and was stopped: gradients from many forward passes are numerical differentiation "
+                            "(finite differences), not the backward formulas.", _FINITE_DIFFERENCES)
         got = t.tuple(got, 3, names)
         for i, j in [(i, j) for i in range(3) for j in range(3) if i != j]:
             if _close(got[i], expected[j]) and not _close(got[i], expected[i]):

@@ -23,9 +23,10 @@ from .. import nb06_kv_sharing as ref
 from ..configs import MODELS
 from ..nb01_qkv_shapes import scaled_dot_product_attention
 from ..nb03_masks import causal_mask
+from . import watchers
 from .core import Trial, describe_case, draw, eager_mistakes, exercise, flipped_causal, seeded
 from .feedback import Mistake, wrong_signature
-from .instruments import OpLog, op_name, warm_up
+from .instruments import op_name, warm_up
 
 __all__ = ["repeat_kv", "grouped_query_attention", "kv_values_per_token", "mla_absorbed_scores"]
 
@@ -299,14 +300,6 @@ def _mla_model(q, c_kv, w_uk, scale: float = 1.0, first_head: bool = False) -> t
 _MLA_CASES = [(2, 3, 5, 11, 8, 7), (1, 5, 1, 13, 4, 9), (3, 5, 11, 7, 8, 9), (1, 3, 7, 17, 16, 5)]
 
 
-def _ops_watcher(fn, args: tuple, options: None) -> tuple:
-    """A watcher (``Trial.call_watched``): ``fn(*args)`` with every aten op it runs logged."""
-    log = OpLog()
-    with log:
-        out = fn(*args)
-    return out, log.ops
-
-
 @exercise("6.4", "MLA scores against the latent (absorbed W_UK)", points=3, stars=3, notebook=NB,
           section="6.3 Absorption")
 def mla_absorbed_scores(t: Trial) -> None:
@@ -362,23 +355,23 @@ def mla_absorbed_scores(t: Trial) -> None:
     for q, c_kv, w_uk, expected, mistakes in planned:
         B, H, T_q, d_h = q.shape
         T = c_kv.shape[1]
-        got, ops = t.call_watched(_ops_watcher, (q, c_kv, w_uk), case=describe_case(q=q, c_kv=c_kv, w_uk=w_uk))
+        got, ops = t.call_watched(watchers.ops, (q, c_kv, w_uk), case=describe_case(q=q, c_kv=c_kv, w_uk=w_uk))
         t.tensor(got, expected, what="scores", mistakes=mistakes,
                  hint="q_latent = q @ w_uk.transpose(-2, -1)  # [B, H, T_q, d_c]; then "
                       "q_latent @ c_kv.unsqueeze(1).transpose(-2, -1)  # [B, H, T_q, T]")
-        formed = _per_head_key_op(ops, H, T, d_h)
+        formed = _per_head_key_op(ops, H, T, d_h)  # from the op log, an observation: t.fail_observed
         if formed:
-            t.fail(f"your scores are right, but your function formed the per-head keys: the {formed} tensor "
-                   f"holds keys c_kv @ w_uk[h] (d_h = {d_h} numbers per head per cached token; T = {T}). The "
-                   "contract forbids it: at decode, building them costs 2 T d_c d_h FLOPs per head and "
-                   "per step, the very cost absorption removes.",
-                   Mistake("formed-per-head-keys",
-                           "absorb w_uk into the queries instead: move each head's queries into "
-                           "latent space first (q times w_uk[h] transposed: [B, H, T_q, d_c], "
-                           "nothing of size T in it), then score them against the cached latents. "
-                           "A three-operand einsum may contract c_kv with w_uk first: write the "
-                           "two steps yourself.",
-                           "formed the per-head keys c_kv @ w_uk[h] instead of absorbing w_uk into "
-                           "the queries"),
-                   recipe="q_latent = q @ w_uk.transpose(-2, -1)  # [B, H, T_q, d_c]; then "
-                          "q_latent @ c_kv.unsqueeze(1).transpose(-2, -1)  # [B, H, T_q, T]")
+            t.fail_observed(f"your scores are right, but your function formed the per-head keys: the {formed} tensor "
+                            f"holds keys c_kv @ w_uk[h] (d_h = {d_h} numbers per head per cached token; T = {T}). The "
+                            "contract forbids it: at decode, building them costs 2 T d_c d_h FLOPs per head and "
+                            "per step, the very cost absorption removes.",
+                            Mistake("formed-per-head-keys",
+                                    "absorb w_uk into the queries instead: move each head's queries into "
+                                    "latent space first (q times w_uk[h] transposed: [B, H, T_q, d_c], "
+                                    "nothing of size T in it), then score them against the cached latents. "
+                                    "A three-operand einsum may contract c_kv with w_uk first: write the "
+                                    "two steps yourself.",
+                                    "formed the per-head keys c_kv @ w_uk[h] instead of absorbing w_uk into "
+                                    "the queries"),
+                            recipe="q_latent = q @ w_uk.transpose(-2, -1)  # [B, H, T_q, d_c]; then "
+                                   "q_latent @ c_kv.unsqueeze(1).transpose(-2, -1)  # [B, H, T_q, T]")

@@ -5,7 +5,9 @@ These exercises ask for a *way* of computing, not only a result, so the checks a
 learner's function works (:mod:`helpers.checks.instruments`): they log every aten op the function
 runs, to see whether x is read block by block and whether a ``[T, T]`` tensor is ever formed; and
 they follow where data goes, so work moved out of PyTorch's sight (NumPy, Python lists, one Python
-number at a time) is refused with a message.
+number at a time) is refused with a message. What the instruments see (:mod:`helpers.checks.watchers`)
+fails a check in a learner's session; in ``make grade`` it is a note for a grader
+(``Trial.fail_observed``).
 
 Every case's expected output is computed before the learner's function first runs.
 """
@@ -207,12 +209,13 @@ def _check_reads_blocks(t: Trial, ops: list, x: torch.Tensor, bs: int) -> None:
     n = x.shape[-1]
     for op, first, _, _ in ops:
         if is_reduction(op) and n in first:
-            t.fail(f"your function reduced whole rows of x at once ({op} on a {list(first)} tensor, rows of "
-                   f"{n}): block_size={bs} is not used.",
-                   Mistake("whole-rows-reduced", "read x in blocks x[..., s:s + block_size] and "
-                           "fold each block into a running max m and a running sum l; only the "
-                           "final exp(x - m) / l touches the whole row, elementwise.",
-                           "reduced whole rows at once instead of reading x in blocks"))
+            t.fail_observed(f"your function reduced whole rows of x at once ({op} on a {list(first)} tensor, "
+                            f"rows of {n}): block_size={bs} is not used.",
+                            Mistake("whole-rows-reduced", "read x in blocks x[..., s:s + block_size] and "
+                                    "fold each block into a running max m and a running sum l; only the "
+                                    "final exp(x - m) / l touches the whole row, elementwise.",
+                                    "reduced whole rows at once instead of reading x in blocks"))
+            return
     covered = 0  # how many numbers went through a max before the first exp
     for op, _, _, numels in ops:
         if is_exp_like(op):
@@ -220,14 +223,14 @@ def _check_reads_blocks(t: Trial, ops: list, x: torch.Tensor, bs: int) -> None:
         if op_name(op) in MAX_LIKE:
             covered += sum(numels)
     if covered >= x.numel():
-        t.fail(f"your function took the maximum over all of x ({covered} numbers through max operations, x has "
-               f"{x.numel()}) before its first exp: that is the two-pass safe softmax (a pass for the max, a pass "
-               "for the sum), not the online one.",
-               Mistake("two-pass-softmax", "fold each block in as it arrives: exp(block - m_new) "
-                       "right away, and rescale the sum so far by exp(m_old - m_new) when a block "
-                       "raises the max. In attention the scores are never stored, so a second pass "
-                       "would mean computing q @ k^T twice.",
-                       "two-pass softmax: took the max over all of x before any exp"))
+        t.fail_observed(f"your function took the maximum over all of x ({covered} numbers through max operations, "
+                        f"x has {x.numel()}) before its first exp: that is the two-pass safe softmax (a pass for the "
+                        "max, a pass for the sum), not the online one.",
+                        Mistake("two-pass-softmax", "fold each block in as it arrives: exp(block - m_new) "
+                                "right away, and rescale the sum so far by exp(m_old - m_new) when a block "
+                                "raises the max. In attention the scores are never stored, so a second pass "
+                                "would mean computing q @ k^T twice.",
+                                "two-pass softmax: took the max over all of x before any exp"))
 
 
 @exercise("9.1", "online softmax", points=2, stars=2, notebook=NB, section="2. The online softmax")
@@ -431,29 +434,32 @@ def _check_tiles(t: Trial, ops: list, T: int, bs: int) -> None:
     __tracebackhide__ = True
     for op, _, _, _ in ops:
         if "scaled_dot_product" in op or "flash_attention" in op or "efficient_attention" in op:
-            t.fail(f"your function called torch's fused attention ({op}).",
-                   Mistake("called-fused-attention", "compute the scores of each [block_size, "
-                           "block_size] tile yourself (q_block @ k_block^T) and combine the tiles "
-                           "with the running max, sum and accumulator.",
-                           "called torch's fused attention instead of computing the tiles"))
+            t.fail_observed(f"your function called torch's fused attention ({op}).",
+                            Mistake("called-fused-attention", "compute the scores of each [block_size, "
+                                    "block_size] tile yourself (q_block @ k_block^T) and combine the tiles "
+                                    "with the running max, sum and accumulator.",
+                                    "called torch's fused attention instead of computing the tiles"))
+            return
     for op, _, outs, _ in ops:
         for shape in outs:
             if len(shape) >= 2 and shape[-1] >= T and shape[-2] >= T:
-                t.fail(f"your function created a {list(shape)} tensor ({op}): with T = {T} and block_size = {bs} "
-                       "that is a full [T, T] matrix, the memory FlashAttention exists to avoid.",
-                       Mistake("formed-full-TxT-tensor", "hold one [block_size, block_size] tile "
-                               "of scores at a time; build the causal mask of a tile from "
-                               "torch.arange(qs, qe)[:, None] and torch.arange(ks, ke)[None, :], "
-                               "not from a [T, T] mask.",
-                               "formed a full [T, T] tensor (scores or mask) instead of tiles"))
+                t.fail_observed(f"your function created a {list(shape)} tensor ({op}): with T = {T} and "
+                                f"block_size = {bs} that is a full [T, T] matrix, the memory FlashAttention exists "
+                                "to avoid.",
+                                Mistake("formed-full-TxT-tensor", "hold one [block_size, block_size] tile "
+                                        "of scores at a time; build the causal mask of a tile from "
+                                        "torch.arange(qs, qe)[:, None] and torch.arange(ks, ke)[None, :], "
+                                        "not from a [T, T] mask.",
+                                        "formed a full [T, T] tensor (scores or mask) instead of tiles"))
+                return
     for op, first, _, _ in ops:
         if is_reduction(op) and len(first) >= 2 and first[-1] >= T:
-            t.fail(f"your function reduced over all {T} keys at once ({op} on a {list(first)} tensor): a strip of "
-                   "scores against every key is not a tile.",
-                   Mistake("reduced-over-all-keys", "split the keys into blocks too: loop over key "
-                           "blocks inside the query-block loop and combine them with the running "
-                           "max m, sum l and accumulator acc.",
-                           "reduced over all keys at once instead of over key blocks"))
+            t.fail_observed(f"your function reduced over all {T} keys at once ({op} on a {list(first)} tensor): a "
+                            "strip of scores against every key is not a tile.",
+                            Mistake("reduced-over-all-keys", "split the keys into blocks too: loop over key "
+                                    "blocks inside the query-block loop and combine them with the running "
+                                    "max m, sum l and accumulator acc.",
+                                    "reduced over all keys at once instead of over key blocks"))
 
 
 _TILED_HINT = ("for each key block: s = q_blk @ k_blk^T / sqrt(d); m_new = max(m, rowmax(s)); alpha = exp(m - m_new); "

@@ -15,7 +15,9 @@ descriptors, ``@triton.autotune`` (in the interpreter the first config is taken,
 benchmarking) or any grid layout are all accepted. The cases go from friendly to awkward (a sequence
 length that every block size divides, then ragged lengths, then several batches and heads), and a
 ``v`` made of one-hot rows turns the output into the attention weights themselves, so a wrong weight
-pattern (scale, causal condition, normalisation, skipped key blocks) is diagnosed from it.
+pattern (scale, causal condition, normalisation, skipped key blocks) is diagnosed from it. How the
+output was computed (:func:`helpers.checks.watchers.kernel`) fails a check in a learner's session;
+in ``make grade`` it is a note for a grader (``Trial.fail_observed``).
 
 Every case's expected output is computed before the learner's function first runs.
 """
@@ -23,24 +25,20 @@ Every case's expected output is computed before the learner's function first run
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from .. import nb01_qkv_shapes as att
+from . import watchers
 from .core import _RETURNED_NONE, Trial, describe, describe_case, exercise, seeded
 from .diagnose import ranges_text
 from .feedback import Mistake
+from .guard import _len, _type
 from .instruments import (
     EMPTY_FILL,
     KERNEL,
-    Calls,
-    GuardAllocations,
-    KernelLaunches,
-    Provenance,
     guarded,
     kernel_device,
     triton_version,
@@ -51,9 +49,6 @@ from .nb09_flash_attention import _COURSE_FUNCTIONS, LOG2E, NB, _qkv, _tiled_mod
 __all__ = ["flash_attention_triton", "flash_attention_triton_backward"]
 
 TRITON_TIME_LIMIT_S = 120.0  # per call: the interpreter is slow, and a GPU compiles on first use
-
-_HELPERS = Path(__file__).resolve().parent.parent
-_KERNEL_FILES = {str(_HELPERS / "nb09_triton_flash.py")}
 
 
 _TRITON_ERRORS = {
@@ -96,7 +91,7 @@ _TRITON_ERRORS = {
         "first, tl.dot(p.to(v.dtype), v).", "tl.dot on tiles of different dtypes"),
 }
 
-# What _kernel_watcher can observe, by slug: the watcher runs in the notebook's process and hands
+# What watchers.kernel can observe, by slug: the watcher runs in the notebook's process and hands
 # back plain data (the message and the slug), and the check names the mistake from this table.
 _WATCHED = {m.slug: m for m in (
     Mistake("store-past-end", "mask every tl.store with the rows (or keys) that exist, e.g. "
@@ -117,60 +112,11 @@ _WATCHED = {m.slug: m for m in (
 )}
 
 
-def _flat_tensors(x: Any, depth: int = 0) -> list:
-    """The tensors in an output, in order (tuples, lists and dict values looked into)."""
-    if isinstance(x, torch.Tensor):
-        return [x]
-    if depth > 5:
-        return []
-    items = x.values() if type(x) is dict else x if type(x) in (tuple, list) else ()
-    return [t for item in items for t in _flat_tensors(item, depth + 1)]
-
-
-def _kernel_watcher(fn: Any, args: tuple, options: dict) -> tuple[Any, dict]:
-    """A watcher (``Trial.call_watched``): ``fn(*args)`` with guarded allocations, kernel launches
-    recorded and the data of the arguments named in ``options["sources"]`` (name -> position)
-    followed. Observes, in order, what is wrong with how the output was computed (``failures``:
-    (message, slug) pairs, the slug a key of :data:`_WATCHED`) and which sources each output
-    tensor's data comes from (``written``)."""
-    sources = {name: args[i] for name, i in options["sources"].items()}
-    watched = {"q", "k", "v"}
-    prov, calls, guard = Provenance(sources, watched), Calls(), GuardAllocations()
-    launches = KernelLaunches(prov, calls, interpreter=kernel_device().type == "cpu")
-    with calls, prov, launches, guard, warnings.catch_warnings():
-        # NumPy's "invalid value" warnings from a kernel making NaN in the interpreter: the check names it.
-        warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.")
-        out = fn(*args)
-    failures = []
-    if guard.overrun():
-        failures.append(("your kernel wrote past the end of a tensor it stores into (the memory just after out, lse or a "
-                         "gradient changed).", "store-past-end"))
-    if not launches.launches:
-        failures.append(("no Triton kernel ran during your function.", "no-kernel-launched"))
-    if any(f in _KERNEL_FILES for _, f, _ in launches.launches) and not options["is_reference"]:
-        failures.append(("your function launched the course's kernel (helpers/nb09_triton_flash.py) instead of your own.",
-                         "launched-course-kernel"))
-    where = "your kernels" if len({name for name, _, _ in launches.launches}) > 1 else "your kernel"
-    if prov.mixed:
-        failures.append((f"your function computed with q, k and v in PyTorch ({prov.mixed[0]}): in this exercise the "
-                         f"attention is computed in {where}, not in PyTorch around it.",
-                         "attention-in-pytorch"))
-    how = next((how for how, x in calls.exported
-                if x.numel() > 1 and prov.sources(x) & watched and KERNEL not in prov.sources(x)), "")
-    if how:
-        failures.append((f"your function took q, k or v out of PyTorch ({how}): in this exercise the attention is "
-                         f"computed in {where}.", "data-left-torch"))
-    if prov.scalar_reads >= sources["q"].numel() // 2:
-        failures.append((f"your function read q, k or v into {prov.scalar_reads} Python numbers one at a time: in this "
-                         f"exercise the attention is computed in {where}.",
-                         "read-numbers-one-at-a-time"))
-    return out, {"failures": failures, "written": [sorted(prov.sources(x)) for x in _flat_tensors(out)]}
-
-
 def _call_kernel(t: Trial, *args: Any, sources: dict[str, int], case: str) -> tuple[Any, dict]:
-    """``t.call(*args)`` through :func:`_kernel_watcher`. Fails on a store past the end, on no Triton
-    launch at all, on a launch of the course's own kernel, and when the attention was computed
-    outside the learner's kernels. Returns (output, what each output tensor was written from)."""
+    """``t.call(*args)`` through :func:`helpers.checks.watchers.kernel`. Fails (``t.fail_observed``)
+    on a store past the end, on no Triton launch at all, on a launch of the course's own kernel, and
+    when the attention was computed outside the learner's kernels. Returns (output, what each output
+    tensor was written from)."""
     __tracebackhide__ = True
     try:
         import triton  # noqa: F401
@@ -180,25 +126,35 @@ def _call_kernel(t: Trial, *args: Any, sources: dict[str, int], case: str) -> tu
                        "Change runtime type > GPU).",
                        "Triton is not installed where the notebook ran"))
     warm_up()
-    got, seen = t.call_watched(_kernel_watcher, args, {"sources": sources, "is_reference": t.is_reference}, case=case)
-    if seen["failures"]:
-        message, slug = seen["failures"][0]
-        t.fail(message, _WATCHED.get(slug, "") if isinstance(slug, str) else "")
-    return got, {id(x): set(w) for x, w in zip(_flat_tensors(got), seen["written"])}
+    got, seen = t.call_watched(watchers.kernel, args, {"sources": sources, "is_reference": t.is_reference}, case=case)
+    _fail_watched(t, seen["failures"], _WATCHED)
+    return got, {id(x): set(w) for x, w in zip(watchers.flat_tensors(got), seen["written"])}
+
+
+def _fail_watched(t: Trial, failures: Any, table: dict[str, Mistake]) -> None:
+    """``t.fail_observed`` on the first of the watcher's ``failures`` ((message, slug) pairs; the
+    mistake is ``table[slug]``). They come from the notebook's process: plain data of any form."""
+    __tracebackhide__ = True
+    if _type(failures) in (list, tuple) and failures:
+        first = failures[0]
+        message, slug = first if _type(first) in (list, tuple) and _len(first) == 2 else ("", "")
+        t.fail_observed(str(message)[:500] or "your kernel was not run as the check expects.",
+                        table.get(slug, "") if _type(slug) is str else "")
 
 
 def _written_by_kernel(t: Trial, written: dict, got: torch.Tensor, what: str, needs: set[str]) -> None:
-    """Fail unless the data of ``got`` comes from a kernel launch that read the inputs in ``needs``."""
+    """Fail unless the data of ``got`` comes from a kernel launch that read the inputs in ``needs``
+    (``written``, from the watcher's observations: ``t.fail_observed``)."""
     __tracebackhide__ = True
     have = written.get(id(got), set())
     if not needs | {KERNEL} <= have:
         read = ", ".join(sorted(have - {KERNEL})) or "none of the inputs"
-        t.fail(f"{what} was not written by a Triton kernel that read {' and '.join(sorted(needs))} (its data comes "
-               f"from: {read}).",
-               Mistake("output-not-written-by-kernel", "launch your kernel with "
-                       f"{', '.join(sorted(needs))} and {what} among its arguments, let it store "
-                       f"the result into {what}, and return that tensor.",
-                       "the returned tensor was not written by a kernel that read the inputs"))
+        t.fail_observed(f"{what} was not written by a Triton kernel that read {' and '.join(sorted(needs))} (its "
+                        f"data comes from: {read}).",
+                        Mistake("output-not-written-by-kernel", "launch your kernel with "
+                                f"{', '.join(sorted(needs))} and {what} among its arguments, let it store "
+                                f"the result into {what}, and return that tensor.",
+                                "the returned tensor was not written by a kernel that read the inputs"))
 
 
 def _attention64(q, k, v, causal: bool):

@@ -29,30 +29,20 @@ before the learner's function first runs.
 
 from __future__ import annotations
 
-import inspect
 import math
-import warnings
-from pathlib import Path
-from typing import Any
 
 import torch
 
+from . import watchers
 from .core import Trial, describe_case, exercise, seeded
 from .feedback import Mistake
 from .guard import _allclose, _float64, _Tensor, _type
 from .instruments import (
-    KERNEL,
-    Calls,
-    GuardAllocations,
-    KernelLaunches,
-    Provenance,
-    disabled_modes,
     guarded,
     kernel_device,
-    tensor_args,
     warm_up,
 )
-from .nb09_triton_flash import _TRITON_ERRORS, _tol, _written_by_kernel
+from .nb09_triton_flash import _TRITON_ERRORS, _fail_watched, _tol, _written_by_kernel
 
 __all__ = ["paged_decode_triton"]
 
@@ -60,9 +50,6 @@ NB = "12_serving"
 TRITON_TIME_LIMIT_S = 120.0  # per call: the interpreter is slow, and a GPU compiles on first use
 _COURSE_FUNCTIONS = {"paged_decode_triton", "paged_decode_splits", "merge_splits_triton",
                      "flash_attention_triton", "flash_attention_triton_forward"}
-_HELPERS = Path(__file__).resolve().parent.parent
-_COURSE_KERNEL_FILES = {str(_HELPERS / "nb12_triton_decode.py"),
-                        str(_HELPERS / "nb09_triton_flash.py")}
 _ARGS = ("q", "k_pages", "v_pages", "block_tables", "seq_lens")
 
 
@@ -227,48 +214,7 @@ def _cases(dev: torch.device) -> list[dict]:
 # --------------------------------------------------------------------------- calling the learner
 
 
-class _ProgramCount(KernelLaunches):
-    """:class:`KernelLaunches` that also adds up the programs of the launches that read the cache
-    (a tensor argument holding k's or v's data that no kernel computed): ``programs``, or None
-    once a launch's grid could not be read."""
-
-    def __init__(self, prov: Provenance, calls: Calls, interpreter: bool):
-        super().__init__(prov, calls, interpreter)
-        self.programs: int | None = 0
-
-    def _launch(self, cls: type, original: Any) -> Any:
-        inner = super()._launch(cls, original)
-        counter = self
-
-        def run(this, *args, **kwargs):
-            if not kwargs.get("warmup") and counter.programs is not None:
-                with disabled_modes():
-                    reads = any(counter.prov.sources(x) & {"k", "v"}
-                                and KERNEL not in counter.prov.sources(x)
-                                for x in tensor_args(args, kwargs))
-                if reads:
-                    n = _grid_size(this, args, kwargs)
-                    counter.programs = None if n is None else counter.programs + n
-            return inner(this, *args, **kwargs)
-
-        return run
-
-
-def _grid_size(kernel: Any, args: tuple, kwargs: dict) -> int | None:
-    """How many programs a launch ``kernel.run(*args, grid=..., **kwargs)`` starts, or None."""
-    grid = kwargs.get("grid")
-    try:
-        if callable(grid):
-            names = list(inspect.signature(kernel.fn).parameters)
-            meta = {**{k: v for k, v in kwargs.items() if k in names}, **dict(zip(names, args))}
-            grid = grid(meta)
-        grid = tuple(grid) if isinstance(grid, (tuple, list)) else (grid,)
-        return math.prod(int(g) for g in grid)
-    except Exception:  # noqa: BLE001 - a grid this cannot read: no count, no complaint
-        return None
-
-
-# The mistakes the watcher (which runs in the notebook's process) reports, by slug: what crosses
+# The mistakes watchers.decode (which runs in the notebook's process) reports, by slug: what crosses
 # back is plain data, and the check looks the Mistake up here.
 _WATCHED = {m.slug: m for m in (
     Mistake("store-past-end", "mask every tl.store with the rows that exist (e.g. the query heads "
@@ -291,49 +237,6 @@ _WATCHED = {m.slug: m for m in (
             "arithmetic inside it.",
             "took q, k or v out of PyTorch (NumPy, Python numbers)"),
 )}
-
-
-def _decode_watcher(fn: Any, args: tuple, options: dict) -> tuple[Any, dict]:
-    """A watcher (``Trial.call_watched``): ``fn(*args)`` with guarded allocations, kernel launches
-    recorded and the data of q, k_pages, v_pages, block_tables and seq_lens followed. Observes
-    what is wrong with how the output was computed (``failures``: (message, slug) pairs, the slug
-    a key of :data:`_WATCHED`), which sources the output's data comes from (``written``) and how
-    many programs the launches that read the cache started (``programs``, None if unknown)."""
-    names = {"q": 0, "k": 1, "v": 2, "block_tables": 3, "seq_lens": 4}
-    prov = Provenance({name: args[i] for name, i in names.items()}, {"q", "k", "v"})
-    calls, guard = Calls(), GuardAllocations()
-    launches = _ProgramCount(prov, calls, interpreter=kernel_device().type == "cpu")
-    with calls, prov, launches, guard, warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.")
-        out = fn(*args)
-    failures = []
-    if guard.overrun():
-        failures.append(("your kernel wrote past the end of a tensor it stores into.",
-                         "store-past-end"))
-    if not launches.launches:
-        failures.append(("no Triton kernel ran during your function.",
-                         "no-kernel"))
-    course = [f for _, f, _ in launches.launches if f in _COURSE_KERNEL_FILES]
-    if course and not options["is_reference"]:
-        failures.append(("your function launched the course's kernel instead of your own.",
-                         "course-kernel"))
-    gathered = next((m for m in prov.mixed if "block_tables" in m), "")
-    if gathered:
-        failures.append((f"your function gathered the cache through the block table in PyTorch "
-                         f"({gathered}).", "gathered-in-pytorch"))
-    elif prov.mixed:
-        failures.append((f"your function computed with q, k and v in PyTorch ({prov.mixed[0]}): "
-                         "the scores and weighted sums belong in your kernel.",
-                         "computed-in-pytorch"))
-    how = next((how for how, x in calls.exported
-                if x.numel() > 1 and prov.sources(x) & {"q", "k", "v"}
-                and KERNEL not in prov.sources(x)), "")
-    if how:
-        failures.append((f"your function took q, k or v out of PyTorch ({how}).",
-                         "left-pytorch"))
-    flat = [out] if isinstance(out, torch.Tensor) else []
-    return out, {"failures": failures, "written": [sorted(prov.sources(x)) for x in flat],
-                 "programs": launches.programs}
 
 
 def _nan_hint(c: dict, got: torch.Tensor, passed: list[int]) -> str:
@@ -371,17 +274,18 @@ _IGNORED_SPLITS = Mistake(
 
 
 def _check_programs(t: Trial, c: dict, programs: int | None) -> None:
-    """Fail when the launches that read the cache started fewer programs than the split asks."""
+    """Fail when the launches that read the cache started fewer programs than the split asks
+    (``programs``, observed by the watcher: ``t.fail_observed``)."""
     n_splits = c["n_splits"]
     if not isinstance(n_splits, int) or n_splits < 2 or _type(programs) is not int:
         return  # programs comes from the notebook's process: anything but an int is not a count
     B, H_kv = c["q"].shape[0], c["k_pages"].shape[2]
     need = n_splits * B * H_kv
     if programs < need:
-        t.fail(f"the right output, but your kernels that read the cache launched {programs} "
-               f"program(s) in all; n_splits={n_splits} with B={B} sequences and H_kv={H_kv} kv "
-               f"heads needs at least n_splits * B * H_kv = {need}, one per (split, sequence, kv "
-               "head).", _IGNORED_SPLITS)
+        t.fail_observed(f"the right output, but your kernels that read the cache launched {programs} "
+                        f"program(s) in all; n_splits={n_splits} with B={B} sequences and H_kv={H_kv} kv "
+                        f"heads needs at least n_splits * B * H_kv = {need}, one per (split, sequence, kv "
+                        "head).", _IGNORED_SPLITS)
 
 
 _RECIPE = ("program (split, b, kv head): seq_len = tl.load(SeqLens + b); chunk [lo, hi) of "
@@ -406,13 +310,9 @@ def paged_decode_triton(t: Trial) -> None:
                              sm_scale=c["sm_scale"]) + f" (lengths {c['seq_lens'].tolist()})"
         __tracebackhide__ = True
         warm_up()
-        got, seen = t.call_watched(_decode_watcher, (*args, c["n_splits"], c["sm_scale"]),
+        got, seen = t.call_watched(watchers.decode, (*args, c["n_splits"], c["sm_scale"]),
                                    {"is_reference": t.is_reference}, case=f"{case} on {dev.type}")
-        if seen["failures"]:
-            first = seen["failures"][0]  # from the notebook's process: plain data of any form
-            message, slug = first if _type(first) in (list, tuple) and len(first) == 2 else ("", "")
-            t.fail(str(message)[:500] or "your kernel was not run as the check expects.",
-                   _WATCHED.get(slug, "") if _type(slug) is str else "")
+        _fail_watched(t, seen["failures"], _WATCHED)
         expected, dtype = c["expected"], c["dtype"]
         tol = _tol(dtype, dev, "fwd")
         diagnosis = ""
