@@ -9,7 +9,7 @@ exercise asks for a particular way (block by block, by hand, inside a Triton ker
 - :class:`Calls` is a profile hook (chained with any profiler already active) that records
   conversions of tensors out of PyTorch and calls into automatic differentiation.
 
-- :func:`call_logged` runs the learner's function under all three (9.1, 9.2).
+- ``nb09_flash_attention.call_logged`` runs the learner's function under all three (9.1, 9.2).
 - :class:`GuardAllocations` puts the float tensors the learner allocates inside padded buffers,
   and :class:`KernelLaunches` records every Triton kernel launch and marks what it wrote (9.3, 9.4).
 
@@ -315,17 +315,6 @@ class Watched:
 
     def __init__(self, ops: list, exported: str, scalar_reads: int):
         self.ops, self.exported, self.scalar_reads = ops, exported, scalar_reads
-
-
-def call_logged(t: Trial, *args: Any, sources: dict[str, int], case: str) -> tuple[Any, Watched]:
-    """``t.call(*args)`` with the learner's aten ops logged and the data of ``sources`` (name ->
-    position among ``args``) followed."""
-    __tracebackhide__ = True
-    from .watchers import logged  # here: watchers imports this module
-
-    warm_up()
-    got, seen = t.call_watched(logged, args, sources, case=case)
-    return got, Watched(seen["ops"], seen["exported"], seen["scalar_reads"])
 
 
 def check_stays_in_torch(t: Trial, seen: Watched, what: str, reads_limit: int | None) -> None:

@@ -11,6 +11,7 @@ from .. import nb01_qkv_shapes as att
 from .. import nb03_masks as ref
 from .core import Trial, describe, describe_case, draw, exercise, seeded
 from .feedback import Mistake
+from .probes import ToyAttention
 
 __all__ = ["causal_mask", "padding_mask", "masked_softmax", "prefix_lm_mask", "packed_causal_mask", "find_mask_leaks"]
 
@@ -370,39 +371,6 @@ def packed_causal_mask(t: Trial) -> None:
 
 
 # --------------------------------------------------------------------------- 3.6
-
-
-class ToyAttention:
-    """An attention_fn for the checks: ``layers`` single-head attention layers with residual
-    connections and random weights fixed by ``seed``, x ``[1, T, D]`` -> ``[1, T, D]`` (in x's dtype).
-
-    Scores are masked with ``mask`` before the softmax; ``zero_after_softmax`` (bool ``[T, T]``)
-    additionally zeroes weights *after* it without renormalising (a denominator leak);
-    ``roundoff`` adds a step that cancels exactly on paper but leaves float round-off that depends on
-    every position. (A class, not a closure: when ``make grade`` grades, it travels to the
-    notebook's process as an argument.)"""
-
-    def __init__(self, mask: torch.Tensor, d_model: int, seed: int, layers: int = 1,
-                 zero_after_softmax: torch.Tensor | None = None, roundoff: bool = False):
-        g = seeded(seed)
-        self.mask, self.d_model, self.zero_after_softmax, self.roundoff = mask, d_model, zero_after_softmax, roundoff
-        self.weights = [torch.randn(d_model, 3 * d_model, generator=g, dtype=torch.float64) / math.sqrt(d_model)
-                        for _ in range(layers)]
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        T, d_model = self.mask.shape[-1], self.d_model
-        if not isinstance(x, torch.Tensor) or tuple(x.shape) != (1, T, d_model) or not x.is_floating_point():
-            raise ValueError(f"attention_fn expects a float tensor x of shape [1, {T}, {d_model}], got {describe(x)}")
-        if self.roundoff:
-            c = x.mean(dim=1, keepdim=True)
-            x = (x + c) - c
-        for w in self.weights:
-            q, k, v = (x @ w.to(x.dtype)).split(d_model, dim=-1)
-            p = att.masked_softmax(att.scaled_scores(q, k), self.mask)
-            if self.zero_after_softmax is not None:
-                p = p * self.zero_after_softmax
-            x = x + p @ v
-        return x
 
 
 toy_attention = ToyAttention

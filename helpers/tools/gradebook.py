@@ -3,7 +3,10 @@ gradebook CSV of a class, and whether everything that counts passed."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +26,7 @@ class Row:
     review: str = ""  # why the notebook needs a look by hand ("" for a trusted notebook)
     mistake_id: str = ""  # the failure as a class report counts it: "5.2/missing-W_O", "5.1/not-recognised-values"
     mistake: str = ""  # its one-line description
+    sandbox: str = ""  # where the notebook ran (helpers.tools.sandbox: namespaces, user, none)
 
     @property
     def earned(self) -> int:
@@ -81,7 +85,7 @@ def format_table(rows: list[Row]) -> str:
 
 
 GRADEBOOK_FIELDS = ("student", "notebook", "exercise", "function", "points", "max_points", "bonus", "status", "hint",
-                   "review", "mistake_id", "mistake")
+                   "review", "mistake_id", "mistake", "sandbox")
 
 
 def write_gradebook(rows: list[Row], path: Path) -> None:
@@ -90,15 +94,24 @@ def write_gradebook(rows: list[Row], path: Path) -> None:
     imports). ``review`` is empty for a trusted notebook and names what a grader should look at
     otherwise; ``mistake_id`` is the failure's stable identifier (``5.2/missing-W_O``, or
     ``<exercise>/not-recognised-<what>``) and ``mistake`` its one-line description, both empty for a
-    pass, an unattempted exercise and a notebook not handed in."""
+    pass, an unattempted exercise and a notebook not handed in; ``sandbox`` says where the notebook
+    ran. Written to a temporary file beside ``path``, then renamed over it: a reader sees the old
+    gradebook or the new one, never half of one."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f)
-        w.writerow(GRADEBOOK_FIELDS)
-        for r in rows:
-            w.writerow([csv_cell(r.student), r.notebook, r.id, r.name, r.earned, r.points, int(r.bonus), r.status,
-                        csv_cell(" ".join(r.hint.split())), csv_cell(" ".join(r.review.split())), r.mistake_id,
-                        csv_cell(r.mistake)])
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", newline="", encoding="utf-8") as f:
+            w = csv.writer(f)
+            w.writerow(GRADEBOOK_FIELDS)
+            for r in rows:
+                w.writerow([csv_cell(r.student), r.notebook, r.id, r.name, r.earned, r.points, int(r.bonus), r.status,
+                            csv_cell(" ".join(r.hint.split())), csv_cell(" ".join(r.review.split())), r.mistake_id,
+                            csv_cell(r.mistake), r.sandbox])
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 _FORMULA = ("=", "+", "-", "@", "\t", "\r")
@@ -134,7 +147,7 @@ def read_gradebook(path: Path) -> list[Row]:
             rows.append(Row(rec["notebook"], rec["exercise"], rec["function"], points, rec["status"],
                             _uncell(rec.get("hint") or ""), rec.get("bonus") in ("1", "True", "true"),
                             _uncell(rec["student"]), _uncell(rec.get("review") or ""), rec.get("mistake_id") or "",
-                            _uncell(rec.get("mistake") or "")))
+                            _uncell(rec.get("mistake") or ""), rec.get("sandbox") or ""))
     return rows
 
 

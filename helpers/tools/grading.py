@@ -21,9 +21,9 @@ import json
 import multiprocessing
 import os
 import re
-import resource
 import secrets
-import signal
+import socket
+import struct
 import sys
 import time
 from collections.abc import Iterable
@@ -33,14 +33,25 @@ from pathlib import Path
 
 import nbformat
 
-from . import DEFAULT_CELL_TIMEOUT_S, judging
+from . import DEFAULT_CELL_TIMEOUT_S, judging, sandbox
 from .gradebook import Row, flagged, format_table, passed, write_gradebook
 from .nbgrader import write_nbgrader_course
+
+
+def find_copies(cells: dict[int, str], names: list[str]) -> dict[str, str]:
+    """Review notes for graded functions that copy the course's reference (``copies``)."""
+    try:
+        from .copies import find_copies as find
+    except ImportError:  # not written yet
+        return {}
+    return find(cells, names)
 
 STATUSES = ("passed", "failed", "not attempted", "error", "timed out", "missing", "not run")
 START_TIMEOUT_S = 60.0  # a notebook's process setting itself up (before its first cell)
 GRACE_S = 10.0  # after an interrupt, how long a notebook has to stop before it is killed
-MAX_MESSAGE_BYTES = 1 << 20
+MAX_MESSAGE_BYTES = 1 << 16  # a message from the notebook's process to the grader (progress only)
+MAX_MESSAGES = 100_000  # from one notebook: more is a flood, and ends it
+SEND_TIMEOUT_S = 30.0  # a notebook that does not read what the grader or the judge sends
 # Imported once by the fork server; every notebook's process starts with them loaded. The grading
 # process itself does not import torch: it learns the course's exercises from a forked process.
 # torch._dynamo is imported by torch on first use of a dispatch mode (the checks' op log): seconds.
@@ -68,6 +79,8 @@ class Submission:
     stem: str
     path: Path | None
     note: str = ""
+    cells: dict[int, str] | None = None  # its code cells, read once before any notebook runs
+    unreadable: str = ""  # why it could not be read
 
 
 # --------------------------------------------------------------------------- what the course expects
@@ -222,94 +235,26 @@ def collect(targets: Iterable[str]) -> tuple[list[Submission], list[str]]:
     return subs, [n for s in subs if s.note for n in [s.note]] + notes
 
 
-# --------------------------------------------------------------------------- one notebook, in its own process
-
-
 def _summary(e: BaseException) -> str:
-    try:
-        text = str(e).strip()
-    except Exception:  # noqa: BLE001 - a hostile __str__
-        text = ""
-    if isinstance(e, SyntaxError):
-        text = f"{e.msg} (line {e.lineno})" if e.lineno else str(e.msg)
+    text = str(e).strip()
     return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}".strip().rstrip(":")
 
 
-def _child(conn: Connection, judge_conn: Connection, path: str, cells: list[tuple[int, str]], threads: int) -> None:
-    """Run one notebook's code cells, then answer the judge's calls of its functions (``judging.serve``).
-
-    Runs in a fresh process forked from the fork server, in a session of its own (so that the
-    grader can end every process the notebook starts). The audit hooks are installed before the
-    notebook's code runs; what the serving needs is bound here, before it runs too.
-    """
-    from ..checks import feedback, guard
-    from . import judging
-
-    send = conn.send_bytes
-    serve, interrupted, dumps = judging.serve, KeyboardInterrupt, json.dumps
-    try:
-        os.setsid()
-        audit = judging.Audit()
-        snapshots = guard.guard_copy()
-        devnull = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(devnull, fd)
-        # The grader stops a cell with SIGINT. A process started in the background (a CI job, `cmd &`)
-        # inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler: put it back.
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        os.environ[feedback.RAISE_NOT_ATTEMPTED_ENV] = "1"  # an unattempted exercise fails, not a notice
-        os.environ["MPLBACKEND"] = "agg"
-        import matplotlib
-
-        matplotlib.use("agg")
-        import torch
-
-        torch.set_num_threads(threads)
-        from IPython.core.interactiveshell import InteractiveShell
-        from traitlets.config import Config
-
-        folder = str(Path(path).parent.resolve())
-        os.chdir(folder)
-        sys.path.insert(0, folder)
-        config = Config()
-        config.HistoryAccessor.enabled = False  # no sqlite history: nothing shared, nothing kept
-        shell = InteractiveShell.instance(config=config)
-        for index, source in cells:
-            send(dumps({"type": "cell", "index": index}).encode())
-            try:
-                result = shell.run_cell(source, store_history=True)
-                error = result.error_before_exec or result.error_in_exec
-            except BaseException as e:  # noqa: BLE001 - run_cell itself should not raise; be sure
-                error = e
-            if error is not None:
-                kind = "timed out" if isinstance(error, interrupted) else "error"
-                send(dumps({"type": "cell_error", "index": index, "kind": kind, "error": _summary(error)}).encode())
-        namespace = shell.user_ns
-    except BaseException as e:  # noqa: BLE001 - the grader's own set-up failed: say so
-        send(dumps({"type": "crash", "error": _summary(e)}).encode())
-        os._exit(1)
-    send(dumps({"type": "cells_done"}).encode())
-    try:
-        serve(judge_conn, namespace, audit, snapshots)
-    except BaseException:  # noqa: BLE001 - the judge reports a process that stopped answering
-        pass
-    usage = resource.getrusage(resource.RUSAGE_SELF)  # this process's own CPU time, since its fork
-    try:
-        send(dumps({"type": "usage", "cpu_s": usage.ru_utime + usage.ru_stime}).encode())
-    finally:
-        os._exit(0)
+# --------------------------------------------------------------------------- one notebook, in the sandbox
 
 
 @dataclass
 class _Running:
     sub: Submission
-    process: multiprocessing.process.BaseProcess
-    conn: Connection
-    judge_end: Connection | None  # the judge's end of the pipe to the notebook's process, until the judge starts
+    conn: Connection  # from the notebook's process: its progress (untrusted)
+    lifeline: int | None  # write end: a byte "i" interrupts the notebook, closing it ends the notebook
+    judge_end: Connection | None  # the judge's end of the channel to the notebook, until the judge starts
     code_cells: dict[int, str]
     names: list[str]
     cell_timeout: float
     threads: int
+    deadline: float  # when the notebook is ended whatever it says (no message moves it)
+    started_at: float = field(default_factory=time.monotonic)
     current: tuple[str, object] = ("start", None)  # ("cell", index) or ("check", name)
     started: float = field(default_factory=time.monotonic)
     interrupted_at: float | None = None
@@ -320,8 +265,10 @@ class _Running:
     timed_out_cells: set[int] = field(default_factory=set)
     results: dict[str, tuple[str, str, str, str]] = field(default_factory=dict)  # status, hint, mistake_id, mistake
     review: list[str] = field(default_factory=list)
+    messages: int = 0
     cpu_s: float = 0.0
     crash: str = ""
+    past_deadline: bool = False
     done: bool = False
     judged: bool = False
 
@@ -340,25 +287,53 @@ def _read_cells(path: Path) -> dict[int, str]:
         raise UnreadableNotebook(f"{path} is not a readable notebook ({type(e).__name__}: {str(e).strip()[:200]})") from None
 
 
-def _start(ctx, sub: Submission, cell_timeout: float, threads: int) -> _Running | list[Row]:
+def read_all(subs: list[Submission]) -> None:
+    """Read every submission once, before any notebook runs (what is graded is what was handed in,
+    whatever a notebook does to the files later)."""
+    for sub in subs:
+        if sub.path is None:
+            continue
+        try:
+            sub.cells = _read_cells(sub.path)
+        except UnreadableNotebook as e:
+            sub.unreadable = str(e)
+
+
+def _timeval(seconds: float) -> bytes:
+    return struct.pack("ll", int(seconds), 0)
+
+
+def _start(ctx, zygote: sandbox.Zygote, sub: Submission, cell_timeout: float, threads: int) -> _Running | list[Row]:
     exercises = course_notebooks()[sub.stem]
     names = [ex.name for ex in exercises]
     if sub.path is None:
         return [_row(sub, ex, "missing", "notebook not handed in.") for ex in exercises]
-    try:
-        code = _read_cells(sub.path)
-    except UnreadableNotebook as e:
-        return [_row(sub, ex, "error", str(e)) for ex in exercises]
+    if sub.unreadable:
+        return [_row(sub, ex, "error", sub.unreadable) for ex in exercises]
+    code = sub.cells or {}
     known = {ex.name for exs in course_notebooks().values() for ex in exs}
     run = [(i, s) for i, s in code.items() if not ((m := CHECK_CELL.match(s)) and m.group(1) in known)]
-    parent, child = ctx.Pipe(duplex=True)
-    judge_end, notebook_end = ctx.Pipe(duplex=True)
-    process = ctx.Process(target=_child, args=(child, notebook_end, str(sub.path), run, threads), daemon=True)
-    with _anonymous_main():
-        process.start()
-    child.close()
-    notebook_end.close()
-    return _Running(sub, process, parent, judge_end, code, names, cell_timeout, threads)
+    ours, theirs = socket.socketpair()
+    judge_end, notebook_end = socket.socketpair()
+    for s in (ours, judge_end):  # a notebook that does not read cannot block the grader or its judge
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(SEND_TIMEOUT_S))
+    life_r, life_w = os.pipe()
+    try:
+        zygote.spawn(sub.stem, threads, theirs.fileno(), notebook_end.fileno(), life_r,
+                     cpu_s=int((START_TIMEOUT_S + cell_timeout * (len(run) + len(names))) * threads) + 60)
+    finally:
+        for s in (theirs, notebook_end):
+            s.close()
+        os.close(life_r)
+    deadline = time.monotonic() + START_TIMEOUT_S + cell_timeout * (len(run) + len(names)) + 2 * GRACE_S
+    r = _Running(sub, Connection(ours.detach()), life_w, Connection(judge_end.detach()), code, names, cell_timeout,
+                 threads, deadline)
+    try:
+        r.conn.send_bytes(json.dumps({"cells": run}).encode())
+    except OSError as e:
+        r.crash = f"the notebook's process did not take its cells ({e.strerror or e})"
+        _kill(r)
+    return r
 
 
 def _start_judge(ctx, r: _Running) -> None:
@@ -374,6 +349,8 @@ def _start_judge(ctx, r: _Running) -> None:
     r.current, r.started, r.interrupted_at = ("check", None), time.monotonic(), None
 
 
+_SANDBOX: list[str] = []  # the kind of sandbox of this grading run (for the rows)
+
 # What a failure the judge did not decide is counted as in a class report (``not-recognised-<what>``).
 _UNJUDGED = {"timed out": "time-limit", "error": "crash"}
 
@@ -382,7 +359,8 @@ def _row(sub: Submission, ex, status: str, hint: str, review: str = "", mistake_
     if not mistake_id and status in _UNJUDGED:
         what = _UNJUDGED[status]
         mistake_id, mistake = f"{ex.id}/not-recognised-{what}", f"not recognised: {what.replace('-', ' ')}"
-    return Row(sub.stem, ex.id, ex.name, ex.points, status, hint, ex.bonus, sub.student, review, mistake_id, mistake)
+    return Row(sub.stem, ex.id, ex.name, ex.points, status, hint, ex.bonus, sub.student, review, mistake_id, mistake,
+               _SANDBOX[0] if _SANDBOX else "")
 
 
 def _first_line(source: str) -> str:
@@ -396,35 +374,48 @@ def _flag(r: _Running, reason: str) -> None:
 
 
 def _receive(ctx, r: _Running) -> None:
-    """Handle every message waiting from the notebook's process; EOF means it ended."""
-    while r.conn.poll():
+    """Handle every message waiting from the notebook's process (untrusted: sizes and counts are
+    capped, and no message moves its deadline); end of file means it ended."""
+    while not r.conn.closed and r.conn.poll():
+        r.messages += 1
         try:
             raw = r.conn.recv_bytes(MAX_MESSAGE_BYTES)
-            msg = json.loads(raw.decode())
-            kind = msg["type"]
         except EOFError:
             r.conn.close()
             return
-        except Exception:  # noqa: BLE001 - an oversized or malformed message is not the grader's
+        except OSError:  # longer than MAX_MESSAGE_BYTES: the stream cannot be read on
+            _flag(r, "an oversized message on the grader's channel")
+            r.conn.close()
+            _kill(r)
+            return
+        if r.messages > MAX_MESSAGES:
+            _flag(r, f"more than {MAX_MESSAGES} messages on the grader's channel")
+            r.conn.close()
+            _kill(r)
+            return
+        try:
+            msg = json.loads(raw.decode())
+            kind = msg["type"]
+        except Exception:  # noqa: BLE001 - a malformed message is not the grader's
             _flag(r, "an unreadable message on the grader's channel")
             continue
-        if kind == "cell" and not r.cells_done:
+        if kind == "cell" and not r.cells_done and msg.get("index") in r.code_cells:
             r.current = ("cell", msg.get("index"))
             r.started, r.interrupted_at = time.monotonic(), None
-        elif kind == "cell_error" and not r.cells_done:
+        elif kind == "cell_error" and not r.cells_done and msg.get("index") in r.code_cells:
             index = msg.get("index")
             if msg.get("kind") == "timed out" or index in r.timed_out_cells:
                 r.timed_out_cells.add(index)
             else:
-                r.cell_errors[index] = (str(msg.get("error", "")), "")
+                r.cell_errors[index] = (str(msg.get("error", ""))[:300], "")
         elif kind == "cells_done" and not r.cells_done:
             r.cells_done = True
             _start_judge(ctx, r)
         elif kind == "crash" and not r.cells_done:
-            r.crash = str(msg.get("error", ""))
+            r.crash = str(msg.get("error", ""))[:300]
         elif kind == "usage" and r.cells_done:
             try:
-                r.cpu_s = float(msg.get("cpu_s", 0.0))
+                r.cpu_s = max(0.0, min(float(msg.get("cpu_s", 0.0)), 1e6))
             except (TypeError, ValueError):
                 pass
         else:
@@ -453,43 +444,51 @@ def _receive_judge(r: _Running) -> None:
             r.judged = True
 
 
+def _kill(r: _Running) -> None:
+    """End the notebook's process and everything it started (the sandbox does, when its lifeline closes)."""
+    if r.lifeline is not None:
+        os.close(r.lifeline)
+        r.lifeline = None
+
+
 def _watch(r: _Running) -> None:
-    """Interrupt a cell that runs past the limit; kill a notebook (and its judge) that does not stop."""
+    """Interrupt a cell that runs past the limit; end a notebook (and its judge) that does not stop,
+    and any notebook at its deadline, whatever it sent."""
     now = time.monotonic()
+    if now > r.deadline:
+        r.past_deadline = r.done = True
+        return
     limit = max(r.cell_timeout, START_TIMEOUT_S) if r.current[0] == "start" else r.cell_timeout
     if r.interrupted_at is None and now - r.started > limit:
         r.interrupted_at = now
         if r.current[0] == "cell":
             r.timed_out_cells.add(r.current[1])
-            try:
-                os.kill(r.process.pid, signal.SIGINT)
-            except (ProcessLookupError, TypeError):
-                pass
+            if r.lifeline is not None:
+                with contextlib.suppress(OSError):
+                    os.write(r.lifeline, b"i")
     elif r.interrupted_at is not None and now - r.interrupted_at > (GRACE_S if r.current[0] == "cell" else 0):
         r.done = True
 
 
 def _end(r: _Running) -> None:
-    """End the notebook's process and every process it started (its session), and the judge."""
-    for p in (r.process, r.judge):
-        if p is None:
-            continue
-        if p is r.process and p.pid:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(p.pid, signal.SIGKILL)  # the notebook's session: it called setsid()
-        p.join(timeout=2)
-        if p.is_alive():
-            p.kill()
-            p.join()
+    """End the notebook's process and every process it started, and the judge."""
+    _kill(r)
+    if r.judge is not None:
+        r.judge.join(timeout=0 if r.past_deadline or r.interrupted_at is not None else 2)
+        if r.judge.is_alive():
+            r.judge.kill()
+            r.judge.join()
     for c in (r.conn, r.judge_conn, r.judge_end):
         if c is not None:
             c.close()
 
 
-def _rows(r: _Running) -> list[Row]:
-    """The rows of a finished notebook: what the judge decided, else why there is no result."""
+def _rows(r: _Running, unsafe: str = "") -> list[Row]:
+    """The rows of a finished notebook: what the judge decided, else why there is no result;
+    ``unsafe``: a review note every row gets (the sandbox could not isolate the notebook)."""
     exercises = course_notebooks()[r.sub.stem]
-    review = "; ".join(r.review)
+    copies = find_copies(r.code_cells, [ex.name for ex in exercises])
+    review = "; ".join([*([unsafe] if unsafe else []), *r.review, *copies.values()])
     rows = []
     for ex in exercises:
         mistake_id = mistake = ""
@@ -497,6 +496,9 @@ def _rows(r: _Running) -> list[Row]:
             status, hint, mistake_id, mistake = r.results[ex.name]
             if status == "missing":
                 status, hint = _why_missing(r, ex.name)
+        elif r.past_deadline:
+            status, hint = "timed out", (f"the notebook ran past its deadline ({r.deadline - r.started_at:.0f} s for its "
+                                         "cells and checks) and was ended.")
         elif r.current == ("check", ex.name) and r.interrupted_at is not None:
             status, hint = "timed out", f"the check did not finish within {r.cell_timeout:g} s and was stopped."
         elif r.current == ("check", ex.name):
@@ -532,14 +534,27 @@ def _why_missing(r: _Running, name: str) -> tuple[str, str]:
 
 
 def grade(subs: list[Submission], jobs: int | None = None, cell_timeout: float = DEFAULT_CELL_TIMEOUT_S,
-          progress: bool | None = None, stats: dict | None = None) -> list[Row]:
-    """Grade submissions in parallel (``jobs`` notebooks at once; default: the number of cores).
-    ``stats``, if given, receives ``cpu_s``: the CPU seconds the notebooks' processes used."""
+          progress: bool | None = None, stats: dict | None = None, isolation: str = "auto",
+          limits: dict | None = None) -> list[Row]:
+    """Grade submissions in parallel (``jobs`` notebooks at once; default: the number of cores), each
+    in the sandbox ``isolation`` names (``sandbox.detect``). ``stats``, if given, receives ``cpu_s``
+    (the CPU seconds the notebooks' processes said they used) and ``sandbox`` (the kind, and why
+    not a better one)."""
     from tqdm import tqdm
 
     jobs = max(1, jobs or os.cpu_count() or 1)
     threads = max(1, (os.cpu_count() or 1) // min(jobs, max(1, len(subs))))
+    read_all([s for s in subs if s.cells is None and not s.unreadable])
+    where = sandbox.detect(isolation)
+    zygote: sandbox.Zygote | None = None
+    if any(s.path is not None and not s.unreadable for s in subs):
+        zygote = sandbox.Zygote(where, limits or default_limits(jobs))
+        zygote.launch()  # it imports torch while this process learns the course and copies it
     ctx = _context()
+    _SANDBOX[:] = [where.kind]
+    unsafe = _unsafe(where)
+    if stats is not None:
+        stats["sandbox"] = where
     # Notebooks worth more points usually take longer: start them first, so that no core idles
     # at the end waiting for one long notebook (the rows keep the order of ``subs``).
     weight = {stem: sum(ex.points for ex in exs) for stem, exs in course_notebooks().items()}
@@ -549,10 +564,13 @@ def grade(subs: list[Submission], jobs: int | None = None, cell_timeout: float =
     bar = tqdm(total=len(subs), unit="nb", desc="grading", disable=True if progress is False else None,
                file=sys.stderr, dynamic_ncols=True)
     try:
+        if zygote is not None:
+            zygote.build({stem: [e.name for e in exs] for stem, exs in course_notebooks().items()})
+            zygote.wait_ready()
         while pending or running:
             while pending and len(running) < jobs:
                 sub = pending.pop()
-                started = _start(ctx, sub, cell_timeout, threads)
+                started = _start(ctx, zygote, sub, cell_timeout, threads)
                 if isinstance(started, list):
                     by_sub[id(sub)] = started
                     bar.update()
@@ -560,24 +578,20 @@ def grade(subs: list[Submission], jobs: int | None = None, cell_timeout: float =
                     running.append(started)
             if not running:
                 continue
-            waits = [r.process.sentinel for r in running] + [r.conn for r in running if not r.conn.closed]
+            waits = [r.conn for r in running if not r.conn.closed]
             waits += [c for r in running for c in (r.judge_conn,) if c is not None and not r.judged]
             wait(waits, timeout=0.5)
             for r in list(running):
-                if not r.conn.closed:
-                    _receive(ctx, r)
+                _receive(ctx, r)
                 _receive_judge(r)
-                if r.judged or (not r.process.is_alive() and (r.judge is None or not r.judge.is_alive())):
-                    r.process.join(timeout=2)  # its last message (CPU time) comes as it ends
-                    if not r.conn.closed:
-                        _receive(ctx, r)
+                if r.judged or (r.conn.closed and (r.judge is None or not r.judge.is_alive())):
                     _receive_judge(r)
                     r.done = True
                 if not r.done:
                     _watch(r)
                 if r.done:
                     _end(r)
-                    by_sub[id(r.sub)] = _rows(r)
+                    by_sub[id(r.sub)] = _rows(r, unsafe)
                     if stats is not None:
                         stats["cpu_s"] = stats.get("cpu_s", 0.0) + r.cpu_s
                     running.remove(r)
@@ -585,36 +599,33 @@ def grade(subs: list[Submission], jobs: int | None = None, cell_timeout: float =
     finally:
         for r in running:
             _end(r)
+        if zygote is not None:
+            zygote.close()
         bar.close()
     return [row for sub in subs for row in by_sub[id(sub)]]
 
 
-def become_subreaper() -> None:
-    """Linux: processes that the notebooks' processes leave behind become this process's children
-    when their parents end, so that :func:`end_leftovers` can find them (even after a ``setsid``)."""
-    with contextlib.suppress(Exception):
-        import ctypes
+def _unsafe(where: sandbox.Isolation) -> str:
+    """The review note every row gets where the sandbox cannot keep the notebook from what it must not see."""
+    if where.kind == "none":
+        return f"graded without a sandbox ({where.reason}): the notebook could reach the grader and the course"
+    if where.kind == "user":
+        readable = sandbox.readable_secrets()
+        if readable:
+            return (f"the user sandbox could read the course's {', '.join(readable[:3])} (make them unreadable to "
+                    "other users, or grade where bubblewrap works)")
+    return ""
 
-        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
 
-
-def end_leftovers() -> None:
-    """Kill every process still running below this one except the fork server (the notebooks'
-    left-overs), so that nothing a notebook started can outlive the grading and touch its results."""
-    from multiprocessing import forkserver
-
-    server = getattr(forkserver._forkserver, "_forkserver_pid", None)
-    for _ in range(3):
-        pids = [p for p in judging.child_processes(os.getpid()) if p != server]
-        pids += [g for p in [*pids, server] if p for g in judging.child_processes(p)]
-        if not pids:
-            return
-        for p in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(p, signal.SIGKILL)
-        for p in pids:
-            with contextlib.suppress(ChildProcessError, OSError):
-                os.waitpid(p, 0)
+def default_limits(jobs: int) -> dict:
+    """Each notebook's limits: memory (address space) a share of the machine's, 256 processes and
+    threads, files up to 1 GiB, a private /tmp of 1 GiB."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        total = 16 << 30
+    return {"memory": max(8 << 30, int(total * 0.9 / max(1, jobs)) + (4 << 30)), "processes": 256,
+            "file_size": 1 << 30, "scratch_bytes": 1 << 30}
 
 
 def grade_notebook(path: Path, cell_timeout: float = DEFAULT_CELL_TIMEOUT_S) -> list[Row]:
@@ -660,6 +671,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--expect", default="", metavar="STEMS",
                         help="comma-separated notebooks every student must hand in (e.g. 03_masks,05_multihead): "
                              "one not handed in is graded as missing")
+    parser.add_argument("--sandbox", choices=("auto", *sandbox.KINDS), default="auto",
+                        help="where each notebook runs (default: the best this machine gives: namespaces with "
+                             "bubblewrap, else a user of its own when root, else none, which marks every row for review)")
+    parser.add_argument("--memory-gb", type=float, default=None,
+                        help="each notebook's address-space limit, in GiB (default: a share of this machine's memory)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--nbgrader-course", type=Path, default=None, metavar="DIR",
                         help="write solutions/ as an nbgrader course in DIR (then run nbgrader there) and exit")
@@ -667,7 +683,6 @@ def main(argv: list[str] | None = None) -> int:
     if (args.anonymise or args.gradescope) and not args.report:
         parser.error("--anonymise and --gradescope go with --report DIR")
     start = time.perf_counter()
-    become_subreaper()
     if args.nbgrader_course:
         for path in write_nbgrader_course(args.nbgrader_course, cell_timeout=args.cell_timeout):
             print(f"wrote {path}")
@@ -698,13 +713,27 @@ def main(argv: list[str] | None = None) -> int:
     print(f"grading {len(subs)} notebook{'s' if len(subs) != 1 else ''}"
           + (f" of {n_students} students" if n_students > 1 else ""), flush=True)
     stats: dict = {}
-    rows = grade(subs, args.jobs, args.cell_timeout, progress=False if args.no_progress else None, stats=stats)
+    jobs = max(1, args.jobs or os.cpu_count() or 1)
+    limits = default_limits(jobs)
+    limits["debug"] = os.environ.get("ATTN_GRADE_DEBUG") == "1"  # the notebooks' stderr to the grader's
+    if args.memory_gb:
+        limits["memory"] = int(args.memory_gb * (1 << 30))
+    try:
+        where = sandbox.detect(args.sandbox)
+    except OSError as e:
+        parser.error(f"--sandbox {args.sandbox}: {e}")
+    print(f"sandbox: {where.kind}" + (f" ({where.reason})" if where.reason else ""), flush=True)
+    try:
+        rows = grade(subs, jobs, args.cell_timeout, progress=False if args.no_progress else None, stats=stats,
+                     isolation=where.kind, limits=limits)
+    except OSError as e:
+        print(f"make grade: {e}", file=sys.stderr)
+        return 2
     seconds = time.perf_counter() - start
     print(format_table(rows))
     print(f"graded in {seconds:.1f} s (start-up included): {len(subs) / seconds:.2f} notebooks/s; "
           f"the notebooks' processes used "
           f"{stats.get('cpu_s', 0.0):.1f} CPU-s")
-    end_leftovers()  # every process a notebook started is ended before anything is written
     if gradebook:
         try:
             write_gradebook(rows, gradebook)

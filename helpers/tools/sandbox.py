@@ -1,0 +1,331 @@
+"""Where ``make grade`` runs a notebook: an operating-system sandbox that holds nothing to forge from.
+
+Three kinds, the best this machine allows (:func:`detect`), named in the gradebook's ``sandbox``
+column:
+
+- ``namespaces`` (Linux with bubblewrap and user namespaces): one *zygote* process
+  (``sandbox_zygote.py``) starts inside ``bwrap`` with a read-only view of the system and of
+  Python's environment (the course's installed package hidden), no network, no view of the
+  grader's files, the submissions, the gradebook or the grader's processes; for each notebook it
+  forks a process that unshares its own namespaces and sees only its notebook's course copy, a
+  private ``/tmp`` and no ``/proc``, under resource limits.
+- ``user`` (root without user namespaces, e.g. some containers): each notebook runs under a user
+  id of its own, in a private folder, under the same limits. It can read what that user can read:
+  :func:`readable_secrets` names the course's files it could, and each of its rows says so.
+- ``none``: nothing is enforced; every row is marked for review with the reason.
+
+The course copy (:func:`build_course`) holds the lessons a notebook imports and the checks'
+machinery, not the checks, the references of the notebook's exercises, ``solutions/`` or the grader.
+"""
+
+from __future__ import annotations
+
+import ast
+import compileall
+import importlib.util
+import json
+import os
+import py_compile
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+HELPERS = Path(__file__).resolve().parent.parent
+KINDS = ("namespaces", "user", "none")
+# What the sandbox's copy of helpers/checks holds: the machinery a protected call and the watchers
+# need. The checks themselves (expected values, mistake models) stay with the judge.
+MACHINERY = ("calling.py", "guard.py", "feedback.py", "instruments.py", "probes.py", "watchers.py", "serving.py")
+CHECKS_STUB = '''"""In ``make grade``'s sandbox: the grader runs the checks itself, outside the notebook."""
+
+
+MODULES = {MODULES}
+
+
+def __getattr__(name):
+    if name.startswith("__") or name in MODULES:  # a module of the machinery: imported, not a check
+        raise AttributeError(name)
+
+    def check(*args, **kwargs):
+        print(f"checks.{name}: the grader runs this check itself, outside the notebook.")
+
+    return check
+'''
+# Lesson functions of a notebook's own modules that its exercise notebook imports (they are not
+# answers): every other function of those modules is left out of that notebook's sandbox.
+LESSON_IMPORTS = {"08_flops_memory": {"dense_param_count"}}
+UID_BASE = 0x5A000000  # user ids of notebooks in the ``user`` sandbox: UID_BASE + a counter
+
+
+@dataclass
+class Isolation:
+    kind: str  # one of KINDS
+    reason: str = ""  # why not a better one
+
+
+def _bwrap() -> str | None:
+    return shutil.which("bwrap")
+
+
+def detect(asked: str = "auto") -> Isolation:
+    """The sandbox this machine gives (``asked`` one of ``auto`` and :data:`KINDS`). Asking for a
+    kind the machine cannot give is an error with the reason."""
+    if asked not in ("auto", *KINDS):
+        raise ValueError(f"unknown sandbox {asked!r}: one of auto, {', '.join(KINDS)}")
+    why = ""
+    if asked in ("auto", "namespaces"):
+        if sys.platform != "linux":
+            why = f"namespaces need Linux (this is {sys.platform})"
+        elif not _bwrap():
+            why = "bubblewrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
+        else:
+            probe = subprocess.run([_bwrap(), "--unshare-user", "--unshare-pid", "--unshare-net", "--ro-bind", "/", "/",
+                                    "--proc", "/proc", "--dev", "/dev", "true"], capture_output=True, text=True)
+            if probe.returncode == 0:
+                return Isolation("namespaces")
+            why = f"bubblewrap cannot create namespaces here ({(probe.stderr.strip() or 'exit status ' + str(probe.returncode))[:200]})"
+        if asked == "namespaces":
+            raise OSError(f"no namespaces sandbox: {why}")
+    if asked in ("auto", "user"):
+        if sys.platform == "linux" and os.geteuid() == 0:
+            return Isolation("user", why)
+        if asked == "user":
+            raise OSError("no user sandbox: it needs root (to run each notebook under a user id of its own)")
+        why = f"{why}; not root, so no user of its own either" if why else "not root"
+    return Isolation("none", why or "asked for")
+
+
+# --------------------------------------------------------------------------- the course copy
+
+
+class _Stub(ast.NodeTransformer):
+    """Replace the named top-level functions (decorators and all) by one that says why it is missing."""
+
+    def __init__(self, names: set[str], stem: str, module: str):
+        self.names, self.stem, self.module = names, stem, module
+
+    def _stub(self, node: ast.AST) -> ast.AST:
+        text = (f"`{self.module}.{node.name}` is not in the grader's sandbox while it grades {self.stem}: "
+                "it is (part of) the course's answer to an exercise of this notebook.")
+        new = ast.parse(f"def {node.name}(*args, **kwargs):\n    raise RuntimeError({text!r})\n").body[0]
+        return ast.copy_location(new, node)
+
+    def visit_Module(self, node: ast.Module) -> ast.Module:
+        node.body = [self._stub(n) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name in self.names
+                     else n for n in node.body]
+        return node
+
+
+def _stripped(source: str, stem: str, module: str, exercise_names: set[str]) -> str:
+    """A lesson module's source for ``stem``'s sandbox: functions named like one of its exercises
+    go everywhere; in the notebook's own modules (``nbNN_*``), every function but its lesson imports."""
+    tree = ast.parse(source)
+    names = set(exercise_names)
+    if module.split(".")[-1].startswith(f"nb{stem[:2]}_"):
+        names |= {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        names -= LESSON_IMPORTS.get(stem, set())
+    if not names & {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}:
+        return source
+    return ast.unparse(ast.fix_missing_locations(_Stub(names, stem, module).visit(tree))) + "\n"
+
+
+def _lesson_functions(source: str) -> set[str]:
+    return {n.name for n in ast.parse(source).body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+def build_course(root: Path, stems: dict[str, list[str]], helpers: Path = HELPERS) -> Path:
+    """Write ``root/stems/<stem>/helpers`` for every notebook stem (its exercises' names given),
+    byte-compiled, and an empty ``root/active`` (where a sandbox mounts its notebook's copy). Files
+    that are the same for every notebook are written and compiled once and hard-linked."""
+    common = root / "common"
+    files = []
+    for path in sorted(helpers.rglob("*")):
+        rel = path.relative_to(helpers)
+        parts = rel.parts
+        if "__pycache__" in parts or path.is_dir() or parts[0] == "tools" or rel.name == "reference.py" \
+                or rel.name == "model_answers.json" or (parts[0] == "checks" and rel.name not in MACHINERY) \
+                or (parts[0] == "results" and len(parts) > 2):  # results/repeats/: earlier runs
+            continue
+        target = common / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
+        lesson = path.suffix == ".py" and parts[0] != "checks"
+        files.append((rel, _lesson_functions(target.read_text(encoding="utf-8")) if lesson else set()))
+    stub = CHECKS_STUB.replace("{MODULES}", repr(sorted(m[:-3] for m in MACHINERY)))
+    (common / "checks").mkdir(exist_ok=True)
+    (common / "checks" / "__init__.py").write_text(stub, encoding="utf-8")
+    compileall.compile_dir(str(common), quiet=2, workers=1)
+    for stem, exercise_names in stems.items():
+        dest = root / "stems" / stem / "helpers"
+        for folder in sorted({common / rel.parent for rel, _ in files} | {common / "checks"}):
+            (dest / folder.relative_to(common)).mkdir(parents=True, exist_ok=True)
+            if (folder / "__pycache__").is_dir():
+                (dest / folder.relative_to(common) / "__pycache__").mkdir(exist_ok=True)
+        for rel, functions in [*files, (Path("checks/__init__.py"), set())]:
+            source, target = common / rel, dest / rel
+            own = rel.name.startswith(f"nb{stem[:2]}_")
+            if functions & set(exercise_names) or (own and functions - LESSON_IMPORTS.get(stem, set())):
+                module = "helpers." + ".".join(rel.with_suffix("").parts)
+                text = _stripped(source.read_text(encoding="utf-8"), stem, module, set(exercise_names))
+                target.write_text(text, encoding="utf-8")
+                py_compile.compile(str(target), doraise=True)
+                continue
+            os.link(source, target)
+            if rel.suffix == ".py":
+                cached = Path(importlib.util.cache_from_source(str(source)))
+                if cached.exists():
+                    os.link(cached, Path(importlib.util.cache_from_source(str(target))))
+    (root / "active").mkdir(exist_ok=True)
+    for folder, _, names in os.walk(root):  # readable by the sandbox's own user
+        os.chmod(folder, 0o755)
+        for name in names:
+            os.chmod(os.path.join(folder, name), 0o644)
+    return root
+
+
+def readable_secrets(helpers: Path = HELPERS) -> list[str]:
+    """The course's files that any user can read (for the ``user`` sandbox, which runs notebooks as
+    an ordinary user): the references, the checks, solutions/ beside an editable install."""
+    found = []
+    candidates = [helpers / "reference.py", helpers / "checks" / "core.py", helpers / "model_answers.json",
+                  helpers.parent / "solutions"]
+    for path in candidates:
+        if path.exists() and _world_readable(path):
+            found.append(str(path))
+    return found
+
+
+def _world_readable(path: Path) -> bool:
+    for p in [path, *path.parents]:
+        mode = p.stat().st_mode
+        if p == path and not mode & stat.S_IROTH:
+            return False
+        if p != path and not mode & stat.S_IXOTH:
+            return False
+    return True
+
+
+# --------------------------------------------------------------------------- the zygote
+
+
+def _site_dirs() -> list[str]:
+    """Where this Python finds installed packages (the zygote runs with ``-S`` and adds these)."""
+    paths = sysconfig.get_paths()
+    found = [paths[k] for k in ("purelib", "platlib")]
+    found += [p for p in sys.path if ("site-packages" in p or "dist-packages" in p) and os.path.isdir(p)]
+    return list(dict.fromkeys(os.path.abspath(p) for p in found if os.path.isdir(p)))
+
+
+def _bwrap_args(course: Path, zygote: Path) -> list[str]:
+    args = [_bwrap(), "--unshare-user", "--uid", "1000", "--gid", "1000", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+            "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+            "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm"]
+    for top in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(top):
+            args += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            args += ["--ro-bind", top, top]
+    for path in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/passwd", "/etc/group",
+                 "/etc/nsswitch.conf", "/etc/localtime", "/etc/fonts", "/etc/ssl", "/sys"):
+        if os.path.exists(path):
+            args += ["--ro-bind", path, path]
+    for dev in sorted(Path("/dev").glob("nvidia*")):
+        args += ["--dev-bind", str(dev), str(dev)]
+    prefixes = {sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))}
+    for prefix in sorted(prefixes):
+        args += ["--ro-bind", prefix, prefix]
+    for site in _site_dirs():
+        if not site.startswith(tuple(prefixes)):
+            args += ["--ro-bind", site, site]
+        if os.path.isdir(os.path.join(site, "helpers")):  # the course, installed: not in the sandbox
+            args += ["--tmpfs", os.path.join(site, "helpers")]
+    args += ["--ro-bind", str(course), "/course", "--ro-bind", str(zygote), "/sandbox/zygote.py",
+             "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp",
+             "--setenv", "LANG", "C.UTF-8", "--chdir", "/tmp"]
+    for name in ("TRITON_INTERPRET", "ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES"):
+        if name in os.environ:
+            args += ["--setenv", name, os.environ[name]]
+    return args
+
+
+class Zygote:
+    """The sandbox's zygote: :meth:`launch` (it imports torch meanwhile), :meth:`build` the course
+    copies, :meth:`wait_ready`; then one :meth:`spawn` per notebook; :meth:`close`."""
+
+    def __init__(self, isolation: Isolation, limits: dict):
+        self.isolation, self.limits = isolation, limits
+        self.tmp = Path(tempfile.mkdtemp(prefix="grade-sandbox-"))
+        os.chmod(self.tmp, 0o711)
+        self.course = self.tmp / "course"
+        self.course.mkdir()
+        self.private = self.tmp / "notebooks"
+        self.private.mkdir(mode=0o711)
+        self.count = 0
+        self.process: subprocess.Popen | None = None
+        self.control: socket.socket | None = None
+        self.course_root = "/course" if isolation.kind == "namespaces" else str(self.course)
+
+    def launch(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        zygote = Path(__file__).with_name("sandbox_zygote.py")
+        python = [sys.executable, "-I", "-S"]
+        if self.isolation.kind == "namespaces":
+            cmd = [*_bwrap_args(self.course, zygote), *python, "/sandbox/zygote.py"]
+        else:
+            cmd = [*python, str(zygote)]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+        self.process = subprocess.Popen([*cmd, str(theirs.fileno()), json.dumps(_site_dirs())],
+                                        pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL,
+                                        stdout=subprocess.DEVNULL,
+                                        stderr=None if self.limits.get("debug") else subprocess.PIPE)
+        theirs.close()
+        self.control = ours
+
+    def build(self, stems: dict[str, list[str]]) -> None:
+        build_course(self.course, stems)
+
+    def wait_ready(self, timeout_s: float = 300) -> None:
+        self.control.settimeout(timeout_s)
+        try:
+            hello = json.loads(self.control.recv(1 << 16) or b"{}")
+        except (OSError, ValueError) as e:
+            hello = {"ready": False, "error": str(e)}
+        self.control.settimeout(None)
+        if not hello.get("ready"):
+            err = hello.get("error") or ""
+            if not err and self.process.poll() is not None and self.process.stderr:
+                err = self.process.stderr.read(2000).decode(errors="replace")
+            self.close()
+            raise OSError(f"the grader's sandbox ({self.isolation.kind}) did not start: {err.strip() or 'no reason given'}")
+
+    def spawn(self, stem: str, threads: int, grader_fd: int, judge_fd: int, lifeline_fd: int, **limits) -> None:
+        """Start ``stem``'s notebook process; it talks on ``grader_fd`` and ``judge_fd`` (the notebook's
+        ends, given away) and lives as long as the lifeline's write end stays open."""
+        self.count += 1
+        req = {"mode": self.isolation.kind, "stem": stem, "threads": threads, "course_root": self.course_root,
+               **self.limits, **limits}
+        if self.isolation.kind != "namespaces":
+            req["private_dir"] = str(self.private / f"nb{self.count}")
+        if self.isolation.kind == "user":
+            req["uid"] = UID_BASE + self.count
+        socket.send_fds(self.control, [json.dumps(req).encode()], [grader_fd, judge_fd, lifeline_fd])
+
+    def close(self) -> None:
+        if self.control is not None:
+            self.control.close()
+            self.control = None
+        if self.process is not None:
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+            if self.process.stderr:
+                self.process.stderr.close()
+            self.process = None
+        shutil.rmtree(self.tmp, ignore_errors=True)

@@ -1,0 +1,293 @@
+"""The zygote of ``make grade``'s sandbox: one process, started once per grading run inside the
+sandbox (``helpers.tools.sandbox``), that imports torch and the libraries every notebook needs,
+then forks one process per notebook on request, isolates it further and runs it.
+
+Standalone on purpose: it runs with ``python -I -S`` and imports nothing of the course (the
+course the notebook sees is the copy for its notebook, ``/course/active``, put there per notebook).
+
+Per notebook (``mode``):
+
+- ``namespaces``: the forked process unshares user, mount, PID, network, IPC and UTS namespaces;
+  it sees its notebook's course copy only (the others are hidden under an empty tmpfs), a private
+  ``/tmp`` and ``/dev/shm`` of bounded size, and no ``/proc``; the notebook runs as PID 1's only
+  child in a PID namespace of its own, so that ending that PID 1 ends every process it started.
+- ``user`` (root without namespaces): the notebook runs under a user id of its own, in a private
+  folder holding its course copy; every process of that user is killed at the end.
+- ``none``: the same user, a private folder, its own session; nothing is enforced.
+
+Each gets resource limits (address space, processes, file size, CPU time) and its stdout and
+stderr go to /dev/null. A *lifeline* pipe from the grader controls it: a byte ``i`` interrupts the
+notebook (SIGINT, as a cell past its time limit), end of file kills it and everything it started.
+"""
+
+import ctypes
+import json
+import os
+import resource
+import select
+import shutil
+import signal
+import socket
+import sys
+
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
+CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
+PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"{what}: {os.strerror(errno)}")
+
+
+def _mount(source, target, fstype, flags, data=None) -> None:
+    enc = (lambda s: s.encode() if isinstance(s, str) else s)
+    _check(_libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)), f"mount {target}")
+
+
+def preload() -> None:
+    """What every notebook's process would import first, imported once here and inherited."""
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported (helpers.runtime)
+    import matplotlib
+
+    matplotlib.use("agg")
+    import IPython.core.interactiveshell  # noqa: F401
+    import matplotlib.pyplot  # noqa: F401
+    import numpy  # noqa: F401
+    import torch._dynamo  # noqa: F401
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _Warm(TorchDispatchMode):  # the first dispatch mode of a process initialises torch._dynamo
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with _Warm():
+        torch.zeros(1).add_(1)
+    try:
+        import triton  # noqa: F401
+        import triton.language  # noqa: F401
+    except ImportError:
+        pass
+
+
+def _limits(req: dict) -> None:
+    """Resource limits of the notebook's process (and of what it starts)."""
+    for name, value in (("RLIMIT_AS", req.get("memory")), ("RLIMIT_NPROC", req.get("processes")),
+                        ("RLIMIT_FSIZE", req.get("file_size")), ("RLIMIT_CPU", req.get("cpu_s")),
+                        ("RLIMIT_CORE", 0)):
+        if value is not None and hasattr(resource, name):
+            try:
+                resource.setrlimit(getattr(resource, name), (int(value), int(value)))
+            except (ValueError, OSError):
+                pass
+
+
+def _run_notebook(req: dict, grader_fd: int, judge_fd: int, course: str, work: str) -> None:
+    """In the notebook's process: no output, its limits, its course copy first on the path; then
+    the course's runner (``helpers.checks.serving``) runs the cells and answers the judge."""
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1) if req.get("debug") else (0, 1, 2):  # debug: stderr to the zygote's (the grader's)
+        os.dup2(devnull, fd)
+    os.close(devnull)
+    os.makedirs(work, exist_ok=True)
+    os.chdir(work)
+    os.environ.update(HOME=work, TMPDIR=work if req["mode"] != "namespaces" else "/tmp",
+                      MPLCONFIGDIR=os.path.join(work, ".matplotlib"), MPLBACKEND="agg")
+    _limits(req)
+    sys.path.insert(0, course)
+    for name in [m for m in sys.modules if m == "helpers" or m.startswith("helpers.")]:
+        del sys.modules[name]
+    import importlib
+
+    importlib.import_module("helpers.checks.serving").run(grader_fd, judge_fd, int(req.get("threads", 1)))
+
+
+def _watch(lifeline: int, pid: int, on_end) -> None:
+    """Until ``pid`` ends: a byte ``i`` on the lifeline interrupts it, end of file kills it."""
+    while True:
+        ready, _, _ = select.select([lifeline], [], [], 0.2)
+        if ready:
+            data = os.read(lifeline, 64)
+            if not data:
+                on_end()
+                return
+            if b"i" in data:
+                try:
+                    os.kill(pid, signal.SIGINT)
+                except ProcessLookupError:
+                    pass
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            done = pid
+        if done:
+            on_end()
+            return
+
+
+def _namespaces(req: dict, grader_fd: int, judge_fd: int, lifeline: int) -> None:
+    uid, gid = os.getuid(), os.getgid()
+    _check(_libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS),
+           "unshare")
+    with open("/proc/self/setgroups", "w") as f:
+        f.write("deny")
+    with open("/proc/self/uid_map", "w") as f:  # the zygote's user (1000, not root: bwrap --uid)
+        f.write(f"{uid} {uid} 1")
+    with open("/proc/self/gid_map", "w") as f:
+        f.write(f"{gid} {gid} 1")
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    stems, active = req["course_root"] + "/stems", req["course_root"] + "/active"
+    _mount(f"{stems}/{req['stem']}", active, None, MS_BIND | MS_REC)
+    _mount(None, active, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    _mount("tmpfs", stems, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=0555")
+    scratch = f"size={int(req['scratch_bytes'])},mode=1777"
+    _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, scratch)
+    if os.path.isdir("/dev/shm"):
+        _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, scratch)
+    _mount("tmpfs", "/proc", "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=0555")
+    init = os.fork()
+    if init == 0:  # PID 1 of the new PID namespace: when it ends, every process in it ends
+        os.close(lifeline)
+        notebook = os.fork()
+        if notebook == 0:
+            _run_notebook(req, grader_fd, judge_fd, active, "/tmp/work")
+            os._exit(0)
+        for fd in (grader_fd, judge_fd):
+            os.close(fd)
+        signal.signal(signal.SIGINT, lambda *_: os.kill(notebook, signal.SIGINT))
+        while True:
+            try:
+                pid, _ = os.wait()
+            except ChildProcessError:
+                os._exit(0)
+            except InterruptedError:
+                continue
+            if pid == notebook:
+                os._exit(0)
+    for fd in (grader_fd, judge_fd):
+        os.close(fd)
+    _watch(lifeline, init, lambda: _kill(init))
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        pass
+
+
+def _kill_user(uid: int) -> None:
+    """Kill every process of ``uid`` (a process of that user may signal them all)."""
+    for _ in range(3):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.setuid(uid)
+                os.kill(-1, signal.SIGKILL)
+            except OSError:
+                pass
+            os._exit(0)
+        os.waitpid(pid, 0)
+
+
+def _user_or_none(req: dict, grader_fd: int, judge_fd: int, lifeline: int) -> None:
+    home = req["private_dir"]
+    course, work = os.path.join(home, "course"), os.path.join(home, "work")
+    shutil.copytree(f"{req['course_root']}/stems/{req['stem']}", course, symlinks=False)
+    os.makedirs(work)
+    os.chmod(home, 0o700)
+    uid = req.get("uid")
+    if uid is not None:
+        for folder, _, files in os.walk(home):
+            os.chown(folder, uid, uid)
+            for name in files:
+                os.chown(os.path.join(folder, name), uid, uid)
+    notebook = os.fork()
+    if notebook == 0:
+        os.setsid()
+        if uid is not None:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+        _run_notebook(req, grader_fd, judge_fd, course, work)
+        os._exit(0)
+    for fd in (grader_fd, judge_fd):
+        os.close(fd)
+
+    def end() -> None:
+        if uid is not None:
+            _kill_user(uid)
+        else:
+            try:
+                os.killpg(notebook, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        _kill(notebook)
+        shutil.rmtree(home, ignore_errors=True)
+
+    _watch(lifeline, notebook, end)
+
+
+def _spawn(req: dict, fds: list[int], control: socket.socket) -> None:
+    """In a process forked for one notebook: drop everything of the zygote's, then isolate."""
+    grader_fd, judge_fd, lifeline = fds
+    control.close()
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    keep = sorted(fds)
+    lo = 3
+    for fd in keep:
+        os.closerange(lo, fd)
+        lo = fd + 1
+    os.closerange(lo, 1 << 16)
+    _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl")
+    if req["mode"] == "namespaces":
+        _namespaces(req, grader_fd, judge_fd, lifeline)
+    else:
+        _user_or_none(req, grader_fd, judge_fd, lifeline)
+
+
+def main() -> None:
+    control = socket.socket(fileno=int(sys.argv[1]))
+    sys.path.extend(json.loads(sys.argv[2]))
+    try:
+        preload()
+        control.send(json.dumps({"ready": True}).encode())
+    except BaseException as e:  # noqa: BLE001 - the grader says why no notebook can run
+        control.send(json.dumps({"ready": False, "error": f"{type(e).__name__}: {e}"[:2000]}).encode())
+        return
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # forked notebooks are reaped by the kernel
+    while True:
+        try:
+            msg, fds, _, _ = socket.recv_fds(control, 1 << 16, 3)
+        except (OSError, ValueError):
+            return
+        if not msg:
+            return
+        req = json.loads(msg)
+        if len(fds) != 3:
+            for fd in fds:
+                os.close(fd)
+            continue
+        pid = os.fork()
+        if pid == 0:
+            try:
+                _spawn(req, fds, control)
+            except BaseException:  # noqa: BLE001 - the grader sees the notebook end; say why on stderr
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                os._exit(0)
+        for fd in fds:
+            os.close(fd)
+
+
+if __name__ == "__main__":
+    main()
