@@ -124,7 +124,8 @@ GRADESCOPE_OUT ?= build
 gradescope: $(ENV_STAMP)
 	rm -rf "$(GRADESCOPE_OUT)/gradescope" "$(GRADESCOPE_OUT)/gradescope-autograder.zip"
 	mkdir -p "$(GRADESCOPE_OUT)/gradescope"
-	set -o pipefail; git archive --format=tar --prefix=course/ $(GRADESCOPE_REV) | tar -x -C "$(GRADESCOPE_OUT)/gradescope"
+	set -o pipefail; git archive --format=tar --prefix=course/ $(GRADESCOPE_REV) -- . ':(exclude)solutions' \
+	  | tar -x -C "$(GRADESCOPE_OUT)/gradescope"
 	sed 's/@TORCH_PIN@/$(TORCH_PIN)/' gradescope/setup.sh > "$(GRADESCOPE_OUT)/gradescope/setup.sh"
 	echo "$(NOTEBOOKS)" > "$(GRADESCOPE_OUT)/gradescope/course/gradescope_notebooks.txt"
 	cp gradescope/run_autograder "$(GRADESCOPE_OUT)/gradescope/"

@@ -8,7 +8,9 @@ set -euo pipefail
 root="${AUTOGRADER_ROOT:-/autograder}"
 torch_index="${AUTOGRADER_TORCH_INDEX-https://download.pytorch.org/whl/cpu}"
 apt-get update -qq
-DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-venv python3-pip >/dev/null
+# bubblewrap: the grader runs each notebook in its sandbox (helpers/tools/sandbox.py); where the
+# container allows no namespaces, it runs each as a user of its own instead, and says so.
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-venv python3-pip bubblewrap >/dev/null
 python3 -m venv "$root/venv"
 "$root/venv/bin/python" -m pip install --quiet --upgrade pip
 # torch's CPU build (Gradescope has no GPU); the version is the Makefile's TORCH_PIN, filled in by
@@ -20,3 +22,7 @@ python3 -m venv "$root/venv"
 # The grader imports: a failure here fails the image's build, not every submission.
 (cd "$root" && "$root/venv/bin/python" -c "import helpers.tools.grading, helpers.checks")
 chmod +x "$root/source/run_autograder"
+# What a notebook must not read where it runs as a user of its own (no namespaces): the course's
+# source and, in the venv, the references, the checks and the grader (the sandbox gets its copy).
+site="$(cd "$root" && "$root/venv/bin/python" -c 'import helpers, os; print(os.path.dirname(helpers.__file__))')"
+chmod -R go-rwx "$root/source/course" "$site/reference.py" "$site/checks" "$site/tools" "$site/model_answers.json"

@@ -32,7 +32,6 @@ from .guard import (
     _isinstance,
     _issubclass,
     _len,
-    _near_reference_codes,
     _plain,
     _reference_codes,
     _Refusal,
@@ -130,18 +129,16 @@ def protected_call(fn: Callable, args: tuple, kwargs: dict, *, learner: Callable
     """Run ``fn(*args, **kwargs)`` (the learner's function, or a watcher around it) in this process.
 
     Returns an outcome: ``{"status": "ok", "out": plain output, "obs": observations or None,
-    "review": [...]}``, ``{"status": "fail", "message", "hint", "kind"}`` or ``{"status":
+    "review": []}``, ``{"status": "fail", "message", "hint", "kind"}`` or ``{"status":
     "raised", "kind", "summary", "code"}``. ``review`` names what a grader should look at by hand
     (code that matches the course's reference after renaming). ``watched``: ``fn`` is a watcher
     (see ``Trial.call_watched``) and returns ``(output, observations)``. A real interrupt propagates.
     """
     before = _snapshot((args, kwargs))
     codes = frozenset() if is_reference else _reference_codes(forbidden)
-    near = _near_reference_codes(codes)
     hits: list[str] = []
-    near_hits: list[str] = []
     state: dict[str, bool] = {}
-    runner = _watched(fn, codes, hits, state, near, near_hits) if codes else fn
+    runner = _watched(fn, codes, hits, state) if codes else fn
     torch_before = _torch_state()
     raised: BaseException | None = None
     out = None
@@ -193,9 +190,7 @@ def protected_call(fn: Callable, args: tuple, kwargs: dict, *, learner: Callable
         out = _plain(out, "the output", _input_device(args, kwargs))
     except _Refusal as r:
         return _fail(f"{r.message[0].upper()}{r.message[1:]}", r.hint, "Refused", slug=r.slug)
-    review = [f"`{learner_name(learner)}` ran code that matches the course's reference {near_hits[0]} "
-              "after renaming"] if near_hits else []
-    return {"status": "ok", "out": out, "obs": obs, "review": review}
+    return {"status": "ok", "out": out, "obs": obs, "review": []}
 
 
 def learner_name(fn: Any) -> str:

@@ -202,48 +202,6 @@ def protect() -> None:
     _GUARD.extend()
 
 
-def guard_copy() -> tuple:
-    """A private copy of the guard's snapshots, to put back with :func:`restore_guard` (the grader
-    takes one before a notebook runs: a notebook that clears the snapshots is then found out)."""
-    return ({k: (m, dict(d)) for k, (m, d) in _GUARD.modules.items()},
-            {k: (c, dict(d)) for k, (c, d) in _GUARD.classes.items()}, dict(_GUARD.functions))
-
-
-def restore_guard(copy: tuple) -> bool:
-    """Put the snapshots of :func:`guard_copy` back (keeping what was added since); True if any of
-    them had been removed or changed."""
-    changed = False
-    for current, saved in zip((_GUARD.modules, _GUARD.classes, _GUARD.functions), copy):
-        for key, value in saved.items():
-            now = current.get(key, _MISSING)
-            if now is _MISSING or (now is not value and now != value):
-                changed = True
-                current[key] = value
-    return changed
-
-
-def torch_canaries() -> list[str]:
-    """Operators a check relies on, asked questions with known answers: the names of those that
-    answer wrongly (an operator overridden below Python, e.g. with ``torch.library``)."""
-    a, b = torch.tensor([0.0, 1.0, 2.0]), torch.tensor([0.0, 1.5, 2.0])
-    wrong = []
-    for name, ok in [
-        ("isclose", lambda: [bool(v) for v in _isclose(a, b)] == [True, False, True]),
-        ("allclose", lambda: not bool(_allclose(a, b))),
-        ("eq", lambda: [bool(v) for v in _eq(a, b)] == [True, False, True]),
-        ("equal", lambda: not bool(_equal(a, b))),
-        ("isfinite", lambda: bool(_isfinite(a).all()) and not bool(_isfinite(torch.tensor([float("inf")])).all())),
-        ("sub/abs/max", lambda: float((a - b).abs().max()) == 0.5),
-        ("matmul", lambda: float(a @ b) == 5.5),
-    ]:
-        try:
-            if not ok():
-                wrong.append(name)
-        except Exception:  # noqa: BLE001
-            wrong.append(name)
-    return wrong
-
-
 def verify_integrity(restore: bool = True) -> list[str]:
     """What the learner's code replaced among the course's and torch's functions (empty: nothing);
     with ``restore`` the originals are put back."""
@@ -429,11 +387,9 @@ def _trace_audit() -> tuple[Callable, Callable, Callable]:
 _own_settrace, _begin_watch, _end_watch = _trace_audit()
 
 
-def _watched(fn: Callable, codes: frozenset, hits: list, state: dict, near: frozenset = frozenset(),
-             near_hits: list | None = None) -> Callable:
+def _watched(fn: Callable, codes: frozenset, hits: list, state: dict) -> Callable:
     """``fn`` run under a trace hook that records calls of the code objects in ``codes`` (the
-    course's reference), in this thread and in threads it starts; a debugger's hook is chained.
-    Code whose :func:`fingerprint` is in ``near`` (the reference, renamed) goes to ``near_hits``."""
+    course's reference), in this thread and in threads it starts; a debugger's hook is chained."""
     def run(*args, **kwargs):
         previous, previous_thread = _gettrace(), _thread_gettrace()
 
@@ -442,9 +398,6 @@ def _watched(fn: Callable, codes: frozenset, hits: list, state: dict, near: froz
                 code = frame.f_code
                 if code in codes and not hits:
                     hits.append(f"{frame.f_globals.get('__name__', '?')}.{getattr(code, 'co_qualname', code.co_name)}")
-                elif near and near_hits is not None and not near_hits:
-                    if _fingerprint_cached(code) in near:
-                        near_hits.append(str(getattr(code, "co_qualname", code.co_name)))
             return previous(frame, event, arg) if previous is not None else None
 
         _begin_watch()
@@ -459,41 +412,6 @@ def _watched(fn: Callable, codes: frozenset, hits: list, state: dict, near: froz
             state["trace_changed"] = _end_watch() or changed
 
     return run
-
-
-NEAR_MIN_BYTES = 240  # shorter code than this (a few lines) is too often written the same way by chance
-
-
-def fingerprint(code: types.CodeType) -> tuple:
-    """What a code object does, without its names: the bytecode, the argument counts, and the
-    constants (nested code by its own fingerprint). Renaming the function, its variables, the
-    globals it reads or the file it came from leaves it unchanged."""
-    consts = tuple(fingerprint(c) if _type(c) is types.CodeType else (_type(c).__name__, repr(c))
-                   for c in code.co_consts)
-    return (code.co_code, code.co_argcount, code.co_kwonlyargcount, code.co_flags & 0x0F, consts)
-
-
-_FINGERPRINTS: dict = {}
-
-
-def _fingerprint_cached(code: types.CodeType) -> int:
-    """The hash of :func:`fingerprint` (computed once per code object: the trace hook asks often)."""
-    found = _FINGERPRINTS.get(code)
-    if found is None:
-        found = _FINGERPRINTS[code] = hash(fingerprint(code))
-    return found
-
-
-def _near_reference_codes(codes: Iterable[types.CodeType]) -> frozenset:
-    """Fingerprint hashes of the reference's ``codes`` (from :func:`_reference_codes`) and of the code
-    nested in them, where the code is long enough (``NEAR_MIN_BYTES``) that matching it is no coincidence."""
-    found, todo = set(), list(codes)
-    while todo:
-        code = todo.pop()
-        todo += [c for c in code.co_consts if _type(c) is types.CodeType]
-        if _len(code.co_code) >= NEAR_MIN_BYTES:
-            found.add(_fingerprint_cached(code))
-    return frozenset(found)
 
 
 def _snapshot(x: Any, depth: int = 0) -> Any:

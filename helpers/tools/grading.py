@@ -34,17 +34,9 @@ from pathlib import Path
 import nbformat
 
 from . import DEFAULT_CELL_TIMEOUT_S, judging, sandbox
+from .copies import find_copies
 from .gradebook import Row, flagged, format_table, passed, write_gradebook
 from .nbgrader import write_nbgrader_course
-
-
-def find_copies(cells: dict[int, str], names: list[str]) -> dict[str, str]:
-    """Review notes for graded functions that copy the course's reference (``copies``)."""
-    try:
-        from .copies import find_copies as find
-    except ImportError:  # not written yet
-        return {}
-    return find(cells, names)
 
 STATUSES = ("passed", "failed", "not attempted", "error", "timed out", "missing", "not run")
 START_TIMEOUT_S = 60.0  # a notebook's process setting itself up (before its first cell)
