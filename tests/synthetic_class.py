@@ -11,18 +11,21 @@ or the wrong implementation's test module, index and the mistake its check names
 Each student starts from ``solutions/`` and gets, per exercise, the solution (with a probability that
 is the student's skill, drawn once per student), a wrong implementation from ``WRONG`` (common
 mistakes more often: the first listed are weighted up), or nothing (``raise NotImplementedError()``).
-A planted function is a code cell after the solution's, ``name = planted(module, name, index)``: the
-notebook's process imports the test module (the editable install puts the repository on the path).
+A planted function is a code cell after the solution's that defines it by itself (its source, with
+what it uses from its test module: the notebook runs in the grader's sandbox, without tests/).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import json
 import pkgutil
 import random
 import shutil
+import textwrap
+import types
 from collections.abc import Callable
 from pathlib import Path
 
@@ -36,8 +39,52 @@ def planted(module: str, name: str, index: int) -> Callable:
     return importlib.import_module(f"tests.{module}").WRONG[name][index][0]
 
 
+def planted_source(module: str, name: str, index: int) -> str | None:
+    """The source of a cell that defines the planted function as ``name`` by itself: the function,
+    the test module's functions and constants it uses, and its imports (the notebook runs in the
+    grader's sandbox, which holds no tests/). None when it cannot be written out that way (a lambda,
+    a closure, or a use of the course's own functions of that notebook)."""
+    mod = importlib.import_module(f"tests.{module}")
+    fn = mod.WRONG[name][index][0]
+    imports: dict[str, str] = {}
+    sources: dict[str, str] = {}
+
+    def add(f) -> bool:
+        code = getattr(f, "__code__", None)
+        if code is None or f.__name__ == "<lambda>" or code.co_freevars or getattr(f, "__module__", "") != mod.__name__:
+            return False
+        if f.__name__ in sources:
+            return True
+        sources[f.__name__] = textwrap.dedent(inspect.getsource(f))
+        names = set(code.co_names) | {n for c in code.co_consts if isinstance(c, types.CodeType) for n in c.co_names}
+        for n in sorted(names):
+            if n not in mod.__dict__ or n in sources:
+                continue
+            value = mod.__dict__[n]
+            if isinstance(value, types.ModuleType):
+                imports[n] = f"import {value.__name__}" + (f" as {n}" if value.__name__ != n else "")
+            elif isinstance(value, types.FunctionType):
+                if value.__module__ != mod.__name__:
+                    if value.__module__.startswith(("helpers", "tests")):
+                        return False
+                    imports[n] = f"from {value.__module__} import {value.__name__} as {n}"
+                elif not add(value):
+                    return False
+            elif isinstance(value, (int, float, str, bool)):
+                sources[n] = f"{n} = {value!r}\n"
+            elif not (isinstance(value, type) and value.__module__ in ("builtins", "typing")):
+                return False
+        return True
+
+    if not add(fn):
+        return None
+    body = "\n\n".join(sorted(set(imports.values()))) + "\n\n\n" + "\n\n".join(reversed(list(sources.values())))
+    return body.strip() + f"\n\n\n{name} = {fn.__name__}\n"
+
+
 def wrong_implementations() -> dict[str, list[tuple[str, int]]]:
-    """Exercise function name -> [(test module, index in its WRONG list)], over every topic file."""
+    """Exercise function name -> [(test module, index in its WRONG list)], over every topic file:
+    those that a notebook can define by itself (:func:`planted_source`)."""
     import tests
 
     out: dict[str, list[tuple[str, int]]] = {}
@@ -45,7 +92,8 @@ def wrong_implementations() -> dict[str, list[tuple[str, int]]]:
         if info.name.startswith("test_nb"):
             module = importlib.import_module(f"tests.{info.name}")
             for name, impls in getattr(module, "WRONG", {}).items():
-                out.setdefault(name, []).extend((info.name, i) for i in range(len(impls)))
+                out.setdefault(name, []).extend((info.name, i) for i in range(len(impls))
+                                                if planted_source(info.name, name, i) is not None)
     return out
 
 
@@ -86,8 +134,7 @@ def plant(notebook: nbformat.NotebookNode, plan: dict[str, dict]) -> nbformat.No
             if what["kind"] == "blank":
                 cells.append(_cell(f"def {name}(*args, **kwargs):\n    raise NotImplementedError()"))
             elif what["kind"] == "wrong":
-                cells.append(_cell(f"from tests.synthetic_class import planted\n\n"
-                                   f"{name} = planted({what['module']!r}, {name!r}, {what['index']})"))
+                cells.append(_cell(planted_source(what["module"], name, what["index"])))
     notebook.cells = cells
     return notebook
 

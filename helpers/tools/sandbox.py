@@ -221,6 +221,21 @@ def _site_dirs() -> list[str]:
     return list(dict.fromkeys(os.path.abspath(p) for p in found if os.path.isdir(p)))
 
 
+def _prefixes() -> set[str]:
+    """Python's own folders: the environment's, the installation it was made from."""
+    return {sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))}
+
+
+def _under_tmp(path: str) -> bool:
+    return path == "/tmp" or path.startswith("/tmp/")
+
+
+def _keep() -> list[list]:
+    """Python's folders under /tmp (a test's or a throw-away environment), which each notebook's
+    private /tmp would hide: [[index, path]] for the notebook to bind back."""
+    return [[i, p] for i, p in enumerate(sorted(_prefixes())) if _under_tmp(p)]
+
+
 def _bwrap_args(course: Path, zygote: Path) -> list[str]:
     args = [_bwrap(), "--unshare-user", "--uid", "1000", "--gid", "1000", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
             "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
@@ -236,9 +251,11 @@ def _bwrap_args(course: Path, zygote: Path) -> list[str]:
             args += ["--ro-bind", path, path]
     for dev in sorted(Path("/dev").glob("nvidia*")):
         args += ["--dev-bind", str(dev), str(dev)]
-    prefixes = {sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))}
-    for prefix in sorted(prefixes):
+    prefixes = _prefixes()
+    for i, prefix in enumerate(sorted(prefixes)):
         args += ["--ro-bind", prefix, prefix]
+        if _under_tmp(prefix):  # hidden by each notebook's own /tmp: the notebook binds it back from here
+            args += ["--ro-bind", prefix, f"/sandbox/keep/{i}"]
     for site in _site_dirs():
         if not site.startswith(tuple(prefixes)):
             args += ["--ro-bind", site, site]
@@ -308,7 +325,7 @@ class Zygote:
         ends, given away) and lives as long as the lifeline's write end stays open."""
         self.count += 1
         req = {"mode": self.isolation.kind, "stem": stem, "threads": threads, "course_root": self.course_root,
-               **self.limits, **limits}
+               "keep": _keep(), **self.limits, **limits}
         if self.isolation.kind != "namespaces":
             req["private_dir"] = str(self.private / f"nb{self.count}")
         if self.isolation.kind == "user":

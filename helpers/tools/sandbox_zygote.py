@@ -148,6 +148,10 @@ def _namespaces(req: dict, grader_fd: int, judge_fd: int, lifeline: int) -> None
     _mount("tmpfs", stems, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=0555")
     scratch = f"size={int(req['scratch_bytes'])},mode=1777"
     _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, scratch)
+    for index, path in req.get("keep", []):  # Python's folders that lived under /tmp
+        os.makedirs(path, exist_ok=True)
+        _mount(f"/sandbox/keep/{index}", path, None, MS_BIND | MS_REC)
+        _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
     if os.path.isdir("/dev/shm"):
         _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, scratch)
     _mount("tmpfs", "/proc", "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=0555")
