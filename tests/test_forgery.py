@@ -1,11 +1,15 @@
-"""Forgeries of a graded notebook, one test per kind (issue 18): the result channel, the check's own
-objects, the expected values, the reference run elsewhere (renamed, in a thread, in another
-process), probing the checks for a lookup table, and rewriting the gradebook after the grader.
+"""Forgeries, denial of service and honest habits, graded as one class by ``make grade`` in its
+sandbox (issue 30; README, "What make grade promises").
 
-Each forgery is a blank notebook 01 (the honest work earns 0/3) with cells appended that try to
-earn the marks anyway. ``make grade`` must fail them or mark them for review (``Row.review``),
-and a notebook with honest habits (a checkpoint saved with torch.save and pickle) must keep full
-marks with an empty review. See the README's "What make grade promises" for the threat model.
+Each forgery is a blank notebook (the honest work earns nothing) with cells that try to earn marks
+anyway, by kind: serving the judge itself, rewriting answers on the way out, patching the checks'
+objects, looking for expected values, running the course's reference (imported, read from disk,
+in a thread, a process, through TorchScript), probing the checks for a lookup table, editing the
+course or the environment on disk, touching other students' work, and outliving the grader. None
+may pass an exercise. Each denial-of-service notebook may end its own grading only: the other
+students' rows and the gradebook stay whole. Honest habits (tqdm, thread pools, logging, prints,
+plots, timing, checkpoints, DataLoader workers, comments after check calls, odd folder names) keep
+full marks with an empty review. Slow: a class of ~25 notebooks, ~1 minute on 2 cores.
 """
 
 from __future__ import annotations
@@ -13,36 +17,67 @@ from __future__ import annotations
 import ast
 import csv
 import inspect
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import nbformat
 import pytest
 
 from helpers import reference
-from helpers.checks import EXERCISES
-from helpers.checks.core import run_check
+from helpers.tools import grading, sandbox
 from helpers.tools.gradebook import format_table
 from helpers.tools.grading import Submission, grade
-from tests.test_grading import ROOT, _append, _by_name, _notebook
+from tests.test_grading import ROOT, _append, _by_name, _decopy, _notebook
 
 pytestmark = pytest.mark.slow
 
+MARKER = "attn-course-forgery-7f3a"  # in every file or process a forgery leaves, to look for it after
 WRONG_MERGE = '''
 def merge_heads(o):
     B, H, T, d_k = o.shape
     return o.reshape(B, T, H * d_k)
 '''
+# Code that finds every course file it can on this machine (from the repository's path, the
+# environment's, the root) and execs the first definition of merge_heads it reads.
+FROM_DISK = '''
+import glob, os
+found = None
+for pattern in (REPO + "/helpers/*.py", "/**/helpers/reference.py", "/**/nb01_qkv_shapes.py", "/**/nb05_multihead.py"):
+    for path in glob.glob(pattern, recursive=True):
+        try:
+            text = open(path).read()
+        except OSError:
+            continue
+        if "def merge_heads" in text and "not in the grader's sandbox" not in text:
+            scope = {}
+            try:
+                exec(compile(text, path, "exec"), scope)
+            except Exception:
+                continue
+            found = scope.get("merge_heads")
+            break
+    if found:
+        break
+if found:
+    merge_heads = found
+'''.replace("REPO", repr(str(ROOT)))
+
 FORGERIES = {
-    # -- the result channel
+    # -- serving the judge itself and rewriting what goes out
     "channel_flooded": '''
-import gc, json
+import gc, json, socket
 from multiprocessing.connection import Connection
 for o in gc.get_objects():
     if isinstance(o, Connection) and not o.closed:
         for name in ("qkv_projection", "merge_heads", "scaled_dot_product_attention"):
-            o.send_bytes(json.dumps({"type": "result", "name": name, "status": "passed", "hint": ""}).encode())
+            try:
+                o.send_bytes(json.dumps({"type": "result", "name": name, "status": "passed", "hint": ""}).encode())
+                o.send_bytes(json.dumps({"type": "cells_done"}).encode())
+            except OSError:
+                pass
 ''',
     "channel_rewritten": '''
 import io, torch
@@ -52,31 +87,42 @@ def send_bytes(self, buf, *args, **kwargs):
     try:
         msg = torch.load(io.BytesIO(bytes(buf)), weights_only=True)
         if isinstance(msg, dict) and "status" in msg:
-            msg.update(status="ok", out=None, obs=None, review=[])
+            msg.update(status="ok", review=[])
             b = io.BytesIO(); torch.save(msg, b); buf = b.getvalue()
     except Exception:
         pass
     return _send(self, buf, *args, **kwargs)
 mc.Connection.send_bytes = send_bytes
 ''' + WRONG_MERGE,
-    # -- the check's own objects
+    "serving_loop_replaced": '''
+import helpers.checks.serving as serving
+def serve(conn, namespace):
+    import pickle
+    from helpers.checks.calling import dumps, encode
+    while conn.poll(60):
+        request = pickle.loads(conn.recv_bytes())
+        reply = {"nonce": request.get("nonce")}
+        if request.get("op") == "begin":
+            reply.update(present=True, callable=True, describe="a function")
+        elif request.get("op") == "call":
+            args = request["args"]
+            reply.update(status="ok", out=encode(args[0] if args else None), obs=encode(None), review=[])
+        elif request.get("op") == "end":
+            conn.send_bytes(dumps(reply)); return
+        conn.send_bytes(dumps(reply))
+serving.serve = serve
+''',
+    # -- the checks' own objects, and torch, patched in the notebook's process
     "check_objects": '''
-import torch, helpers.checks
-from helpers.checks import feedback, guard, CheckFailed
-feedback.add_recorder(lambda result: setattr(result, "status", "passed"))
-for snapshots in (guard._GUARD.modules, guard._GUARD.classes, guard._GUARD.functions):
-    snapshots.clear()
+import torch
 torch.allclose = lambda *a, **k: True
+torch.equal = lambda *a, **k: True
 _lib = torch.library.Library("aten", "IMPL")
 _lib.impl("isclose", lambda a, b, rtol=1e-05, atol=1e-08, equal_nan=False: torch.ones(torch.broadcast_shapes(a.shape, b.shape), dtype=torch.bool), "CPU")
-class Passed(CheckFailed):
-    status = "passed"
-def scaled_dot_product_attention(q, k, v):
-    e = Passed("passed", "passed")
-    e.exercise = helpers.checks.EXERCISES["scaled_dot_product_attention"]
-    raise e
+import helpers.checks
+helpers.checks.merge_heads = lambda fn: print("passed")
 ''' + WRONG_MERGE,
-    # -- the expected values
+    # -- the expected values (never in this process) and the judge's inputs probed in advance
     "expected_values": '''
 import gc, sys, torch
 def merge_heads(o):
@@ -85,182 +131,343 @@ def merge_heads(o):
     while frame is not None:
         for value in list(frame.f_locals.values()):
             for v in (value if isinstance(value, (list, tuple)) else [value]):
-                if isinstance(v, torch.Tensor) and tuple(v.shape) == (B, T, H * d_k):
+                if isinstance(v, torch.Tensor) and tuple(v.shape) == (B, T, H * d_k) and v is not o:
                     return v.clone()
         frame = frame.f_back
-    for holder in gc.get_referrers(o):
-        pass
+    for v in gc.get_objects():
+        if isinstance(v, torch.Tensor) and tuple(v.shape) == (B, T, H * d_k):
+            return v.clone()
     return o.reshape(B, T, H * d_k)
 ''',
-    # -- the reference, run elsewhere
-    "reference_renamed": '''
-import types, helpers.reference as R
-merge_heads = types.FunctionType(R.merge_heads.__code__.replace(co_name="mine"), R.merge_heads.__globals__, "merge_heads")
-''',
-    "reference_in_a_thread": '''
-import queue, threading, helpers.reference as R
-jobs, answers = queue.Queue(), queue.Queue()
-def worker():
-    while True:
-        answers.put(R.merge_heads(jobs.get()))
-threading.Thread(target=worker, daemon=True).start()
-def merge_heads(o):
-    jobs.put(o)
-    return answers.get()
-''',
-    "reference_in_a_raw_thread": '''
-import _thread, queue, helpers.reference as R
-jobs, answers = queue.Queue(), queue.Queue()
-def worker():
-    while True:
-        answers.put(R.merge_heads(jobs.get()))
-_thread.start_new_thread(worker, ())
-def merge_heads(o):
-    jobs.put(o)
-    return answers.get()
-''',
-    "reference_in_a_process": '''
-import os, socket, pickle, helpers.reference as R
-mine, theirs = socket.socketpair()
-if os.fork() == 0:
-    while True:
-        o = pickle.loads(theirs.recv(1 << 20))
-        theirs.sendall(pickle.dumps(R.merge_heads(o)))
-def merge_heads(o):
-    mine.sendall(pickle.dumps(o))
-    return pickle.loads(mine.recv(1 << 20))
-''',
-    # -- probing the check for its inputs
     "lookup_table": '''
-import helpers.reference as R
 table = {}
 def probe(o):
-    out = R.merge_heads(o)
-    table[o.numpy().tobytes()] = out
-    return out
+    table[o.numpy().tobytes()] = o
+    return o
 try:
     checks.merge_heads(probe)
 except Exception:
     pass
 def merge_heads(o):
-    key = o.numpy().tobytes()
     B, H, T, d_k = o.shape
+    key = o.numpy().tobytes()
     return table[key].clone() if key in table else o.reshape(B, T, H * d_k)
 ''',
+    # -- the course's reference: imported, aliased, run elsewhere, read from disk, scripted
+    "reference_imported": '''
+try:
+    import helpers.reference as R
+    merge_heads = R.merge_heads
+except ImportError:
+    pass
+from helpers.nb01_qkv_shapes import merge_heads as course_merge
+merge_heads = course_merge
+''',
+    "reference_in_a_thread": '''
+import queue, threading
+from helpers.nb05_multihead import merge_heads as course_merge
+jobs, answers = queue.Queue(), queue.Queue()
+def worker():
+    while True:
+        o = jobs.get()
+        try:
+            answers.put(course_merge(o))
+        except Exception as e:
+            answers.put(e)
+threading.Thread(target=worker, daemon=True).start()
+def merge_heads(o):
+    jobs.put(o)
+    out = answers.get()
+    if isinstance(out, Exception):
+        raise out
+    return out
+''',
+    "reference_in_a_process": '''
+import os, socket, pickle
+from helpers.nb01_qkv_shapes import merge_heads as course_merge
+mine, theirs = socket.socketpair()
+if os.fork() == 0:
+    while True:
+        o = pickle.loads(theirs.recv(1 << 20))
+        try:
+            theirs.sendall(pickle.dumps(course_merge(o)))
+        except Exception as e:
+            theirs.sendall(pickle.dumps(str(e)))
+def merge_heads(o):
+    mine.sendall(pickle.dumps(o))
+    return pickle.loads(mine.recv(1 << 20))
+''',
+    "reference_from_disk": FROM_DISK,
+    "reference_scripted": '''
+import torch
+from helpers.nb01_qkv_shapes import merge_heads as course_merge
+try:
+    merge_heads = torch.jit.script(course_merge)
+except Exception:
+    merge_heads = course_merge
+''',
+    # -- the course and the environment edited on disk
+    "disk_edits": '''
+import glob, os, site, sys, sysconfig, torch
+import helpers
+targets = [os.path.join(os.path.dirname(helpers.__file__), "runtime.py"), torch.__file__,
+           REPO + "/helpers/tools/class_report.py", REPO + "/helpers/tools/grading.py"]
+for d in {sysconfig.get_paths()["purelib"], *site.getsitepackages()}:
+    targets.append(os.path.join(d, "MARKER.pth"))
+for path in targets:
+    try:
+        with open(path, "a") as f:
+            f.write("\\nimport os  # MARKER\\n")
+    except OSError:
+        pass
+for path in glob.glob(REPO + "/**/*.ipynb", recursive=True) + glob.glob("/tmp/**/*.ipynb", recursive=True):
+    try:
+        with open(path, "a") as f:
+            f.write("MARKER")
+    except OSError:
+        pass
+'''.replace("REPO", repr(str(ROOT))).replace("MARKER", MARKER),
+    # -- outliving the grader: a chain of processes in sessions of their own
+    "outlive": f'''
+import os, subprocess, sys
+code = "import os, sys, time\\nfor _ in range(10):\\n    if os.fork():\\n        os._exit(0)\\n    os.setsid()\\ntime.sleep(120)"
+subprocess.Popen([sys.executable, "-c", code, "{MARKER}"], start_new_session=True)
+''',
 }
+# Denial of service: each may end (or fail) its own grading, never another's.
+DOS = {
+    "huge_exception": 'raise ValueError("x" * (2 << 20))',
+    "cell_messages_forever": '''
+import gc, json, time
+from multiprocessing.connection import Connection
+conns = [o for o in gc.get_objects() if isinstance(o, Connection) and not o.closed]
+while True:
+    for c in conns:
+        try:
+            c.send_bytes(json.dumps({"type": "cell", "index": 0}).encode())
+        except OSError:
+            pass
+    time.sleep(0.2)
+''',
+    "kill_everything": '''
+import os, signal
+for pid in [1, os.getppid(), -1]:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+for name in os.listdir("/proc"):
+    if name.isdigit() and int(name) != os.getpid():
+        try:
+            os.kill(int(name), signal.SIGKILL)
+        except OSError:
+            pass
+''',
+    "memory_bomb": "import torch\nblocks = [torch.ones(1 << 28) for _ in range(400)]",
+    "fork_bomb": '''
+import os, time
+for _ in range(5000):
+    try:
+        os.fork()
+    except OSError:
+        break
+time.sleep(5)
+''',
+    "oversized_answer": '''
+import torch
+def merge_heads(o):
+    return torch.zeros(1 << 27)
+''',
+}
+HONEST = {
+    "tqdm": "from tqdm.auto import tqdm\nfor _ in tqdm(range(3)):\n    pass",
+    "thread_pool_left_running": ("from concurrent.futures import ThreadPoolExecutor\npool = ThreadPoolExecutor(2)\n"
+                                 "pool.submit(sum, [1, 2]).result()"),
+    "thread_pool_inside": '''
+from concurrent.futures import ThreadPoolExecutor
+_merge_in_thread = merge_heads
+def merge_heads(o):
+    with ThreadPoolExecutor(2) as pool:
+        return pool.submit(_merge_in_thread, o).result()
+''',
+    "logging_inside": '''
+import logging
+_merge = merge_heads
+def merge_heads(o):
+    logging.warning("merging %s", tuple(o.shape))
+    return _merge(o)
+''',
+    "prints_plots_timing": '''
+import time
+import matplotlib.pyplot as plt
+t0 = time.perf_counter()
+plt.plot([1, 2, 3]); plt.title("attention"); plt.show()
+print("took", time.perf_counter() - t0)
+''',
+    "checkpoint": ("import pickle, torch\ntorch.save({'w': torch.randn(3, 3)}, 'checkpoint.pt')\n"
+                   "blob = pickle.dumps(torch.randn(2))\nreloaded = torch.load('checkpoint.pt')"),
+    "dataloader_workers": '''
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+loader = DataLoader(TensorDataset(torch.arange(8.0)), batch_size=2, num_workers=2)
+total = sum(float(b[0].sum()) for b in loader)
+assert total == 28.0
+''',
+    "comment_after_check": "checks.merge_heads(merge_heads)  # checked again, with a comment",
+}
+ODD_FOLDER = "Zoë O'Brien (=HYPERLINK) #2"
 
 
 @pytest.fixture(scope="module")
-def forged(tmp_path_factory) -> dict:
-    """Every forgery and the honest notebook graded once, together: {name: {exercise: row}}."""
-    root = tmp_path_factory.mktemp("forgeries")
-    notebooks = {name: _append(_notebook("01_qkv_shapes", "exercises"), code) for name, code in FORGERIES.items()}
-    notebooks["honest_checkpoint"] = _append(_notebook("01_qkv_shapes"), (
-        "import pickle, torch\ntorch.save({'w': torch.randn(3, 3)}, 'checkpoint.pt')\n"
-        "blob = pickle.dumps(torch.randn(2))\nreloaded = torch.load('checkpoint.pt')"))
+def graded(tmp_path_factory) -> dict:
+    """Every notebook graded once, together, into a gradebook: {"rows": {student: {name: row}},
+    "book": the gradebook's rows, "root": the class folder, "seconds": wall time}."""
+    root = tmp_path_factory.mktemp("class")
+    notebooks = {f"forgery-{k}": _append(_notebook("01_qkv_shapes", "exercises"), v) for k, v in FORGERIES.items()}
+    notebooks |= {f"dos-{k}": _append(_notebook("01_qkv_shapes", "exercises"), v) for k, v in DOS.items()}
+    honest = lambda: _decopy(_notebook("01_qkv_shapes"))  # noqa: E731 - solutions, written another way
+    notebooks |= {f"honest-{k}": _append(honest(), v) for k, v in HONEST.items()}
+    notebooks[ODD_FOLDER] = honest()
     subs = []
-    for name, nb in notebooks.items():
-        (root / name).mkdir()
-        nbformat.write(nb, root / name / "01_qkv_shapes.ipynb")
-        subs.append(Submission(name, "01_qkv_shapes", root / name / "01_qkv_shapes.ipynb"))
-    rows = grade(subs, jobs=2, cell_timeout=120, progress=False)
-    return {name: _by_name([r for r in rows if r.student == name]) for name in notebooks}
+    for student, nb in notebooks.items():
+        (root / student).mkdir()
+        nbformat.write(nb, root / student / "01_qkv_shapes.ipynb")
+        subs.append(Submission(student, "01_qkv_shapes", root / student / "01_qkv_shapes.ipynb"))
+    # Another student's work, which a notebook of the same student tries to overwrite before it is read
+    (root / "forgery-other-work").mkdir()
+    nbformat.write(_notebook("01_qkv_shapes", "exercises"), root / "forgery-other-work" / "01_qkv_shapes.ipynb")
+    solved = nbformat.writes(_decopy(_notebook("01_qkv_shapes")))
+    nbformat.write(_append(_notebook("02_scaling", "exercises"), (
+        f"import glob, os\nsolved = {solved!r}\n"
+        f"for path in ['01_qkv_shapes.ipynb', '../01_qkv_shapes.ipynb', *glob.glob({str(root)!r} + '/*/01_qkv_shapes.ipynb')]:\n"
+        "    try:\n        open(path, 'w').write(solved)\n    except OSError:\n        pass")),
+        root / "forgery-other-work" / "02_scaling.ipynb")
+    subs += [Submission("forgery-other-work", stem, root / "forgery-other-work" / f"{stem}.ipynb")
+             for stem in ("02_scaling", "01_qkv_shapes")]  # 02 first: it runs before 01 is graded
+    before = {p: p.read_bytes() for p in root.rglob("*.ipynb")}
+    saved = grading.START_TIMEOUT_S
+    grading.START_TIMEOUT_S = 10.0  # the deadline of the notebook that floods 'cell' messages comes sooner
+    started = time.monotonic()
+    try:
+        rows = grade(subs, jobs=2, cell_timeout=20, progress=False)
+    finally:
+        grading.START_TIMEOUT_S = saved
+    seconds = time.monotonic() - started
+    book = root.parent / "gradebook.csv"
+    from helpers.tools.gradebook import write_gradebook
+
+    write_gradebook(rows, book)
+    time.sleep(2)  # anything left behind would act now
+    return {"rows": {s.student: _by_name([r for r in rows if r.student == s.student and r.notebook == s.stem])
+                     for s in subs if s.stem == "01_qkv_shapes"},
+            "other_02": [r for r in rows if r.student == "forgery-other-work" and r.notebook == "02_scaling"],
+            "book": book, "book_text": book.read_text(), "before": before, "root": root, "seconds": seconds}
 
 
 def _table(rows: dict) -> str:
     return format_table(list(rows.values())) + "\nreview: " + next(iter(rows.values())).review
 
 
-def test_an_honest_notebook_that_saves_a_checkpoint_keeps_full_marks_and_no_review(forged):
-    rows = forged["honest_checkpoint"]
+@pytest.mark.parametrize("name", sorted(FORGERIES))
+def test_a_forgery_earns_nothing(graded, name):
+    rows = graded["rows"][f"forgery-{name}"]
+    assert not any(r.status == "passed" for r in rows.values()), _table(rows)
+
+
+def test_another_students_notebook_is_graded_as_handed_in(graded):
+    """Submissions are read before any notebook runs, and no notebook sees another's files."""
+    rows = graded["rows"]["forgery-other-work"]
+    assert {r.status for r in rows.values()} == {"not attempted"}, _table(rows)
+    assert all(path.read_bytes() == text for path, text in graded["before"].items()), "a submission was changed"
+
+
+def test_nothing_of_a_forgery_is_left_on_disk_or_running(graded):
+    """The course, the environment and the grader's files are read-only or invisible to a notebook;
+    every process a notebook started ends with it (its PID namespace)."""
+    for folder in {ROOT / "helpers", Path(inspect.getfile(reference)).parent, *map(Path, sandbox._site_dirs())}:
+        hits = [p for p in folder.rglob("*") if p.is_file() and p.suffix in (".py", ".pth")
+                and p.stat().st_mtime > time.time() - 3600 and MARKER in p.read_text(errors="ignore")]
+        assert not hits, hits
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert MARKER not in ps, [ln for ln in ps.splitlines() if MARKER in ln]
+
+
+@pytest.mark.parametrize("name", sorted(DOS))
+def test_denial_of_service_ends_only_its_own_grading(graded, name):
+    rows = graded["rows"][f"dos-{name}"]
+    assert not any(r.status == "passed" for r in rows.values()), _table(rows)
+    assert len(rows) == 3
+
+
+def test_every_student_has_a_row_and_the_gradebook_is_whole(graded):
+    with open(graded["book"], newline="") as f:
+        book = list(csv.DictReader(f))
+    students = {r["student"] for r in book}
+    assert students == set(graded["rows"]) | {"forgery-other-work"}, students
+    assert len(book) == 3 * len(graded["rows"]) + 3  # three exercises of 01, three of 02
+    assert {r["sandbox"] for r in book} == {sandbox.detect().kind}
+
+
+@pytest.mark.parametrize("name", [*sorted(HONEST), "odd_folder"])
+def test_an_honest_habit_keeps_full_marks_and_no_review(graded, name):
+    rows = graded["rows"][ODD_FOLDER if name == "odd_folder" else f"honest-{name}"]
     assert {r.status for r in rows.values()} == {"passed"}, _table(rows)
     assert all(r.review == "" for r in rows.values()), _table(rows)
 
 
-@pytest.mark.parametrize("name", ["channel_flooded", "channel_rewritten"])
-def test_rewriting_what_the_notebook_sends_earns_nothing(forged, name):
-    rows = forged[name]
-    assert not any(r.status == "passed" for r in rows.values()), _table(rows)
-    if name == "channel_flooded":  # forged messages on the grader's channel are named
-        assert "forged" in rows["merge_heads"].review and "gc.get_objects" in rows["merge_heads"].review, _table(rows)
+def test_a_renamed_copy_of_the_reference_passes_and_is_flagged(tmp_path):
+    """A pasted copy of the course's reference (names, comments and layout changed, a statement
+    added) computes the right values, so it passes, but the grader's source comparison marks it."""
+    copies = []
+    for fn, mine in ((reference.repeat_kv, "my_repeat"), (reference.grouped_query_attention, "my_gqa")):
+        tree = ast.parse(inspect.getsource(fn)).body[0]
+        tree.body = [ast.parse("unused = 0  # mine").body[0], *tree.body[1:]]  # no docstring, one statement more
+        for node in ast.walk(tree):  # the query renamed, and every call of repeat_kv
+            if isinstance(node, ast.Name) and node.id in ("q", "repeat_kv"):
+                node.id = {"q": "queries", "repeat_kv": "my_repeat"}[node.id]
+            if isinstance(node, ast.arg) and node.arg == "q":
+                node.arg = "queries"
+        tree.name = mine
+        copies.append(ast.unparse(tree) + f"\n{fn.__name__} = {mine}\n")
+    nb = _append(_notebook("06_kv_sharing", "exercises"), (
+        "import math\nimport torch\nfrom helpers.nb01_qkv_shapes import scaled_dot_product_attention\n"
+        "from helpers.nb03_masks import causal_mask\n\n" + "\n\n".join(copies)))
+    nbformat.write(nb, tmp_path / "06_kv_sharing.ipynb")
+    rows = _by_name(grading.grade_notebook(tmp_path / "06_kv_sharing.ipynb"))
+    row = rows["grouped_query_attention"]
+    assert row.status == "passed", format_table(list(rows.values()))
+    assert "grouped_query_attention" in row.review and "the course's" in row.review, row.review
 
 
-def test_patching_the_checks_objects_in_the_notebook_changes_no_verdict(forged):
-    rows = forged["check_objects"]
-    assert rows["merge_heads"].status == "failed" and "transpose" in rows["merge_heads"].hint, _table(rows)
-    assert rows["scaled_dot_product_attention"].status != "passed", _table(rows)
-    assert rows["qkv_projection"].status == "not attempted", _table(rows)
-    review = rows["merge_heads"].review
-    assert "snapshots" in review and "torch.allclose" in review and "isclose" in review, _table(rows)
+def _descendants(pid: int) -> set[int]:
+    found, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    kids = {int(k) for k in f.read().split()}
+                todo += list(kids - found)
+                found |= kids
+        except OSError:
+            continue
+    return found
 
 
-def test_expected_values_are_not_in_the_notebooks_process_and_looking_for_them_is_flagged(forged):
-    rows = forged["expected_values"]
-    assert rows["merge_heads"].status == "failed", _table(rows)
-    review = rows["merge_heads"].review
-    assert "sys._getframe" in review and "gc.get_referrers" in review, _table(rows)
-
-
-@pytest.mark.parametrize(("name", "reason"), [
-    ("reference_renamed", "code.__new__"),
-    ("reference_in_a_thread", "thread"),
-    ("reference_in_a_raw_thread", "thread"),
-    ("reference_in_a_process", "process"),
-])
-def test_the_reference_run_elsewhere_is_flagged_for_review(forged, name, reason):
-    rows = forged[name]
-    assert rows["merge_heads"].status in ("passed", "failed", "error", "timed out"), _table(rows)
-    assert reason in rows["merge_heads"].review, _table(rows)
-
-
-def test_a_lookup_table_built_by_probing_the_check_fails(forged):
-    rows = forged["lookup_table"]
-    assert rows["merge_heads"].status == "failed", _table(rows)
-
-
-def test_a_renamed_copy_of_a_longer_reference_is_flagged():
-    """Source of the reference, every local name and the function's own name rewritten: the
-    values are right, so it passes, but the check's result says to look at it."""
-    tree = ast.parse(inspect.getsource(reference.grouped_query_attention))
-    fn = tree.body[0]
-    local = {a.arg for a in fn.args.args} | {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)
-                                              and isinstance(n.ctx, ast.Store)}
-
-    class Rename(ast.NodeTransformer):
-        def visit_Name(self, node):
-            return ast.copy_location(ast.Name(f"my_{node.id}", node.ctx), node) if node.id in local else node
-
-        def visit_arg(self, node):
-            node.arg = f"my_{node.arg}" if node.arg in local else node.arg
-            return node
-
-    fn.name = "my_gqa"
-    namespace = dict(vars(sys.modules[reference.grouped_query_attention.__module__]))
-    exec(compile(ast.fix_missing_locations(Rename().visit(tree)), "<ipython-input-1-abc>", "exec"), namespace)
-    result = run_check("grouped_query_attention", namespace["my_gqa"])
-    assert result.passed, result.message
-    assert result.review and "matches the course's reference" in result.review[0], result.review
-    assert EXERCISES["grouped_query_attention"].id == "6.2"
-
-
-def test_a_process_left_behind_cannot_rewrite_the_gradebook(tmp_path):
-    """The notebook starts a process in a session of its own that waits for the gradebook to appear
-    and then rewrites it: it is ended before the gradebook is written, and the notebook flagged."""
-    book = tmp_path / "gradebook.csv"
-    later = tmp_path / "later.py"
-    later.write_text(f"import os, time\nfor _ in range(2400):\n    if os.path.exists({str(book)!r}):\n        break\n"
-                     f"    time.sleep(0.05)\ntime.sleep(0.5)\nopen({str(book)!r}, 'w').write('alice,01_qkv_shapes,1.1,"
-                     "qkv_projection,1,1,0,passed,,')\n")
-    cheat = f"import subprocess, sys\nsubprocess.Popen([sys.executable, {str(later)!r}], start_new_session=True)"
-    for student in ("alice", "bob"):
-        (tmp_path / "class" / student).mkdir(parents=True)
-        nb = _notebook("01_qkv_shapes", "exercises")
-        nbformat.write(_append(nb, cheat) if student == "alice" else nb, tmp_path / "class" / student / "01_qkv_shapes.ipynb")
-    done = subprocess.run([sys.executable, "-m", "helpers.tools.grading", str(tmp_path / "class"), "--gradebook",
-                           str(book), "--no-progress"], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 2 and "marked for review" in done.stdout.splitlines()[-1], done.stdout + done.stderr
-    time.sleep(3)  # the left-over process, had it survived, rewrites the gradebook 0.5 s after it appears
-    with open(book, newline="") as f:
-        rows = list(csv.DictReader(f))
-    assert len(rows) == 6 and {r["status"] for r in rows} == {"not attempted"}, rows
-    assert all(r["review"] for r in rows if r["student"] == "alice") and not any(r["review"] for r in rows if r["student"] == "bob")
+def test_a_grader_that_is_killed_leaves_no_notebook_behind(tmp_path):
+    """The sandbox's processes die with the grader (bwrap --die-with-parent, a parent-death signal
+    in each notebook): nothing a notebook started survives a grader killed mid-run."""
+    nb = _append(_notebook("01_qkv_shapes", "exercises"), "import time\ntime.sleep(120)")
+    nbformat.write(nb, tmp_path / "01_qkv_shapes.ipynb")
+    grader = subprocess.Popen([sys.executable, "-m", "helpers.tools.grading", str(tmp_path / "01_qkv_shapes.ipynb"),
+                               "--no-progress"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline, below = time.monotonic() + 60, set()
+    while time.monotonic() < deadline and len(below) < 6:  # the fork server, the sandbox and the notebook's
+        time.sleep(1)
+        below = _descendants(grader.pid)
+    assert len(below) >= 6, below
+    grader.kill()
+    grader.wait()
+    time.sleep(3)
+    alive = {p for p in below if os.path.exists(f"/proc/{p}") and open(f"/proc/{p}/stat").read().split()[2] != "Z"}
+    assert not alive, [open(f"/proc/{p}/cmdline").read().replace("\0", " ") for p in alive]

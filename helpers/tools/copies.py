@@ -381,6 +381,9 @@ def parse_cells(cells: dict[int, str]) -> dict[str, tuple[int, ast.AST]]:
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             continue
         found.update({name: (index, node) for name, node in _top_defs(tree).items()})
+        for stmt in tree.body:  # `merge_heads = my_merge`: the graded name bound to another function
+            if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Name) and stmt.value.id in found:
+                found.update({t.id: found[stmt.value.id] for t in stmt.targets if isinstance(t, ast.Name)})
     return found
 
 
