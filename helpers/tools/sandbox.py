@@ -92,11 +92,14 @@ def detect(asked: str = "auto") -> Isolation:
         if asked == "namespaces":
             raise OSError(f"no namespaces sandbox: {why}")
     if asked in ("auto", "user"):
-        if sys.platform == "linux" and os.geteuid() == 0:
+        hidden = [p for p in sorted(_prefixes()) if not _world_readable(Path(p))]
+        if sys.platform == "linux" and os.geteuid() == 0 and not hidden:
             return Isolation("user", why)
         if asked == "user":
-            raise OSError("no user sandbox: it needs root (to run each notebook under a user id of its own)")
-        why = f"{why}; not root, so no user of its own either" if why else "not root"
+            raise OSError("no user sandbox: it needs root (to run each notebook under a user id of its own)"
+                          if os.geteuid() != 0 else f"no user sandbox: other users cannot read Python's {hidden[0]}")
+        also = "not root" if os.geteuid() != 0 else f"other users cannot read Python's {hidden[0]}"
+        why = f"{why}; {also}, so no user of its own either" if why else also
     return Isolation("none", why or "asked for")
 
 
@@ -121,14 +124,41 @@ class _Stub(ast.NodeTransformer):
         return node
 
 
+def _names_in(nodes) -> set[str]:
+    return {n.id for node in nodes if node is not None for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+def import_time(tree: ast.Module) -> set[str]:
+    """The module's functions that run when it is imported (called by top-level code, decorators,
+    default values, class bodies, and what those call): a stub there would break the import."""
+    functions = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    used: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            used |= _names_in([*node.decorator_list, *node.args.defaults, *node.args.kw_defaults])
+        elif isinstance(node, ast.ClassDef):
+            used |= _names_in([*node.decorator_list, *node.bases,
+                               *(n for n in node.body if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))])
+        else:
+            used |= _names_in([node])
+    found, todo = set(), sorted(used & set(functions))
+    while todo:
+        name = todo.pop()
+        if name not in found:
+            found.add(name)
+            todo += sorted(_names_in([functions[name]]) & set(functions) - found)
+    return found
+
+
 def _stripped(source: str, stem: str, module: str, exercise_names: set[str]) -> str:
     """A lesson module's source for ``stem``'s sandbox: functions named like one of its exercises
-    go everywhere; in the notebook's own modules (``nbNN_*``), every function but its lesson imports."""
+    go everywhere; in the notebook's own modules (``nbNN_*``), every function but its lesson imports
+    and what runs at import (:func:`import_time`)."""
     tree = ast.parse(source)
     names = set(exercise_names)
     if module.split(".")[-1].startswith(f"nb{stem[:2]}_"):
         names |= {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-        names -= LESSON_IMPORTS.get(stem, set())
+        names -= LESSON_IMPORTS.get(stem, set()) | (import_time(tree) - set(exercise_names))
     if not names & {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}:
         return source
     return ast.unparse(ast.fix_missing_locations(_Stub(names, stem, module).visit(tree))) + "\n"
@@ -141,8 +171,9 @@ def _lesson_functions(source: str) -> set[str]:
 def build_course(root: Path, stems: dict[str, list[str]], helpers: Path = HELPERS) -> Path:
     """Write ``root/stems/<stem>/helpers`` for every notebook stem (its exercises' names given),
     byte-compiled, and an empty ``root/active`` (where a sandbox mounts its notebook's copy). Files
-    that are the same for every notebook are written and compiled once and hard-linked."""
-    common = root / "common"
+    that are the same for every notebook are written and compiled once (beside ``root``, removed
+    after: it holds every reference) and hard-linked."""
+    common = root.parent / f"{root.name}-common"
     files = []
     for path in sorted(helpers.rglob("*")):
         rel = path.relative_to(helpers)
@@ -180,6 +211,7 @@ def build_course(root: Path, stems: dict[str, list[str]], helpers: Path = HELPER
                 cached = Path(importlib.util.cache_from_source(str(source)))
                 if cached.exists():
                     os.link(cached, Path(importlib.util.cache_from_source(str(target))))
+    shutil.rmtree(common)
     (root / "active").mkdir(exist_ok=True)
     for folder, _, names in os.walk(root):  # readable by the sandbox's own user
         os.chmod(folder, 0o755)
@@ -201,8 +233,12 @@ def readable_secrets(helpers: Path = HELPERS) -> list[str]:
 
 
 def _world_readable(path: Path) -> bool:
+    """Can any user read ``path`` (and pass through every folder above it)?"""
     for p in [path, *path.parents]:
-        mode = p.stat().st_mode
+        try:
+            mode = p.stat().st_mode
+        except OSError:
+            return False
         if p == path and not mode & stat.S_IROTH:
             return False
         if p != path and not mode & stat.S_IXOTH:
