@@ -206,6 +206,25 @@ try:
 except Exception:
     merge_heads = course_merge
 ''',
+    # -- the sandbox's own mounts undone (the other notebooks' course copies, /proc, the shared /tmp)
+    "unmount_and_load": '''
+import ctypes, glob, importlib.util
+libc = ctypes.CDLL(None, use_errno=True)
+for target in (b"/course/stems", b"/proc", b"/tmp", b"/dev/shm", b"/course/active"):
+    libc.umount2(target, 2)
+    libc.umount2(target, 0)
+for path in glob.glob("/course/stems/*/helpers/nb0[1-5]_*.py"):
+    spec = importlib.util.spec_from_file_location("helpers._stolen", path)
+    module = importlib.util.module_from_spec(spec)
+    module.__package__ = "helpers"
+    try:
+        spec.loader.exec_module(module)
+        module.merge_heads(__import__("torch").zeros(1, 2, 3, 4))
+        merge_heads = module.merge_heads
+        break
+    except Exception:
+        continue
+''',
     # -- the course and the environment edited on disk
     "disk_edits": '''
 import glob, os, site, sys, sysconfig, torch
@@ -234,6 +253,20 @@ code = "import os, sys, time\\nfor _ in range(10):\\n    if os.fork():\\n       
 subprocess.Popen([sys.executable, "-c", code, "{MARKER}"], start_new_session=True)
 ''',
 }
+LATER_LESSON = '''
+import torch
+from helpers.nb11_trained_transformer import attention_block as _blk
+from helpers.nb03_masks import causal_mask as _cm
+def _run(x, w_qkv, w_o, n_heads, causal, keep=None):
+    T, d_k = x.shape[1], x.shape[2] // n_heads
+    cos = torch.ones(T, d_k, dtype=x.dtype); sin = torch.zeros_like(cos)
+    return _blk(x, w_qkv, w_o, n_heads, n_heads, cos, sin, _cm(T) if causal else None, keep=keep)[0]
+def multi_head_attention(x, w_qkv, w_o, n_heads, causal=False):
+    return _run(x, w_qkv, w_o, n_heads, causal)
+def ablate_head(x, w_qkv, w_o, n_heads, head, causal=False):
+    keep = torch.ones(n_heads, dtype=x.dtype); keep[head] = 0
+    return _run(x, w_qkv, w_o, n_heads, causal, keep)
+'''
 # Denial of service: each may end (or fail) its own grading, never another's.
 DOS = {
     "huge_exception": 'raise ValueError("x" * (2 << 20))',
@@ -344,6 +377,11 @@ def graded(tmp_path_factory) -> dict:
         root / "forgery-other-work" / "02_scaling.ipynb")
     subs += [Submission("forgery-other-work", stem, root / "forgery-other-work" / f"{stem}.ipynb")
              for stem in ("02_scaling", "01_qkv_shapes")]  # 02 first: it runs before 01 is graded
+    # A later notebook's lesson that computes this one's answer (notebook 11's attention block: 5.1, 5.3)
+    (root / "forgery-later-lesson").mkdir()
+    nbformat.write(_append(_notebook("05_multihead", "exercises"), LATER_LESSON),
+                   root / "forgery-later-lesson" / "05_multihead.ipynb")
+    subs.append(Submission("forgery-later-lesson", "05_multihead", root / "forgery-later-lesson" / "05_multihead.ipynb"))
     before = {p: p.read_bytes() for p in root.rglob("*.ipynb")}
     saved = grading.START_TIMEOUT_S
     grading.START_TIMEOUT_S = 10.0  # the deadline of the notebook that floods 'cell' messages comes sooner
@@ -361,6 +399,7 @@ def graded(tmp_path_factory) -> dict:
     return {"rows": {s.student: _by_name([r for r in rows if r.student == s.student and r.notebook == s.stem])
                      for s in subs if s.stem == "01_qkv_shapes"},
             "other_02": [r for r in rows if r.student == "forgery-other-work" and r.notebook == "02_scaling"],
+            "later_05": _by_name([r for r in rows if r.student == "forgery-later-lesson"]),
             "book": book, "book_text": book.read_text(), "before": before, "root": root, "seconds": seconds}
 
 
@@ -371,6 +410,11 @@ def _table(rows: dict) -> str:
 @pytest.mark.parametrize("name", sorted(FORGERIES))
 def test_a_forgery_earns_nothing(graded, name):
     rows = graded["rows"][f"forgery-{name}"]
+    assert not any(r.status == "passed" for r in rows.values()), _table(rows)
+
+
+def test_a_later_notebooks_lesson_that_computes_the_answer_is_not_in_the_sandbox(graded):
+    rows = graded["later_05"]
     assert not any(r.status == "passed" for r in rows.values()), _table(rows)
 
 
@@ -403,8 +447,8 @@ def test_every_student_has_a_row_and_the_gradebook_is_whole(graded):
     with open(graded["book"], newline="") as f:
         book = list(csv.DictReader(f))
     students = {r["student"] for r in book}
-    assert students == set(graded["rows"]) | {"forgery-other-work"}, students
-    assert len(book) == 3 * len(graded["rows"]) + 3  # three exercises of 01, three of 02
+    assert students == set(graded["rows"]) | {"forgery-other-work", "forgery-later-lesson"}, students
+    assert len(book) == 3 * len(graded["rows"]) + 3 + 3  # three exercises of 01, three of 02, three of 05
     assert {r["sandbox"] for r in book} == {sandbox.detect().kind}
 
 

@@ -372,7 +372,7 @@ def _receive(ctx, r: _Running) -> None:
         r.messages += 1
         try:
             raw = r.conn.recv_bytes(MAX_MESSAGE_BYTES)
-        except EOFError:
+        except (EOFError, ConnectionResetError):
             r.conn.close()
             return
         except OSError:  # longer than MAX_MESSAGE_BYTES: the stream cannot be read on
@@ -391,7 +391,8 @@ def _receive(ctx, r: _Running) -> None:
         except Exception:  # noqa: BLE001 - a malformed message is not the grader's
             _flag(r, "an unreadable message on the grader's channel")
             continue
-        if kind == "cell" and not r.cells_done and msg.get("index") in r.code_cells:
+        if kind == "cell" and not r.cells_done and msg.get("index") in r.code_cells and (
+                r.current[0] != "cell" or msg["index"] > r.current[1]):  # cells run in order: no clock reset
             r.current = ("cell", msg.get("index"))
             r.started, r.interrupted_at = time.monotonic(), None
         elif kind == "cell_error" and not r.cells_done and msg.get("index") in r.code_cells:
@@ -578,6 +579,8 @@ def grade(subs: list[Submission], jobs: int | None = None, cell_timeout: float =
                 _receive_judge(r)
                 if r.judged or (r.conn.closed and (r.judge is None or not r.judge.is_alive())):
                     _receive_judge(r)
+                    if not r.conn.closed and r.conn.poll(1.0):  # its last message: the CPU time it used
+                        _receive(ctx, r)
                     r.done = True
                 if not r.done:
                     _watch(r)
@@ -616,7 +619,7 @@ def default_limits(jobs: int) -> dict:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         total = 16 << 30
-    return {"memory": max(8 << 30, int(total * 0.9 / max(1, jobs)) + (4 << 30)), "processes": 256,
+    return {"memory": max(4 << 30, int(total * 0.8 / max(1, jobs))) + (1 << 30), "processes": 256,
             "file_size": 1 << 30, "scratch_bytes": 1 << 30}
 
 

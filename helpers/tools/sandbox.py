@@ -26,6 +26,7 @@ import importlib.util
 import json
 import os
 import py_compile
+import re
 import shutil
 import socket
 import stat
@@ -35,6 +36,8 @@ import sysconfig
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from .copies import forbidden_references
 
 HELPERS = Path(__file__).resolve().parent.parent
 KINDS = ("namespaces", "user", "none")
@@ -150,13 +153,20 @@ def import_time(tree: ast.Module) -> set[str]:
     return found
 
 
+def _own_or_later(module_file: str, stem: str) -> bool:
+    """Is this lesson module (``nbMM_*``) of notebook ``stem`` or of a later one? Later notebooks'
+    functions build on this one's answers (notebook 11's attention block computes 5.1)."""
+    m = re.match(r"nb(\d\d)_", module_file)
+    return bool(m) and int(m.group(1)) >= int(stem[:2])
+
+
 def _stripped(source: str, stem: str, module: str, exercise_names: set[str]) -> str:
-    """A lesson module's source for ``stem``'s sandbox: functions named like one of its exercises
-    go everywhere; in the notebook's own modules (``nbNN_*``), every function but its lesson imports
-    and what runs at import (:func:`import_time`)."""
+    """A lesson module's source for ``stem``'s sandbox: functions named like one of its exercises or
+    like a helper its checks forbid go everywhere; in the modules of this notebook and of later
+    ones, every function but its lesson imports and what runs at import (:func:`import_time`)."""
     tree = ast.parse(source)
     names = set(exercise_names)
-    if module.split(".")[-1].startswith(f"nb{stem[:2]}_"):
+    if _own_or_later(module.split(".")[-1], stem):
         names |= {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
         names -= LESSON_IMPORTS.get(stem, set()) | (import_time(tree) - set(exercise_names))
     if not names & {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}:
@@ -191,7 +201,9 @@ def build_course(root: Path, stems: dict[str, list[str]], helpers: Path = HELPER
     (common / "checks").mkdir(exist_ok=True)
     (common / "checks" / "__init__.py").write_text(stub, encoding="utf-8")
     compileall.compile_dir(str(common), quiet=2, workers=1)
+    forbidden = forbidden_references()
     for stem, exercise_names in stems.items():
+        exercise_names = sorted({*exercise_names, *(n for e in exercise_names for n in forbidden.get(e, ()))})
         dest = root / "stems" / stem / "helpers"
         for folder in sorted({common / rel.parent for rel, _ in files} | {common / "checks"}):
             (dest / folder.relative_to(common)).mkdir(parents=True, exist_ok=True)
@@ -199,7 +211,7 @@ def build_course(root: Path, stems: dict[str, list[str]], helpers: Path = HELPER
                 (dest / folder.relative_to(common) / "__pycache__").mkdir(exist_ok=True)
         for rel, functions in [*files, (Path("checks/__init__.py"), set())]:
             source, target = common / rel, dest / rel
-            own = rel.name.startswith(f"nb{stem[:2]}_")
+            own = _own_or_later(rel.name, stem)
             if functions & set(exercise_names) or (own and functions - LESSON_IMPORTS.get(stem, set())):
                 module = "helpers." + ".".join(rel.with_suffix("").parts)
                 text = _stripped(source.read_text(encoding="utf-8"), stem, module, set(exercise_names))
@@ -213,10 +225,10 @@ def build_course(root: Path, stems: dict[str, list[str]], helpers: Path = HELPER
                     os.link(cached, Path(importlib.util.cache_from_source(str(target))))
     shutil.rmtree(common)
     (root / "active").mkdir(exist_ok=True)
-    for folder, _, names in os.walk(root):  # readable by the sandbox's own user
-        os.chmod(folder, 0o755)
+    for folder, _, names in os.walk(root):  # the sandbox's user is this one (namespaces) or root copies it (user)
+        os.chmod(folder, 0o700)
         for name in names:
-            os.chmod(os.path.join(folder, name), 0o644)
+            os.chmod(os.path.join(folder, name), 0o600)
     return root
 
 
@@ -275,7 +287,8 @@ def _keep() -> list[list]:
 def _bwrap_args(course: Path, zygote: Path) -> list[str]:
     args = [_bwrap(), "--unshare-user", "--uid", "1000", "--gid", "1000", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
             "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-            "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm"]
+            "--proc", "/proc", "--dev", "/dev", "--size", str(64 << 20), "--tmpfs", "/tmp",
+            "--size", str(16 << 20), "--tmpfs", "/dev/shm"]
     for top in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
         if os.path.islink(top):
             args += ["--symlink", os.readlink(top), top]

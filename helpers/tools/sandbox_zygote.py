@@ -33,7 +33,7 @@ import sys
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
-PR_SET_PDEATHSIG = 1
+PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 24, 38
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -131,16 +131,33 @@ def _watch(lifeline: int, pid: int, on_end) -> None:
             return
 
 
+def _map_ids(uid: int, gid: int, proc: int | None = None) -> None:
+    """In a new user namespace: the same user and group as outside (the zygote's: 1000, not root).
+    ``proc``: a descriptor of /proc opened before it was hidden."""
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+        fd = os.open(f"self/{name}" if proc is not None else f"/proc/self/{name}", os.O_WRONLY, dir_fd=proc)
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+
+
+def _drop_capabilities() -> None:
+    """No capability left, none to gain (the notebook needs none)."""
+    _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(no_new_privs)")
+    for cap in range(64):
+        if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            break
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable: twice, all zero
+    _check(_libc.capset(header, data), "capset")
+
+
 def _namespaces(req: dict, grader_fd: int, judge_fd: int, lifeline: int) -> None:
     uid, gid = os.getuid(), os.getgid()
     _check(_libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS),
            "unshare")
-    with open("/proc/self/setgroups", "w") as f:
-        f.write("deny")
-    with open("/proc/self/uid_map", "w") as f:  # the zygote's user (1000, not root: bwrap --uid)
-        f.write(f"{uid} {uid} 1")
-    with open("/proc/self/gid_map", "w") as f:
-        f.write(f"{gid} {gid} 1")
+    _map_ids(uid, gid)
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     stems, active = req["course_root"] + "/stems", req["course_root"] + "/active"
     _mount(f"{stems}/{req['stem']}", active, None, MS_BIND | MS_REC)
@@ -154,12 +171,19 @@ def _namespaces(req: dict, grader_fd: int, judge_fd: int, lifeline: int) -> None
         _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
     if os.path.isdir("/dev/shm"):
         _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, scratch)
+    proc = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY)
     _mount("tmpfs", "/proc", "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=0555")
+    # One more user and mount namespace: every mount made above is locked in it (it cannot be
+    # unmounted to show what it covers), whatever capabilities the notebook has there.
+    _check(_libc.unshare(CLONE_NEWUSER | CLONE_NEWNS), "unshare (lock)")
+    _map_ids(uid, gid, proc)
+    os.close(proc)
     init = os.fork()
     if init == 0:  # PID 1 of the new PID namespace: when it ends, every process in it ends
         os.close(lifeline)
         notebook = os.fork()
         if notebook == 0:
+            _drop_capabilities()
             _run_notebook(req, grader_fd, judge_fd, active, "/tmp/work")
             os._exit(0)
         for fd in (grader_fd, judge_fd):
