@@ -110,20 +110,28 @@ def detect(asked: str = "auto") -> Isolation:
 
 
 class _Stub(ast.NodeTransformer):
-    """Replace the named top-level functions (decorators and all) by one that says why it is missing."""
+    """Replace the named top-level functions (decorators and all) by one that says why it is missing;
+    with ``methods``, also every method of the module's classes but the special ones (``__init__``)."""
 
-    def __init__(self, names: set[str], stem: str, module: str):
-        self.names, self.stem, self.module = names, stem, module
+    def __init__(self, names: set[str], stem: str, module: str, methods: bool = False):
+        self.names, self.stem, self.module, self.methods = names, stem, module, methods
 
-    def _stub(self, node: ast.AST) -> ast.AST:
-        text = (f"`{self.module}.{node.name}` is not in the grader's sandbox while it grades {self.stem}: "
-                "it is (part of) the course's answer to an exercise of this notebook.")
+    def _stub(self, node: ast.AST, owner: str = "") -> ast.AST:
+        text = (f"`{self.module}.{owner}{node.name}` is not in the grader's sandbox while it grades {self.stem}: "
+                "it is, or builds on, the course's answer to an exercise of this notebook.")
         new = ast.parse(f"def {node.name}(*args, **kwargs):\n    raise RuntimeError({text!r})\n").body[0]
         return ast.copy_location(new, node)
 
     def visit_Module(self, node: ast.Module) -> ast.Module:
-        node.body = [self._stub(n) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name in self.names
-                     else n for n in node.body]
+        body = []
+        for n in node.body:
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name in self.names:
+                n = self._stub(n)
+            elif isinstance(n, ast.ClassDef) and self.methods:
+                n.body = [self._stub(m, n.name + ".") if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))
+                          and not m.name.startswith("__") else m for m in n.body]
+            body.append(n)
+        node.body = body
         return node
 
 
@@ -166,12 +174,14 @@ def _stripped(source: str, stem: str, module: str, exercise_names: set[str]) -> 
     ones, every function but its lesson imports and what runs at import (:func:`import_time`)."""
     tree = ast.parse(source)
     names = set(exercise_names)
-    if _own_or_later(module.split(".")[-1], stem):
+    own = _own_or_later(module.split(".")[-1], stem)
+    if own:
         names |= {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
         names -= LESSON_IMPORTS.get(stem, set()) | (import_time(tree) - set(exercise_names))
-    if not names & {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}:
+    classes = own and any(isinstance(n, ast.ClassDef) for n in tree.body)
+    if not classes and not names & {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}:
         return source
-    return ast.unparse(ast.fix_missing_locations(_Stub(names, stem, module).visit(tree))) + "\n"
+    return ast.unparse(ast.fix_missing_locations(_Stub(names, stem, module, methods=own).visit(tree))) + "\n"
 
 
 def _lesson_functions(source: str) -> set[str]:
@@ -212,7 +222,7 @@ def build_course(root: Path, stems: dict[str, list[str]], helpers: Path = HELPER
         for rel, functions in [*files, (Path("checks/__init__.py"), set())]:
             source, target = common / rel, dest / rel
             own = _own_or_later(rel.name, stem)
-            if functions & set(exercise_names) or (own and functions - LESSON_IMPORTS.get(stem, set())):
+            if functions & set(exercise_names) or own:
                 module = "helpers." + ".".join(rel.with_suffix("").parts)
                 text = _stripped(source.read_text(encoding="utf-8"), stem, module, set(exercise_names))
                 target.write_text(text, encoding="utf-8")
