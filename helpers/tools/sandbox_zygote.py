@@ -108,9 +108,15 @@ def _run_notebook(req: dict, grader_fd: int, judge_fd: int, course: str, work: s
     importlib.import_module("helpers.checks.serving").run(grader_fd, judge_fd, int(req.get("threads", 1)))
 
 
-def _watch(lifeline: int, pid: int, on_end) -> None:
-    """Until ``pid`` ends: a byte ``i`` on the lifeline interrupts it, end of file kills it."""
+def _watch(lifeline: int, pid: int, on_end, too_many=lambda: False) -> None:
+    """Until ``pid`` ends: a byte ``i`` on the lifeline interrupts it, end of file kills it, and so
+    does ``too_many()`` turning true (checked about once a second)."""
+    ticks = 0
     while True:
+        ticks += 1
+        if ticks % 5 == 0 and too_many():
+            on_end()
+            return
         ready, _, _ = select.select([lifeline], [], [], 0.2)
         if ready:
             data = os.read(lifeline, 64)
@@ -177,9 +183,9 @@ def _namespaces(req: dict, grader_fd: int, judge_fd: int, lifeline: int) -> None
     # unmounted to show what it covers), whatever capabilities the notebook has there.
     _check(_libc.unshare(CLONE_NEWUSER | CLONE_NEWNS), "unshare (lock)")
     _map_ids(uid, gid, proc)
-    os.close(proc)
     init = os.fork()
     if init == 0:  # PID 1 of the new PID namespace: when it ends, every process in it ends
+        os.close(proc)
         os.close(lifeline)
         notebook = os.fork()
         if notebook == 0:
@@ -200,7 +206,31 @@ def _namespaces(req: dict, grader_fd: int, judge_fd: int, lifeline: int) -> None
                 os._exit(0)
     for fd in (grader_fd, judge_fd):
         os.close(fd)
-    _watch(lifeline, init, lambda: _kill(init))
+    _watch(lifeline, init, lambda: _kill(init), lambda: _count_in(proc, init) > int(req.get("processes") or 1 << 30))
+
+
+def _count_in(proc: int, init: int) -> int:
+    """How many processes and threads share the PID namespace of ``init`` (read through ``proc``, the
+    zygote's /proc: the kernel does not hold root's processes to RLIMIT_NPROC, and the sandbox's user
+    is root outside when the grader is)."""
+    try:
+        ns = os.readlink(f"{init}/ns/pid", dir_fd=proc)
+    except OSError:
+        return 0
+    count = 0
+    for name in os.listdir(proc):
+        if name.isdigit():
+            try:
+                if os.readlink(f"{name}/ns/pid", dir_fd=proc) != ns:
+                    continue
+                tasks = os.open(f"{name}/task", os.O_RDONLY | os.O_DIRECTORY, dir_fd=proc)
+            except OSError:
+                continue
+            try:
+                count += len(os.listdir(tasks))
+            finally:
+                os.close(tasks)
+    return count
 
 
 def _kill(pid: int) -> None:
