@@ -306,6 +306,46 @@ for _ in range(5000):
         break
 time.sleep(5)
 ''',
+    "compressed_answer": '''
+import io, zipfile
+import helpers.checks.calling as calling
+_dumps = calling.dumps
+def dumps(x):
+    plain = zipfile.ZipFile(io.BytesIO(_dumps(x)))
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
+        for entry in plain.infolist():
+            data = plain.read(entry)
+            z.writestr(entry.filename, data + (b"\\0" * (300 << 20) if entry.filename.endswith("data.pkl") else b""))
+    return out.getvalue()
+calling.dumps = dumps
+def merge_heads(o):
+    B, H, T, d_k = o.shape
+    return o.permute(0, 2, 1, 3).reshape(B, T, H * d_k)
+''',
+    "nested_namespaces": '''
+import ctypes, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+if os.fork() == 0:
+    if libc.unshare(0x10000000 | 0x20000000) == 0:
+        for _ in range(600):
+            if os.fork() == 0:
+                time.sleep(30); os._exit(0)
+    os._exit(0)
+time.sleep(3)
+''',
+    "memfd_memory": '''
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+fds = []
+for _ in range(4):
+    try:
+        fd = os.memfd_create("x")
+    except OSError:
+        break
+    libc.fallocate(fd, 0, ctypes.c_long(0), ctypes.c_long((1 << 30) - 4096))
+    fds.append(fd)
+''',
     "oversized_answer": '''
 import torch
 def merge_heads(o):
@@ -441,6 +481,13 @@ def test_denial_of_service_ends_only_its_own_grading(graded, name):
     rows = graded["rows"][f"dos-{name}"]
     assert not any(r.status == "passed" for r in rows.values()), _table(rows)
     assert len(rows) == 3
+
+
+def test_an_answer_that_unpacks_to_gigabytes_is_refused_before_it_is_unpacked(graded):
+    """The judge reads replies as torch.save writes them (stored): a compressed archive, a small reply
+    that would unpack to gigabytes outside the sandbox, is refused and the notebook flagged."""
+    rows = graded["rows"]["dos-compressed_answer"]
+    assert "the grader does not read" in rows["merge_heads"].review, _table(rows)
 
 
 def test_every_student_has_a_row_and_the_gradebook_is_whole(graded):

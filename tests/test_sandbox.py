@@ -145,6 +145,18 @@ def merge_heads(o):
         seen["net"] = True
     except OSError:
         seen["net"] = False
+    libc = __import__("ctypes").CDLL(None, use_errno=True)
+    seen["unshare"] = libc.unshare(0x10000000)  # a user namespace of its own: refused (-1)
+    try:
+        os.memfd_create("x")
+        seen["memfd"] = True
+    except OSError:
+        seen["memfd"] = False
+    try:
+        open("/written-by-a-notebook", "w")
+        seen["root_writable"] = True
+    except OSError:
+        seen["root_writable"] = False
     for name in ("helpers.reference", "helpers.checks.core", "helpers.tools.grading"):
         try:
             __import__(name)
@@ -163,6 +175,7 @@ def merge_heads(o):
     assert not seen["net"] and seen["proc"] == 0 and seen["uid"] != 0, seen
     assert not seen["reference"] and not seen["core"] and not seen["grading"], seen
     assert seen["course"] == ["active", "stems"], seen
+    assert seen["unshare"] == -1 and not seen["memfd"] and not seen["root_writable"], seen
 
 
 SYSTEM_PYTHON = Path("/usr/bin/python3.11")

@@ -19,6 +19,7 @@ import io
 import pickle
 import secrets
 import time
+import zipfile
 from collections.abc import Callable
 from typing import Any
 
@@ -284,7 +285,13 @@ def dumps(x: Any) -> bytes:
 
 
 def loads(data: bytes) -> Any:
-    """``torch.load(weights_only=True)``: tensors, numbers, strings and containers, never code."""
+    """``torch.load(weights_only=True)``: tensors, numbers, strings and containers, never code; and
+    only from an archive as :func:`dumps` writes it (stored, not compressed: a small reply that
+    unpacks to gigabytes is refused before anything is unpacked)."""
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        for entry in archive.infolist():
+            if entry.compress_type != zipfile.ZIP_STORED or entry.file_size > len(data):
+                raise ValueError(f"a compressed or oversized entry in the reply ({entry.filename[:60]})")
     return torch.load(io.BytesIO(data), weights_only=True, map_location=None)
 
 
@@ -354,8 +361,11 @@ def ask(conn: Any, request: dict, wait_s: float) -> dict:
             data = conn.recv_bytes(MAX_REPLY_BYTES)
             try:
                 reply = loads(data)
-            except Exception:  # noqa: BLE001 - not something the serving code sends
+            except zipfile.BadZipFile:  # not something the serving code sends
                 reply = None
+            except Exception as e:  # noqa: BLE001 - an archive it does not send either: compressed, oversized
+                raise RemoteBroken("error", f"the notebook's process sent an answer the grader does not read ({e})",
+                                   True) from None
             if _type(reply) is dict and reply.get("nonce") == request["nonce"]:
                 return reply
             STRAYS.append("unreadable" if reply is None else "out of turn")

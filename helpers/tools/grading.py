@@ -42,7 +42,8 @@ STATUSES = ("passed", "failed", "not attempted", "error", "timed out", "missing"
 START_TIMEOUT_S = 60.0  # a notebook's process setting itself up (before its first cell)
 GRACE_S = 10.0  # after an interrupt, how long a notebook has to stop before it is killed
 MAX_MESSAGE_BYTES = 1 << 16  # a message from the notebook's process to the grader (progress only)
-MAX_MESSAGES = 100_000  # from one notebook: more is a flood, and ends it
+MAX_MESSAGES = 10_000  # from one notebook (an honest one sends two a cell): more is a flood, and ends it
+NOTEBOOK_TIMEOUT_S = 1800.0  # however many cells it has, a notebook is ended after this long
 SEND_TIMEOUT_S = 30.0  # a notebook that does not read what the grader or the judge sends
 # Imported once by the fork server; every notebook's process starts with them loaded. The grading
 # process itself does not import torch: it learns the course's exercises from a forked process.
@@ -246,6 +247,7 @@ class _Running:
     cell_timeout: float
     threads: int
     deadline: float  # when the notebook is ended whatever it says (no message moves it)
+    memory: int | None = None  # its address-space limit, its judge's too
     started_at: float = field(default_factory=time.monotonic)
     current: tuple[str, object] = ("start", None)  # ("cell", index) or ("check", name)
     started: float = field(default_factory=time.monotonic)
@@ -317,9 +319,10 @@ def _start(ctx, zygote: sandbox.Zygote, sub: Submission, cell_timeout: float, th
         for s in (theirs, notebook_end):
             s.close()
         os.close(life_r)
-    deadline = time.monotonic() + START_TIMEOUT_S + cell_timeout * (len(run) + len(names)) + 2 * GRACE_S
+    deadline = time.monotonic() + min(START_TIMEOUT_S + cell_timeout * (len(run) + len(names)) + 2 * GRACE_S,
+                                      max(NOTEBOOK_TIMEOUT_S, START_TIMEOUT_S + cell_timeout))
     r = _Running(sub, Connection(ours.detach()), life_w, Connection(judge_end.detach()), code, names, cell_timeout,
-                 threads, deadline)
+                 threads, deadline, zygote.limits.get("memory"))
     try:
         r.conn.send_bytes(json.dumps({"cells": run}).encode())
     except OSError as e:
@@ -332,7 +335,7 @@ def _start_judge(ctx, r: _Running) -> None:
     """The notebook's cells have run: start its judge, with a salt drawn now."""
     mine, theirs = ctx.Pipe(duplex=False)
     r.judge = ctx.Process(target=judging.judge, daemon=True,
-                          args=(r.judge_end, theirs, r.names, secrets.randbits(62) + 1, GRACE_S, r.threads))
+                          args=(r.judge_end, theirs, r.names, secrets.randbits(62) + 1, GRACE_S, r.threads, r.memory))
     with _anonymous_main():
         r.judge.start()
     theirs.close()

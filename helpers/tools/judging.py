@@ -19,14 +19,17 @@ it adds review notes, it never turns a failure into a pass.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import resource
 from typing import Any
 
 FIRST_ASK_S = 60.0  # how long the judge waits for the notebook's first answer
 
 
-def judge(nb_conn: Any, out_conn: Any, names: list[str], salt: int, wait_s: float, threads: int = 1) -> None:
+def judge(nb_conn: Any, out_conn: Any, names: list[str], salt: int, wait_s: float, threads: int = 1,
+          memory: int | None = None) -> None:
     """The grader's side: run each exercise's check against the notebook's process; report to the
     grader through ``out_conn`` (JSON messages: check, result, review, done). Runs in a process of
     its own, forked from the fork server: nothing of the notebook ever ran in it. ``threads``:
@@ -44,6 +47,9 @@ def judge(nb_conn: Any, out_conn: Any, names: list[str], salt: int, wait_s: floa
         return ask_notebook(nb_conn, {**request, "nonce": os.urandom(8).hex()}, FIRST_ASK_S)
 
     torch.set_num_threads(threads)
+    if memory:  # what it reads from the notebook is data, but data can be large: the notebook's limit
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
     core.salt_cases(salt)
     feedback.reset_attempts()
     review: list[str] = []

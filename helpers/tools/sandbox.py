@@ -326,7 +326,7 @@ def _bwrap_args(course: Path, zygote: Path) -> list[str]:
     for name in ("TRITON_INTERPRET", "ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES"):
         if name in os.environ:
             args += ["--setenv", name, os.environ[name]]
-    return args
+    return [*args, "--remount-ro", "/"]  # the sandbox's own root folder too: nothing shared to write in
 
 
 class Zygote:

@@ -28,12 +28,13 @@ import select
 import shutil
 import signal
 import socket
+import struct
 import sys
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
-PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 24, 38
+PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 1, 24, 38, 22, 2
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -148,6 +149,39 @@ def _map_ids(uid: int, gid: int, proc: int | None = None) -> None:
             os.close(fd)
 
 
+# seccomp: no new user namespace (it would give the notebook capabilities again, and PID namespaces
+# the process watcher cannot see), no memfd (memory outside every limit). (arch, unshare, clone,
+# clone3, setns, memfd_create) syscall numbers, for x86_64 and aarch64; other machines get no filter.
+_SYSCALLS = {"x86_64": (0xC000003E, 272, 56, 435, 308, 319), "aarch64": (0xC00000B7, 97, 220, 435, 268, 279)}
+
+
+def _forbid_namespaces() -> None:
+    """A seccomp filter: unshare and clone with a namespace flag, setns and memfd_create fail with
+    EPERM, clone3 with ENOSYS (the C library then uses clone)."""
+    numbers = _SYSCALLS.get(os.uname().machine)
+    if numbers is None:
+        return
+    arch, unshare, clone, clone3, setns, memfd = numbers
+    namespaces = CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET | 0x02000000
+    ld, jeq, jset, ret = 0x20, 0x15, 0x45, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JSET|K, BPF_RET|K
+    allow, eperm, enosys = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38  # SECCOMP_RET_ALLOW, _ERRNO | errno
+    program = [  # (code, jump if true, jump if false, k); jumps skip that many instructions
+        (ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, allow),  # 0-2: another architecture, no filter
+        (ld, 0, 0, 0),  # 3: the syscall's number
+        (jeq, 7, 0, unshare), (jeq, 6, 0, clone),  # 4-5: to 12, its flags
+        (jeq, 3, 0, clone3),  # 6: to 10 (its flags are in memory a filter cannot read)
+        (jeq, 3, 0, setns), (jeq, 2, 0, memfd),  # 7-8: to 11
+        (ret, 0, 0, allow), (ret, 0, 0, enosys), (ret, 0, 0, eperm),  # 9-11
+        (ld, 0, 0, 16), (jset, 0, 1, namespaces), (ret, 0, 0, eperm), (ret, 0, 0, allow),  # 12-15: the flags
+    ]
+    filters = (ctypes.c_ubyte * (8 * len(program)))()
+    for i, (code, jt, jf, k) in enumerate(program):
+        ctypes.memmove(ctypes.addressof(filters) + 8 * i, struct.pack("HBBI", code, jt, jf, k), 8)
+    fprog = struct.pack("HxxxxxxQ", len(program), ctypes.addressof(filters))
+    buf = ctypes.create_string_buffer(fprog)
+    _check(_libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, buf, 0, 0), "seccomp")
+
+
 def _drop_capabilities() -> None:
     """No capability left, none to gain (the notebook needs none)."""
     _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(no_new_privs)")
@@ -190,6 +224,7 @@ def _namespaces(req: dict, grader_fd: int, judge_fd: int, lifeline: int) -> None
         notebook = os.fork()
         if notebook == 0:
             _drop_capabilities()
+            _forbid_namespaces()
             _run_notebook(req, grader_fd, judge_fd, active, "/tmp/work")
             os._exit(0)
         for fd in (grader_fd, judge_fd):
@@ -206,31 +241,42 @@ def _namespaces(req: dict, grader_fd: int, judge_fd: int, lifeline: int) -> None
                 os._exit(0)
     for fd in (grader_fd, judge_fd):
         os.close(fd)
-    _watch(lifeline, init, lambda: _kill(init), lambda: _count_in(proc, init) > int(req.get("processes") or 1 << 30))
+    limits = (int(req.get("processes") or 1 << 30), int(req.get("memory") or 1 << 62))
+    _watch(lifeline, init, lambda: _kill(init), lambda: any(n > m for n, m in zip(_usage(proc, init), limits)))
 
 
-def _count_in(proc: int, init: int) -> int:
-    """How many processes and threads share the PID namespace of ``init`` (read through ``proc``, the
-    zygote's /proc: the kernel does not hold root's processes to RLIMIT_NPROC, and the sandbox's user
-    is root outside when the grader is)."""
+def _usage(proc: int, init: int) -> tuple[int, int]:
+    """(processes and threads, resident bytes) of the PID namespace of ``init``, read through
+    ``proc`` (the zygote's /proc). Limits per process (RLIMIT_NPROC, RLIMIT_AS) do not bound these:
+    the kernel does not hold root's processes to RLIMIT_NPROC (the sandbox's user is root outside
+    when the grader is), and each process has its own address space."""
     try:
         ns = os.readlink(f"{init}/ns/pid", dir_fd=proc)
     except OSError:
-        return 0
-    count = 0
+        return 0, 0
+    count, resident = 0, 0
     for name in os.listdir(proc):
-        if name.isdigit():
-            try:
-                if os.readlink(f"{name}/ns/pid", dir_fd=proc) != ns:
-                    continue
-                tasks = os.open(f"{name}/task", os.O_RDONLY | os.O_DIRECTORY, dir_fd=proc)
-            except OSError:
+        if not name.isdigit():
+            continue
+        try:
+            if os.readlink(f"{name}/ns/pid", dir_fd=proc) != ns:
                 continue
-            try:
-                count += len(os.listdir(tasks))
-            finally:
-                os.close(tasks)
-    return count
+            tasks = os.open(f"{name}/task", os.O_RDONLY | os.O_DIRECTORY, dir_fd=proc)
+            statm = os.open(f"{name}/statm", os.O_RDONLY, dir_fd=proc)
+        except OSError:
+            continue
+        try:
+            count += len(os.listdir(tasks))
+            resident += int(os.read(statm, 200).split()[1]) * _PAGE
+        except (OSError, ValueError, IndexError):
+            pass
+        finally:
+            os.close(tasks)
+            os.close(statm)
+    return count, resident
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 def _kill(pid: int) -> None:
