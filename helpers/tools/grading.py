@@ -16,6 +16,7 @@ flagged for review).
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import json
 import multiprocessing
@@ -345,6 +346,9 @@ def _start_judge(ctx, r: _Running) -> None:
 
 
 _SANDBOX: list[str] = []  # the kind of sandbox of this grading run (for the rows)
+# The sandbox's zygote of each kind, kept for this process's next grading (as the fork server is):
+# it runs no notebook code, and each notebook's process is isolated from it and from the others.
+_ZYGOTES: dict[str, sandbox.Zygote] = {}
 
 # What a failure the judge did not decide is counted as in a class report (``not-recognised-<what>``).
 _UNJUDGED = {"timed out": "time-limit", "error": "crash"}
@@ -542,10 +546,15 @@ def grade(subs: list[Submission], jobs: int | None = None, cell_timeout: float =
     threads = max(1, (os.cpu_count() or 1) // min(jobs, max(1, len(subs))))
     read_all([s for s in subs if s.cells is None and not s.unreadable])
     where = sandbox.detect(isolation)
-    zygote: sandbox.Zygote | None = None
-    if any(s.path is not None and not s.unreadable for s in subs):
+    zygote = _ZYGOTES.get(where.kind)
+    if zygote is not None and zygote.process is not None and zygote.process.poll() is not None:
+        zygote = None  # it ended: start another
+    fresh = zygote is None and any(s.path is not None and not s.unreadable for s in subs)
+    if fresh:
         zygote = sandbox.Zygote(where, limits or default_limits(jobs))
         zygote.launch()  # it imports torch while this process learns the course and copies it
+    elif zygote is not None:
+        zygote.limits = limits or default_limits(jobs)
     ctx = _context()
     _SANDBOX[:] = [where.kind]
     unsafe = _unsafe(where)
@@ -560,9 +569,11 @@ def grade(subs: list[Submission], jobs: int | None = None, cell_timeout: float =
     bar = tqdm(total=len(subs), unit="nb", desc="grading", disable=True if progress is False else None,
                file=sys.stderr, dynamic_ncols=True)
     try:
-        if zygote is not None:
+        if fresh:
             zygote.build({stem: [e.name for e in exs] for stem, exs in course_notebooks().items()})
             zygote.wait_ready()
+            _ZYGOTES[where.kind] = zygote
+            atexit.register(zygote.close)
         while pending or running:
             while pending and len(running) < jobs:
                 sub = pending.pop()
@@ -597,8 +608,6 @@ def grade(subs: list[Submission], jobs: int | None = None, cell_timeout: float =
     finally:
         for r in running:
             _end(r)
-        if zygote is not None:
-            zygote.close()
         bar.close()
     return [row for sub in subs for row in by_sub[id(sub)]]
 
