@@ -188,7 +188,8 @@ def test_the_user_sandbox_grades_and_names_what_its_user_could_read(capsys):
     """As root where namespaces are not used: each notebook as a user of its own (the environment,
     as Gradescope's, in a folder every user can read: Debian's Python, the course installed as a
     package), every process of that user ended after it. The gradebook says `user`; a course file
-    any user could read is named in every row."""
+    any user could read is named in every row. The same environment also grades as an ordinary
+    user (nobody) in the namespaces sandbox."""
     base = Path(tempfile.mkdtemp(prefix="user-sandbox-"))
     try:
         os.chmod(base, 0o755)
@@ -216,6 +217,20 @@ def test_the_user_sandbox_grades_and_names_what_its_user_could_read(capsys):
             return rows
 
         assert all("the user sandbox could read" in r["review"] and "reference.py" in r["review"] for r in graded())
+        # The namespaces sandbox for a grader that is an ordinary user (nobody), where bubblewrap works
+        if sandbox.detect().kind == "namespaces" and shutil.which("setpriv"):
+            os.chmod(base / "class", 0o777)
+            done = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
+                                   str(venv / "bin" / "python"), "-m", "helpers.tools.grading",
+                                   str(base / "class" / "01_qkv_shapes.ipynb"), "--no-progress",
+                                   "--gradebook", str(base / "class" / "nobody.csv")],
+                                  cwd=base / "class", capture_output=True, text=True, timeout=600,
+                                  env={**os.environ, "HOME": str(base / "class")})
+            assert "sandbox: namespaces" in done.stdout, done.stdout + done.stderr[-2000:]
+            with open(base / "class" / "nobody.csv", newline="") as f:
+                rows = list(csv.DictReader(f))
+            assert [r["status"] for r in rows] == ["not attempted"] * 3, rows
+            assert {r["sandbox"] for r in rows} == {"namespaces"} and {r["review"] for r in rows} == {""}, rows
         site = next((venv / "lib").glob("python3*/site-packages/helpers"))
         for secret in ("reference.py", "checks", "tools", "model_answers.json"):  # as gradescope/setup.sh does
             subprocess.run(["chmod", "-R", "go-rwx", str(site / secret)], check=True)

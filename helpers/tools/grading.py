@@ -46,11 +46,12 @@ MAX_MESSAGE_BYTES = 1 << 16  # a message from the notebook's process to the grad
 MAX_MESSAGES = 10_000  # from one notebook (an honest one sends two a cell): more is a flood, and ends it
 NOTEBOOK_TIMEOUT_S = 1800.0  # however many cells it has, a notebook is ended after this long
 SEND_TIMEOUT_S = 30.0  # a notebook that does not read what the grader or the judge sends
-# Imported once by the fork server; every notebook's process starts with them loaded. The grading
+# Imported once by the fork server; every judge starts with them loaded (the notebooks run in the
+# sandbox's zygote, sandbox_zygote.preload). The grading
 # process itself does not import torch: it learns the course's exercises from a forked process.
 # torch._dynamo is imported by torch on first use of a dispatch mode (the checks' op log): seconds.
 PRELOAD = ["helpers.tools.grading", "helpers.checks", "helpers.reference", "helpers.runtime", "helpers.nb09_triton_flash",
-           "torch._dynamo", "IPython.core.interactiveshell", "matplotlib.pyplot", "helpers.tools.preload"]
+           "torch._dynamo", "helpers.tools.preload"]
 # A code cell that only calls an exercise's check: the grader runs that check itself.
 CHECK_CELL = re.compile(r"^\s*checks\.(\w+)\(\s*(\w+)\s*\)\s*;?\s*$")
 

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import ast
 import compileall
+import functools
 import importlib.util
 import json
 import os
-import py_compile
 import re
 import shutil
 import socket
@@ -109,32 +109,6 @@ def detect(asked: str = "auto") -> Isolation:
 # --------------------------------------------------------------------------- the course copy
 
 
-class _Stub(ast.NodeTransformer):
-    """Replace the named top-level functions (decorators and all) by one that says why it is missing;
-    with ``methods``, also every method of the module's classes but the special ones (``__init__``)."""
-
-    def __init__(self, names: set[str], stem: str, module: str, methods: bool = False):
-        self.names, self.stem, self.module, self.methods = names, stem, module, methods
-
-    def _stub(self, node: ast.AST, owner: str = "") -> ast.AST:
-        text = (f"`{self.module}.{owner}{node.name}` is not in the grader's sandbox while it grades {self.stem}: "
-                "it is, or builds on, the course's answer to an exercise of this notebook.")
-        new = ast.parse(f"def {node.name}(*args, **kwargs):\n    raise RuntimeError({text!r})\n").body[0]
-        return ast.copy_location(new, node)
-
-    def visit_Module(self, node: ast.Module) -> ast.Module:
-        body = []
-        for n in node.body:
-            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name in self.names:
-                n = self._stub(n)
-            elif isinstance(n, ast.ClassDef) and self.methods:
-                n.body = [self._stub(m, n.name + ".") if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))
-                          and not m.name.startswith("__") else m for m in n.body]
-            body.append(n)
-        node.body = body
-        return node
-
-
 def _names_in(nodes) -> set[str]:
     return {n.id for node in nodes if node is not None for n in ast.walk(node) if isinstance(n, ast.Name)}
 
@@ -168,20 +142,48 @@ def _own_or_later(module_file: str, stem: str) -> bool:
     return bool(m) and int(m.group(1)) >= int(stem[:2])
 
 
+_FUNCTION = (ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+@functools.cache
+def _parsed(source: str) -> ast.Module:
+    return ast.parse(source)
+
+
+def _stub(name: str, qualname: str, stem: str, indent: str) -> list[str]:
+    text = (f"`{qualname}` is not in the grader's sandbox while it grades {stem}: it is, or builds on, the "
+            "course's answer to an exercise of this notebook.")
+    return [f"{indent}def {name}(*args, **kwargs):\n", f"{indent}    raise RuntimeError({text!r})\n"]
+
+
 def _stripped(source: str, stem: str, module: str, exercise_names: set[str]) -> str:
     """A lesson module's source for ``stem``'s sandbox: functions named like one of its exercises or
     like a helper its checks forbid go everywhere; in the modules of this notebook and of later
-    ones, every function but its lesson imports and what runs at import (:func:`import_time`)."""
-    tree = ast.parse(source)
+    ones, every function but its lesson imports and what runs at import (:func:`import_time`), and
+    every method of their classes but the special ones (``__init__``), are stubs that say why."""
+    tree = _parsed(source)
     names = set(exercise_names)
     own = _own_or_later(module.split(".")[-1], stem)
     if own:
-        names |= {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        names |= {n.name for n in tree.body if isinstance(n, _FUNCTION)}
         names -= LESSON_IMPORTS.get(stem, set()) | (import_time(tree) - set(exercise_names))
-    classes = own and any(isinstance(n, ast.ClassDef) for n in tree.body)
-    if not classes and not names & {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}:
+    spans = []  # (first line, last line, stub lines), 1-based, decorators included
+    for node in tree.body:
+        if isinstance(node, _FUNCTION) and node.name in names:
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            spans.append((first, node.end_lineno, _stub(node.name, f"{module}.{node.name}", stem, "")))
+        elif isinstance(node, ast.ClassDef) and own:
+            for m in node.body:
+                if isinstance(m, _FUNCTION) and not m.name.startswith("__"):
+                    first = min([m.lineno, *(d.lineno for d in m.decorator_list)])
+                    indent = " " * m.col_offset
+                    spans.append((first, m.end_lineno, _stub(m.name, f"{module}.{node.name}.{m.name}", stem, indent)))
+    if not spans:
         return source
-    return ast.unparse(ast.fix_missing_locations(_Stub(names, stem, module, methods=own).visit(tree))) + "\n"
+    lines = source.splitlines(keepends=True)
+    for first, last, stub in sorted(spans, reverse=True):
+        lines[first - 1:last] = stub
+    return "".join(lines)
 
 
 def _lesson_functions(source: str) -> set[str]:
@@ -190,7 +192,8 @@ def _lesson_functions(source: str) -> set[str]:
 
 def build_course(root: Path, stems: dict[str, list[str]], helpers: Path = HELPERS) -> Path:
     """Write ``root/stems/<stem>/helpers`` for every notebook stem (its exercises' names given),
-    byte-compiled, and an empty ``root/active`` (where a sandbox mounts its notebook's copy). Files
+    byte-compiled, and ``root/active/helpers``, the part every copy shares that the zygote preloads
+    (where each notebook's process then mounts its own copy). Files
     that are the same for every notebook are written and compiled once (beside ``root``, removed
     after: it holds every reference) and hard-linked."""
     common = root.parent / f"{root.name}-common"
@@ -225,16 +228,23 @@ def build_course(root: Path, stems: dict[str, list[str]], helpers: Path = HELPER
             if functions & set(exercise_names) or own:
                 module = "helpers." + ".".join(rel.with_suffix("").parts)
                 text = _stripped(source.read_text(encoding="utf-8"), stem, module, set(exercise_names))
-                target.write_text(text, encoding="utf-8")
-                py_compile.compile(str(target), doraise=True)
+                target.write_text(text, encoding="utf-8")  # compiled when imported: most never are
                 continue
             os.link(source, target)
             if rel.suffix == ".py":
                 cached = Path(importlib.util.cache_from_source(str(source)))
                 if cached.exists():
                     os.link(cached, Path(importlib.util.cache_from_source(str(target))))
+    # What every notebook's process imports before its own copy is in place (the zygote preloads it
+    # from here, and each copy holds the same files at the same paths): no lesson, no reference.
+    for rel in ["__init__.py", "runtime.py", *(f"checks/{m}" for m in ["__init__.py", *MACHINERY])]:
+        target = root / "active" / "helpers" / rel
+        (target.parent / "__pycache__").mkdir(parents=True, exist_ok=True)
+        os.link(common / rel, target)
+        cached = Path(importlib.util.cache_from_source(str(common / rel)))
+        if cached.exists():
+            os.link(cached, Path(importlib.util.cache_from_source(str(target))))
     shutil.rmtree(common)
-    (root / "active").mkdir(exist_ok=True)
     for folder, _, names in os.walk(root):  # the sandbox's user is this one (namespaces) or root copies it (user)
         os.chmod(folder, 0o700)
         for name in names:
@@ -355,7 +365,8 @@ class Zygote:
         else:
             cmd = [*python, str(zygote)]
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-        self.process = subprocess.Popen([*cmd, str(theirs.fileno()), json.dumps(_site_dirs())],
+        preload = ["/course/active"] if self.isolation.kind == "namespaces" else []
+        self.process = subprocess.Popen([*cmd, str(theirs.fileno()), json.dumps(_site_dirs()), *preload],
                                         pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL,
                                         stdout=subprocess.DEVNULL,
                                         stderr=None if self.limits.get("debug") else subprocess.PIPE)
@@ -364,6 +375,8 @@ class Zygote:
 
     def build(self, stems: dict[str, list[str]]) -> None:
         build_course(self.course, stems)
+        if self.isolation.kind == "namespaces":
+            self.control.send(b"built")  # the zygote preloads the shared part (root/active) now
 
     def wait_ready(self, timeout_s: float = 300) -> None:
         self.control.settimeout(timeout_s)

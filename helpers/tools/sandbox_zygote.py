@@ -49,8 +49,10 @@ def _mount(source, target, fstype, flags, data=None) -> None:
     _check(_libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)), f"mount {target}")
 
 
-def preload() -> None:
-    """What every notebook's process would import first, imported once here and inherited."""
+def preload(course: str | None, control: socket.socket) -> None:
+    """What every notebook's process would import first, imported once here and inherited; with
+    ``course`` (the namespaces sandbox: each notebook's copy is mounted there later), the course's
+    package and the checks' machinery too (the same files in every copy), never a lesson."""
     import torch
 
     if not torch.cuda.is_available():
@@ -75,6 +77,18 @@ def preload() -> None:
         import triton.language  # noqa: F401
     except ImportError:
         pass
+    if course:
+        import importlib
+
+        control.recv(64)  # the grader has written the course's copies
+        sys.path.insert(0, course)
+        for name in ("helpers", "helpers.checks.serving", "helpers.checks.calling", "helpers.checks.watchers",
+                     "helpers.checks.probes"):
+            importlib.import_module(name)
+        del sys.path[0]
+        lessons = [m for m in sys.modules if m.startswith("helpers.nb")]
+        if lessons:
+            raise ImportError(f"the preloaded machinery imported lessons: {lessons}")
 
 
 def _limits(req: dict) -> None:
@@ -102,8 +116,9 @@ def _run_notebook(req: dict, grader_fd: int, judge_fd: int, course: str, work: s
                       MPLCONFIGDIR=os.path.join(work, ".matplotlib"), MPLBACKEND="agg")
     _limits(req)
     sys.path.insert(0, course)
-    for name in [m for m in sys.modules if m == "helpers" or m.startswith("helpers.")]:
-        del sys.modules[name]
+    if req["mode"] != "namespaces":  # the preloaded machinery lives at another path: import the copy's
+        for name in [m for m in sys.modules if m == "helpers" or m.startswith("helpers.")]:
+            del sys.modules[name]
     import importlib
 
     importlib.import_module("helpers.checks.serving").run(grader_fd, judge_fd, int(req.get("threads", 1)))
@@ -361,7 +376,7 @@ def main() -> None:
     control = socket.socket(fileno=int(sys.argv[1]))
     sys.path.extend(json.loads(sys.argv[2]))
     try:
-        preload()
+        preload(sys.argv[3] if len(sys.argv) > 3 else None, control)
         control.send(json.dumps({"ready": True}).encode())
     except BaseException as e:  # noqa: BLE001 - the grader says why no notebook can run
         control.send(json.dumps({"ready": False, "error": f"{type(e).__name__}: {e}"[:2000]}).encode())
