@@ -60,10 +60,16 @@ def preload(course: str | None, control: socket.socket) -> None:
     import matplotlib
 
     matplotlib.use("agg")
-    import IPython.core.interactiveshell  # noqa: F401
     import matplotlib.pyplot  # noqa: F401
     import numpy  # noqa: F401
     import torch._dynamo  # noqa: F401
+    import torch.utils.serialization  # noqa: F401  (torch.save of the first answer)
+    from IPython.core.interactiveshell import InteractiveShell
+    from traitlets.config import Config
+
+    config = Config()
+    config.HistoryAccessor.enabled = False  # no sqlite history: nothing shared, nothing kept
+    InteractiveShell.instance(config=config)  # its modules and set-up, once; each notebook's fork has its own
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class _Warm(TorchDispatchMode):  # the first dispatch mode of a process initialises torch._dynamo
