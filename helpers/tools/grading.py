@@ -594,7 +594,7 @@ def grade(subs: list[Submission], jobs: int | None = None, cell_timeout: float =
                 _receive_judge(r)
                 if r.judged or (r.conn.closed and (r.judge is None or not r.judge.is_alive())):
                     _receive_judge(r)
-                    if not r.conn.closed and r.conn.poll(1.0):  # its last message: the CPU time it used
+                    if not r.conn.closed and r.conn.poll(0.1):  # its last message: the CPU time it used
                         _receive(ctx, r)
                     r.done = True
                 if not r.done:

@@ -408,12 +408,9 @@ class Zygote:
         if self.control is not None:
             self.control.close()
             self.control = None
-        if self.process is not None:
-            try:
-                self.process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        if self.process is not None:  # no notebook runs: nothing to wait for (bwrap ends everything in it)
+            self.process.kill()
+            self.process.wait()
             if self.process.stderr:
                 self.process.stderr.close()
             self.process = None
