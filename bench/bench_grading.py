@@ -181,7 +181,7 @@ def main() -> int:
         "ones (from solutions/: every check runs all its cases) or blank ones (from exercises/: every check "
         "stops at \"not attempted\").",
         "- Timed: `python -m helpers.tools.grading CLASS -j "
-        f"{args.jobs}`, from the start of the process to its exit (imports and the fork server's start included).",
+        f"{args.jobs}`, from the start of the process to its exit (imports, the fork server's and the sandbox's start included).",
         "",
         "| what | notebooks | seconds | notebooks/s |",
         "|---|---|---|---|",
@@ -205,7 +205,7 @@ def main() -> int:
         lines.append(f"| baseline: fresh Jupyter kernel per solved notebook, serially | {len(stems)} | {old:.1f} | "
                      f"{len(stems) / old:.2f} |")
     lines += tail
-    lines += ["", "Each notebook alone, fork server already up: wall seconds (CPU seconds of its process):", "",
+    lines += ["", "Each notebook alone, fork server and sandbox already up: wall seconds (CPU seconds of its process):", "",
               "| notebook | solved | blank |", "|---|---|---|"]
     for stem in stems:
         (ws, cs), (wb, cb) = alone[stem, "solutions"], alone[stem, "exercises"]
