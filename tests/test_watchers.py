@@ -37,6 +37,7 @@ import tests.test_nb04_backward as t04  # noqa: E402
 import tests.test_nb06_kv_sharing as t06  # noqa: E402
 import tests.test_nb09_flash_attention as t09  # noqa: E402
 import tests.test_nb12_triton_decode as t12  # noqa: E402
+from tests.exercise_cases import first_fast  # noqa: E402
 from tests.test_machinery import WATCHED  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -98,6 +99,7 @@ print(json.dumps(sorted(m for m in sys.modules if m == "helpers" or m.startswith
 '''
 
 
+@pytest.mark.slow  # a fresh interpreter (~4 s); make grade's own run of them is tests/test_forgery.py
 def test_watchers_import_and_run_with_the_machinery_alone():
     """In a fresh interpreter, with ``helpers.checks`` as the sandbox has it (no check modules):
     importing watchers.py and running every watcher loads only the machinery and lesson modules."""
@@ -197,7 +199,7 @@ def test_every_watched_exercise_has_a_case():
     assert {p.values[0] for p in OBSERVED} == WATCHED
 
 
-@pytest.mark.parametrize(("name", "wrong", "observed", "graded"), OBSERVED)
+@pytest.mark.parametrize(("name", "wrong", "observed", "graded"), first_fast(OBSERVED, {n: 1 for n in WATCHED}))
 def test_an_observed_mistake_fails_in_session_and_is_a_review_note_in_make_grade(name, wrong, observed, graded):
     check, ex = getattr(checks, name), EXERCISES[name]
     mine = check.evaluate(wrong)
@@ -232,6 +234,7 @@ def test_a_mistake_decided_from_values_is_the_same_in_both_modes(name, wrong):
     assert not mine.review and not judged.review, (mine.review, judged.review)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["dot_product_std", "attention_backward", "mla_absorbed_scores", "online_softmax"])
 def test_the_reference_through_a_remote_passes_without_notes(name):
     from helpers import reference
