@@ -23,6 +23,7 @@ python3 -m venv "$root/venv"
 (cd "$root" && "$root/venv/bin/python" -c "import helpers.tools.grading, helpers.checks")
 chmod +x "$root/source/run_autograder"
 # What a notebook must not read where it runs as a user of its own (no namespaces): the course's
-# source and, in the venv, the references, the checks and the grader (the sandbox gets its copy).
+# source and the installed package, whose lesson modules hold the references (each notebook gets
+# its own copy, without them).
 site="$(cd "$root" && "$root/venv/bin/python" -c 'import helpers, os; print(os.path.dirname(helpers.__file__))')"
-chmod -R go-rwx "$root/source/course" "$site/reference.py" "$site/checks" "$site/tools" "$site/model_answers.json"
+chmod -R go-rwx "$root/source/course" "$site"

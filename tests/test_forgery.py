@@ -297,6 +297,17 @@ for name in os.listdir("/proc"):
             pass
 ''',
     "memory_bomb": "import torch\nblocks = [torch.ones(1 << 28) for _ in range(400)]",
+    "half_a_message": '''
+import gc, os, struct, time
+from multiprocessing.connection import Connection
+for o in gc.get_objects():
+    if isinstance(o, Connection) and not o.closed:
+        try:
+            os.write(o.fileno(), struct.pack("!i", 1000) + b"x")  # a frame of 1,000 bytes, 1 of them sent
+        except OSError:
+            pass
+time.sleep(300)
+''',
     "fork_bomb": '''
 import os, time
 for _ in range(5000):

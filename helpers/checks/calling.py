@@ -325,7 +325,7 @@ class Remote:
                    "options": options, **spec}
         reply = ask(self.conn, request, spec["time_limit"] + self.wait_s)
         status = reply.get("status")
-        review = [str(r)[:300] for r in reply["review"][:5]] if _type(reply.get("review")) is list else []
+        review: list[str] = []  # the notebook's process says nothing that reaches the review column
         if status == "ok" and "out" in reply:
             try:
                 return {"status": "ok", "out": decode(reply["out"]), "obs": decode(reply.get("obs")), "review": review}

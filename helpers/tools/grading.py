@@ -2,15 +2,16 @@
 
 PATH is a notebook, a folder of one student's notebooks, or a folder of student folders (a class).
 What a notebook must contain comes from the course, not from the notebook: its ``NN_topic`` name
-selects the exercises (``EXERCISES[name].notebook``). Each notebook runs in its own process (and
-session), forked from a server that has imported torch and the course's helpers once; its code
-cells run in order with a per-cell time limit (its own check cells are skipped). Then a judge
-process, forked from the same server and untouched by the notebook, runs each exercise's check and
-calls the learner's functions in the notebook's process (``judging``): passed / failed / not
-attempted / error / timed out / missing, with the check's hint, and a ``review`` note for what a
-grader should look at by hand. A table (per notebook and per student), a gradebook CSV for a
-class, exit code 0 only when every exercise that is not a bonus passed (2 when a notebook is
-flagged for review).
+selects the exercises (``EXERCISES[name].notebook``). Every submission is read once, before any
+notebook runs. Each notebook runs in the grader's sandbox (``sandbox``: a process of its own, forked
+by the sandbox's zygote and isolated by the operating system), its code cells in order with a
+per-cell time limit and a deadline for the whole notebook (its own check cells are skipped). Then a
+judge process, forked from a fork server that has imported torch and the checks once, runs each
+exercise's check and calls the learner's functions in the notebook's process (``judging``):
+passed / failed / not attempted / error / timed out / missing, with the check's hint, and a
+``review`` note for what a grader should look at by hand (a copy of a reference, ``copies``). A
+table (per notebook and per student), a gradebook CSV for a class, exit code 0 only when every
+exercise that is not a bonus passed (2 when a notebook is flagged for review).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ MAX_MESSAGE_BYTES = 1 << 16  # a message from the notebook's process to the grad
 MAX_MESSAGES = 10_000  # from one notebook (an honest one sends two a cell): more is a flood, and ends it
 NOTEBOOK_TIMEOUT_S = 1800.0  # however many cells it has, a notebook is ended after this long
 SEND_TIMEOUT_S = 30.0  # a notebook that does not read what the grader or the judge sends
+RECEIVE_TIMEOUT_S = 5.0  # the rest of a message the notebook's process started to send
 # Imported once by the fork server; every judge starts with them loaded (the notebooks run in the
 # sandbox's zygote, sandbox_zygote.preload). The grading
 # process itself does not import torch: it learns the course's exercises from a forked process.
@@ -313,10 +315,18 @@ def _start(ctx, zygote: sandbox.Zygote, sub: Submission, cell_timeout: float, th
     judge_end, notebook_end = socket.socketpair()
     for s in (ours, judge_end):  # a notebook that does not read cannot block the grader or its judge
         s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(SEND_TIMEOUT_S))
+    # nor one that sends half a message: the grader reads only what polling said is there, within 5 s
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(RECEIVE_TIMEOUT_S))
     life_r, life_w = os.pipe()
     try:
         zygote.spawn(sub.stem, threads, theirs.fileno(), notebook_end.fileno(), life_r,
                      cpu_s=int((START_TIMEOUT_S + cell_timeout * (len(run) + len(names))) * threads) + 60)
+    except OSError as e:  # the sandbox's zygote ended: this notebook (and the next) cannot run
+        for end in (ours, judge_end):
+            end.close()
+        os.close(life_w)
+        return [_row(sub, ex, "error", f"the grader's sandbox stopped ({e.strerror or e}); nothing ran.")
+                for ex in exercises]
     finally:
         for s in (theirs, notebook_end):
             s.close()
@@ -324,7 +334,7 @@ def _start(ctx, zygote: sandbox.Zygote, sub: Submission, cell_timeout: float, th
     deadline = time.monotonic() + min(START_TIMEOUT_S + cell_timeout * (len(run) + len(names)) + 2 * GRACE_S,
                                       max(NOTEBOOK_TIMEOUT_S, START_TIMEOUT_S + cell_timeout))
     r = _Running(sub, Connection(ours.detach()), life_w, Connection(judge_end.detach()), code, names, cell_timeout,
-                 threads, deadline, zygote.limits.get("memory"))
+                 threads, deadline, zygote.limits.get("address_space"))
     try:
         r.conn.send_bytes(json.dumps({"cells": run}).encode())
     except OSError as e:
@@ -383,8 +393,8 @@ def _receive(ctx, r: _Running) -> None:
         except (EOFError, ConnectionResetError):
             r.conn.close()
             return
-        except OSError:  # longer than MAX_MESSAGE_BYTES: the stream cannot be read on
-            _flag(r, "an oversized message on the grader's channel")
+        except OSError:  # longer than MAX_MESSAGE_BYTES, or half sent: the stream cannot be read on
+            _flag(r, "an oversized or unfinished message on the grader's channel")
             r.conn.close()
             _kill(r)
             return
@@ -535,7 +545,7 @@ def _why_missing(r: _Running, name: str) -> tuple[str, str]:
 
 
 def grade(subs: list[Submission], jobs: int | None = None, cell_timeout: float = DEFAULT_CELL_TIMEOUT_S,
-          progress: bool | None = None, stats: dict | None = None, isolation: str = "auto",
+          progress: bool | None = None, stats: dict | None = None, isolation: str | sandbox.Isolation = "auto",
           limits: dict | None = None) -> list[Row]:
     """Grade submissions in parallel (``jobs`` notebooks at once; default: the number of cores), each
     in the sandbox ``isolation`` names (``sandbox.detect``). ``stats``, if given, receives ``cpu_s``
@@ -546,14 +556,18 @@ def grade(subs: list[Submission], jobs: int | None = None, cell_timeout: float =
     jobs = max(1, jobs or os.cpu_count() or 1)
     threads = max(1, (os.cpu_count() or 1) // min(jobs, max(1, len(subs))))
     read_all([s for s in subs if s.cells is None and not s.unreadable])
-    where = sandbox.detect(isolation)
+    where = isolation if isinstance(isolation, sandbox.Isolation) else sandbox.detect(isolation)
     zygote = _ZYGOTES.get(where.kind)
     if zygote is not None and zygote.process is not None and zygote.process.poll() is not None:
         zygote = None  # it ended: start another
     fresh = zygote is None and any(s.path is not None and not s.unreadable for s in subs)
     if fresh:
         zygote = sandbox.Zygote(where, limits or default_limits(jobs))
-        zygote.launch()  # it imports torch while this process learns the course and copies it
+        try:
+            zygote.launch()  # it imports torch while this process learns the course and copies it
+        except OSError:
+            zygote.close()
+            raise
     elif zygote is not None:
         zygote.limits = limits or default_limits(jobs)
     ctx = _context()
@@ -571,8 +585,12 @@ def grade(subs: list[Submission], jobs: int | None = None, cell_timeout: float =
                file=sys.stderr, dynamic_ncols=True)
     try:
         if fresh:
-            zygote.build({stem: [e.name for e in exs] for stem, exs in course_notebooks().items()})
-            zygote.wait_ready()
+            try:
+                zygote.build({stem: [e.name for e in exs] for stem, exs in course_notebooks().items()})
+                zygote.wait_ready()
+            except BaseException:
+                zygote.close()
+                raise
             _ZYGOTES[where.kind] = zygote
             atexit.register(zygote.close)
         while pending or running:
@@ -626,13 +644,16 @@ def _unsafe(where: sandbox.Isolation) -> str:
 
 
 def default_limits(jobs: int) -> dict:
-    """Each notebook's limits: memory (address space) a share of the machine's, 256 processes and
+    """Each notebook's limits: resident memory (all its processes, watched) a share of the machine's
+    and the address space of each process 2 GiB more (none with an NVIDIA GPU), 256 processes and
     threads, files up to 1 GiB, a private /tmp of 1 GiB."""
     try:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         total = 16 << 30
-    return {"memory": max(4 << 30, int(total * 0.8 / max(1, jobs))) + (1 << 30), "processes": 256,
+    memory = int(total * 0.85 / max(1, jobs))
+    gpu = any(Path("/dev").glob("nvidia[0-9]*"))  # CUDA reserves more address space than any such limit
+    return {"memory": memory, "address_space": None if gpu else max(4 << 30, memory + (2 << 30)), "processes": 256,
             "file_size": 1 << 30, "scratch_bytes": 1 << 30}
 
 
@@ -683,7 +704,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="where each notebook runs (default: the best this machine gives: namespaces with "
                              "bubblewrap, else a user of its own when root, else none, which marks every row for review)")
     parser.add_argument("--memory-gb", type=float, default=None,
-                        help="each notebook's address-space limit, in GiB (default: a share of this machine's memory)")
+                        help="each notebook's memory (resident, all its processes), in GiB (default: a share of this "
+                             "machine's memory)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--nbgrader-course", type=Path, default=None, metavar="DIR",
                         help="write solutions/ as an nbgrader course in DIR (then run nbgrader there) and exit")
@@ -726,6 +748,8 @@ def main(argv: list[str] | None = None) -> int:
     limits["debug"] = os.environ.get("ATTN_GRADE_DEBUG") == "1"  # the notebooks' stderr to the grader's
     if args.memory_gb:
         limits["memory"] = int(args.memory_gb * (1 << 30))
+        if limits["address_space"]:
+            limits["address_space"] = max(4 << 30, limits["memory"] + (2 << 30))
     try:
         where = sandbox.detect(args.sandbox)
     except OSError as e:
@@ -733,7 +757,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"sandbox: {where.kind}" + (f" ({where.reason})" if where.reason else ""), flush=True)
     try:
         rows = grade(subs, jobs, args.cell_timeout, progress=False if args.no_progress else None, stats=stats,
-                     isolation=where.kind, limits=limits)
+                     isolation=where, limits=limits)
     except OSError as e:
         print(f"make grade: {e}", file=sys.stderr)
         return 2
@@ -783,7 +807,7 @@ def verdict(rows: list[Row]) -> str:
 
 if __name__ == "__main__":
     # Run as `python -m helpers.tools.grading`: use the module by its name, so that the processes forked
-    # for notebooks find `helpers.tools.grading._child` (not `__main__._child`).
+    # from the fork server find this module's functions by name (not `__main__`'s).
     from helpers.tools import grading
 
     sys.exit(grading.main())

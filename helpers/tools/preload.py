@@ -1,5 +1,5 @@
-"""Imported once by the grader's fork server (``grading.PRELOAD``): what every notebook's process
-and every judge would otherwise do first, each on its own, is done here once and inherited."""
+"""Imported once by the grader's fork server (``grading.PRELOAD``): what every judge would otherwise
+do first, each on its own, is done here once and inherited."""
 
 from ..checks.instruments import warm_up
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import compileall
+import contextlib
 import functools
 import importlib.util
 import json
@@ -62,7 +63,7 @@ def __getattr__(name):
 # Lesson functions of a notebook's own modules that its exercise notebook imports (they are not
 # answers): every other function of those modules is left out of that notebook's sandbox.
 LESSON_IMPORTS = {"08_flops_memory": {"dense_param_count"}}
-UID_BASE = 0x5A000000  # user ids of notebooks in the ``user`` sandbox: UID_BASE + a counter
+UID_BASE = 0x5A000000  # user ids of notebooks in the ``user`` sandbox: UID_BASE + 65536 * (pid % 4096) + a counter
 
 
 @dataclass
@@ -87,8 +88,13 @@ def detect(asked: str = "auto") -> Isolation:
         elif not _bwrap():
             why = "bubblewrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
         else:
-            probe = subprocess.run([_bwrap(), "--unshare-user", "--unshare-pid", "--unshare-net", "--ro-bind", "/", "/",
-                                    "--proc", "/proc", "--dev", "/dev", "true"], capture_output=True, text=True)
+            # What the zygote and each notebook need: --size (bubblewrap 0.7+, not setuid) and a
+            # user namespace inside the sandbox.
+            nested = "import ctypes, sys; sys.exit(ctypes.CDLL(None).unshare(0x10000000 | 0x20000) != 0)"
+            probe = subprocess.run([_bwrap(), "--unshare-user", "--uid", "1000", "--gid", "1000", "--unshare-pid",
+                                    "--unshare-net", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev",
+                                    "--size", str(1 << 20), "--tmpfs", "/tmp", "--remount-ro", "/",
+                                    sys.executable, "-I", "-S", "-c", nested], capture_output=True, text=True)
             if probe.returncode == 0:
                 return Isolation("namespaces")
             why = f"bubblewrap cannot create namespaces here ({(probe.stderr.strip() or 'exit status ' + str(probe.returncode))[:200]})"
@@ -197,6 +203,18 @@ def build_course(root: Path, stems: dict[str, list[str]], helpers: Path = HELPER
     that are the same for every notebook are written and compiled once (beside ``root``, removed
     after: it holds every reference) and hard-linked."""
     common = root.parent / f"{root.name}-common"
+    try:
+        _build(root, common, stems, helpers)
+    finally:
+        shutil.rmtree(common, ignore_errors=True)  # it holds every reference
+    for folder, _, names in os.walk(root):  # the sandbox's user is this one (namespaces) or root copies it (user)
+        os.chmod(folder, 0o700)
+        for name in names:
+            os.chmod(os.path.join(folder, name), 0o600)
+    return root
+
+
+def _build(root: Path, common: Path, stems: dict[str, list[str]], helpers: Path) -> None:
     files = []
     for path in sorted(helpers.rglob("*")):
         rel = path.relative_to(helpers)
@@ -244,20 +262,16 @@ def build_course(root: Path, stems: dict[str, list[str]], helpers: Path = HELPER
         cached = Path(importlib.util.cache_from_source(str(common / rel)))
         if cached.exists():
             os.link(cached, Path(importlib.util.cache_from_source(str(target))))
-    shutil.rmtree(common)
-    for folder, _, names in os.walk(root):  # the sandbox's user is this one (namespaces) or root copies it (user)
-        os.chmod(folder, 0o700)
-        for name in names:
-            os.chmod(os.path.join(folder, name), 0o600)
-    return root
+    (root / "active").mkdir(exist_ok=True)
 
 
 def readable_secrets(helpers: Path = HELPERS) -> list[str]:
     """The course's files that any user can read (for the ``user`` sandbox, which runs notebooks as
-    an ordinary user): the references, the checks, solutions/ beside an editable install."""
+    an ordinary user): the lesson modules (they hold the references), the checks, the model
+    answers, solutions/ beside an editable install."""
     found = []
     candidates = [helpers / "reference.py", helpers / "checks" / "core.py", helpers / "model_answers.json",
-                  helpers.parent / "solutions"]
+                  *sorted(helpers.glob("nb[0-9][0-9]_*.py")), helpers.parent / "solutions"]
     for path in candidates:
         if path.exists() and _world_readable(path):
             found.append(str(path))
@@ -366,10 +380,11 @@ class Zygote:
             cmd = [*python, str(zygote)]
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
         preload = ["/course/active"] if self.isolation.kind == "namespaces" else []
+        self.log = None if self.limits.get("debug") else open(self.tmp / "zygote.log", "w+b")  # noqa: SIM115
         self.process = subprocess.Popen([*cmd, str(theirs.fileno()), json.dumps(_site_dirs()), *preload],
                                         pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL,
-                                        stdout=subprocess.DEVNULL,
-                                        stderr=None if self.limits.get("debug") else subprocess.PIPE)
+                                        stdout=subprocess.DEVNULL, stderr=self.log,
+                                        start_new_session=True)  # a Ctrl-C of the grader's is the grader's
         theirs.close()
         self.control = ours
 
@@ -387,8 +402,11 @@ class Zygote:
         self.control.settimeout(None)
         if not hello.get("ready"):
             err = hello.get("error") or ""
-            if not err and self.process.poll() is not None and self.process.stderr:
-                err = self.process.stderr.read(2000).decode(errors="replace")
+            if not err and self.log is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.process.wait(timeout=5)
+                self.log.seek(0)
+                err = self.log.read()[-2000:].decode(errors="replace")
             self.close()
             raise OSError(f"the grader's sandbox ({self.isolation.kind}) did not start: {err.strip() or 'no reason given'}")
 
@@ -401,17 +419,21 @@ class Zygote:
         if self.isolation.kind != "namespaces":
             req["private_dir"] = str(self.private / f"nb{self.count}")
         if self.isolation.kind == "user":
-            req["uid"] = UID_BASE + self.count
+            req["uid"] = UID_BASE + 65536 * (os.getpid() % 4096) + self.count % 65536  # two graders: two ranges
         socket.send_fds(self.control, [json.dumps(req).encode()], [grader_fd, judge_fd, lifeline_fd])
 
     def close(self) -> None:
         if self.control is not None:
             self.control.close()
             self.control = None
-        if self.process is not None:  # no notebook runs: nothing to wait for (bwrap ends everything in it)
-            self.process.kill()
+        if self.process is not None:
+            if self.isolation.kind != "namespaces":  # let each notebook's watcher end its notebook first
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.process.wait(timeout=2)
+            self.process.kill()  # (bwrap ends everything in its sandbox)
             self.process.wait()
-            if self.process.stderr:
-                self.process.stderr.close()
             self.process = None
+        if getattr(self, "log", None) is not None:
+            self.log.close()
+            self.log = None
         shutil.rmtree(self.tmp, ignore_errors=True)

@@ -2,8 +2,10 @@
 sandbox (``helpers.tools.sandbox``), that imports torch and the libraries every notebook needs,
 then forks one process per notebook on request, isolates it further and runs it.
 
-Standalone on purpose: it runs with ``python -I -S`` and imports nothing of the course (the
-course the notebook sees is the copy for its notebook, ``/course/active``, put there per notebook).
+Standalone on purpose: it runs with ``python -I -S`` and imports no module of the course from the
+environment; in the namespaces sandbox it preloads the part every notebook's copy shares (the
+package and the checks' machinery, no lesson) from ``/course/active``, where each notebook's
+process then mounts its own copy.
 
 Per notebook (``mode``):
 
@@ -53,6 +55,7 @@ def preload(course: str | None, control: socket.socket) -> None:
     """What every notebook's process would import first, imported once here and inherited; with
     ``course`` (the namespaces sandbox: each notebook's copy is mounted there later), the course's
     package and the checks' machinery too (the same files in every copy), never a lesson."""
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # no CUDA driver before the forks
     import torch
 
     if not torch.cuda.is_available():
@@ -99,7 +102,8 @@ def preload(course: str | None, control: socket.socket) -> None:
 
 def _limits(req: dict) -> None:
     """Resource limits of the notebook's process (and of what it starts)."""
-    for name, value in (("RLIMIT_AS", req.get("memory")), ("RLIMIT_NPROC", req.get("processes")),
+    processes = req.get("processes") if req["mode"] == "user" else None  # a user id of its own: only its processes
+    for name, value in (("RLIMIT_AS", req.get("address_space")), ("RLIMIT_NPROC", processes),
                         ("RLIMIT_FSIZE", req.get("file_size")), ("RLIMIT_CPU", req.get("cpu_s")),
                         ("RLIMIT_CORE", 0)):
         if value is not None and hasattr(resource, name):
@@ -186,14 +190,16 @@ def _forbid_namespaces() -> None:
     namespaces = CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET | 0x02000000
     ld, jeq, jset, ret = 0x20, 0x15, 0x45, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JSET|K, BPF_RET|K
     allow, eperm, enosys = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38  # SECCOMP_RET_ALLOW, _ERRNO | errno
+    jge = 0x35  # BPF_JMP|JGE|K
     program = [  # (code, jump if true, jump if false, k); jumps skip that many instructions
-        (ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, allow),  # 0-2: another architecture, no filter
+        (ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, eperm),  # 0-2: a call of another architecture (int 0x80)
         (ld, 0, 0, 0),  # 3: the syscall's number
-        (jeq, 7, 0, unshare), (jeq, 6, 0, clone),  # 4-5: to 12, its flags
-        (jeq, 3, 0, clone3),  # 6: to 10 (its flags are in memory a filter cannot read)
-        (jeq, 3, 0, setns), (jeq, 2, 0, memfd),  # 7-8: to 11
-        (ret, 0, 0, allow), (ret, 0, 0, enosys), (ret, 0, 0, eperm),  # 9-11
-        (ld, 0, 0, 16), (jset, 0, 1, namespaces), (ret, 0, 0, eperm), (ret, 0, 0, allow),  # 12-15: the flags
+        (jge, 7, 0, 0x40000000),  # 4: x32's numbers: to 12
+        (jeq, 7, 0, unshare), (jeq, 6, 0, clone),  # 5-6: to 13, its flags
+        (jeq, 3, 0, clone3),  # 7: to 11 (its flags are in memory a filter cannot read)
+        (jeq, 3, 0, setns), (jeq, 2, 0, memfd),  # 8-9: to 12
+        (ret, 0, 0, allow), (ret, 0, 0, enosys), (ret, 0, 0, eperm),  # 10-12
+        (ld, 0, 0, 16), (jset, 0, 1, namespaces), (ret, 0, 0, eperm), (ret, 0, 0, allow),  # 13-16: the flags
     ]
     filters = (ctypes.c_ubyte * (8 * len(program)))()
     for i, (code, jt, jf, k) in enumerate(program):
@@ -283,21 +289,33 @@ def _usage(proc: int, init: int) -> tuple[int, int]:
             if os.readlink(f"{name}/ns/pid", dir_fd=proc) != ns:
                 continue
             tasks = os.open(f"{name}/task", os.O_RDONLY | os.O_DIRECTORY, dir_fd=proc)
-            statm = os.open(f"{name}/statm", os.O_RDONLY, dir_fd=proc)
         except OSError:
             continue
         try:
             count += len(os.listdir(tasks))
-            resident += int(os.read(statm, 200).split()[1]) * _PAGE
-        except (OSError, ValueError, IndexError):
+            resident += _pss(proc, name)
+        except OSError:
             pass
         finally:
             os.close(tasks)
-            os.close(statm)
     return count, resident
 
 
-_PAGE = os.sysconf("SC_PAGE_SIZE")
+def _pss(proc: int, pid: str) -> int:
+    """A process's proportional share of resident memory, in bytes (pages shared with its parent
+    after a fork, as DataLoader workers share, count once in all)."""
+    try:
+        fd = os.open(f"{pid}/smaps_rollup", os.O_RDONLY, dir_fd=proc)
+    except OSError:
+        return 0
+    try:
+        text = os.read(fd, 4096).decode(errors="replace")
+    finally:
+        os.close(fd)
+    for line in text.splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1]) * 1024
+    return 0
 
 
 def _kill(pid: int) -> None:
@@ -337,6 +355,8 @@ def _user_or_none(req: dict, grader_fd: int, judge_fd: int, lifeline: int) -> No
     notebook = os.fork()
     if notebook == 0:
         os.setsid()
+        if sys.platform == "linux":  # ends with its watcher, however that ends
+            _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if uid is not None:
             os.setgroups([])
             os.setgid(uid)
@@ -371,11 +391,22 @@ def _spawn(req: dict, fds: list[int], control: socket.socket) -> None:
         os.closerange(lo, fd)
         lo = fd + 1
     os.closerange(lo, 1 << 16)
-    _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl")
+    if sys.platform == "linux":
+        _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl")
     if req["mode"] == "namespaces":
         _namespaces(req, grader_fd, judge_fd, lifeline)
     else:
         _user_or_none(req, grader_fd, judge_fd, lifeline)
+
+
+def _tell(grader_fd: int, e: BaseException) -> None:
+    """A ``crash`` message on the notebook's channel to the grader (framed as multiprocessing's
+    Connection frames it), when setting up the notebook's sandbox failed."""
+    text = json.dumps({"type": "crash", "error": f"the sandbox could not start: {type(e).__name__}: {e}"[:300]})
+    try:
+        os.write(grader_fd, struct.pack("!i", len(text)) + text.encode())
+    except OSError:
+        pass
 
 
 def main() -> None:
@@ -404,10 +435,8 @@ def main() -> None:
         if pid == 0:
             try:
                 _spawn(req, fds, control)
-            except BaseException:  # noqa: BLE001 - the grader sees the notebook end; say why on stderr
-                import traceback
-
-                traceback.print_exc()
+            except BaseException as e:  # noqa: BLE001 - the grader sees the notebook end: say why there
+                _tell(fds[0], e)
             finally:
                 os._exit(0)
         for fd in fds:
