@@ -107,6 +107,9 @@ def write_gradebook(rows: list[Row], path: Path) -> None:
                 w.writerow([csv_cell(r.student), r.notebook, r.id, r.name, r.earned, r.points, int(r.bonus), r.status,
                             csv_cell(" ".join(r.hint.split())), csv_cell(" ".join(r.review.split())), r.mistake_id,
                             csv_cell(r.mistake), r.sandbox])
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # as open() would have made it (mkstemp makes it private)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
