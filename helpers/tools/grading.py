@@ -645,15 +645,15 @@ def _unsafe(where: sandbox.Isolation) -> str:
 
 def default_limits(jobs: int) -> dict:
     """Each notebook's limits: resident memory (all its processes, watched) a share of the machine's
-    and the address space of each process 2 GiB more (none with an NVIDIA GPU), 256 processes and
+    and the address space of each process 1 GiB more (none with an NVIDIA GPU), 256 processes and
     threads, files up to 1 GiB, a private /tmp of 1 GiB."""
     try:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         total = 16 << 30
-    memory = int(total * 0.85 / max(1, jobs))
+    memory = int(total * 0.8 / max(1, jobs))
     gpu = any(Path("/dev").glob("nvidia[0-9]*"))  # CUDA reserves more address space than any such limit
-    return {"memory": memory, "address_space": None if gpu else max(4 << 30, memory + (2 << 30)), "processes": 256,
+    return {"memory": memory, "address_space": None if gpu else max(4 << 30, memory + (1 << 30)), "processes": 256,
             "file_size": 1 << 30, "scratch_bytes": 1 << 30}
 
 
@@ -749,7 +749,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.memory_gb:
         limits["memory"] = int(args.memory_gb * (1 << 30))
         if limits["address_space"]:
-            limits["address_space"] = max(4 << 30, limits["memory"] + (2 << 30))
+            limits["address_space"] = max(4 << 30, limits["memory"] + (1 << 30))
     try:
         where = sandbox.detect(args.sandbox)
     except OSError as e:

@@ -134,13 +134,13 @@ def _run_notebook(req: dict, grader_fd: int, judge_fd: int, course: str, work: s
     importlib.import_module("helpers.checks.serving").run(grader_fd, judge_fd, int(req.get("threads", 1)))
 
 
-def _watch(lifeline: int, pid: int, on_end, too_many=lambda: False) -> None:
+def _watch(lifeline: int, pid: int, on_end, too_many=lambda tick: False) -> None:
     """Until ``pid`` ends: a byte ``i`` on the lifeline interrupts it, end of file kills it, and so
-    does ``too_many()`` turning true (checked about once a second)."""
+    does ``too_many(tick)`` turning true (asked five times a second)."""
     ticks = 0
     while True:
         ticks += 1
-        if ticks % 5 == 0 and too_many():
+        if too_many(ticks):
             on_end()
             return
         ready, _, _ = select.select([lifeline], [], [], 0.2)
@@ -268,20 +268,27 @@ def _namespaces(req: dict, grader_fd: int, judge_fd: int, lifeline: int) -> None
                 os._exit(0)
     for fd in (grader_fd, judge_fd):
         os.close(fd)
-    limits = (int(req.get("processes") or 1 << 30), int(req.get("memory") or 1 << 62))
-    _watch(lifeline, init, lambda: _kill(init), lambda: any(n > m for n, m in zip(_usage(proc, init), limits)))
+    processes, memory = int(req.get("processes") or 1 << 30), int(req.get("memory") or 1 << 62)
+
+    def too_many(tick: int) -> bool:
+        pids, tasks = _tasks(proc, init)
+        if tasks > processes:  # counted five times a second, before a fork bomb fills the machine
+            return True
+        return tick % 5 == 0 and sum(_pss(proc, p) for p in pids) > memory  # once a second
+
+    _watch(lifeline, init, lambda: _kill(init), too_many)
 
 
-def _usage(proc: int, init: int) -> tuple[int, int]:
-    """(processes and threads, resident bytes) of the PID namespace of ``init``, read through
-    ``proc`` (the zygote's /proc). Limits per process (RLIMIT_NPROC, RLIMIT_AS) do not bound these:
-    the kernel does not hold root's processes to RLIMIT_NPROC (the sandbox's user is root outside
-    when the grader is), and each process has its own address space."""
+def _tasks(proc: int, init: int) -> tuple[list[str], int]:
+    """The processes of the PID namespace of ``init`` and their processes and threads in all, read
+    through ``proc`` (the zygote's /proc). Limits per process (RLIMIT_NPROC, RLIMIT_AS) do not
+    bound these: the kernel does not hold root's processes to RLIMIT_NPROC (the sandbox's user is
+    root outside when the grader is), and each process has its own address space."""
     try:
         ns = os.readlink(f"{init}/ns/pid", dir_fd=proc)
     except OSError:
-        return 0, 0
-    count, resident = 0, 0
+        return [], 0
+    pids, count = [], 0
     for name in os.listdir(proc):
         if not name.isdigit():
             continue
@@ -293,12 +300,12 @@ def _usage(proc: int, init: int) -> tuple[int, int]:
             continue
         try:
             count += len(os.listdir(tasks))
-            resident += _pss(proc, name)
+            pids.append(name)
         except OSError:
             pass
         finally:
             os.close(tasks)
-    return count, resident
+    return pids, count
 
 
 def _pss(proc: int, pid: str) -> int:
