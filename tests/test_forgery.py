@@ -310,9 +310,11 @@ time.sleep(300)
 ''',
     "fork_bomb": '''
 import os, time
-for _ in range(5000):
+for _ in range(1000):  # past the limit of 256 processes and threads, one after another
     try:
-        os.fork()
+        if os.fork() == 0:
+            time.sleep(60)
+            os._exit(0)
     except OSError:
         break
 time.sleep(5)
