@@ -315,8 +315,9 @@ def _start(ctx, zygote: sandbox.Zygote, sub: Submission, cell_timeout: float, th
     judge_end, notebook_end = socket.socketpair()
     for s in (ours, judge_end):  # a notebook that does not read cannot block the grader or its judge
         s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(SEND_TIMEOUT_S))
-    # nor one that sends half a message: the grader reads only what polling said is there, within 5 s
-    ours.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(RECEIVE_TIMEOUT_S))
+    # nor one that sends half a message: the grader and the judge read the rest within 5 s
+    for s in (ours, judge_end):
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(RECEIVE_TIMEOUT_S))
     life_r, life_w = os.pipe()
     try:
         zygote.spawn(sub.stem, threads, theirs.fileno(), notebook_end.fileno(), life_r,

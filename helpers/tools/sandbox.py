@@ -93,7 +93,7 @@ def detect(asked: str = "auto") -> Isolation:
             nested = "import ctypes, sys; sys.exit(ctypes.CDLL(None).unshare(0x10000000 | 0x20000) != 0)"
             probe = subprocess.run([_bwrap(), "--unshare-user", "--uid", "1000", "--gid", "1000", "--unshare-pid",
                                     "--unshare-net", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev",
-                                    "--size", str(1 << 20), "--tmpfs", "/tmp", "--remount-ro", "/",
+                                    "--size", str(1 << 20), "--tmpfs", "/dev/shm", "--remount-ro", "/",
                                     sys.executable, "-I", "-S", "-c", nested], capture_output=True, text=True)
             if probe.returncode == 0:
                 return Isolation("namespaces")
