@@ -194,10 +194,6 @@ def protected_call(fn: Callable, args: tuple, kwargs: dict, *, learner: Callable
     return {"status": "ok", "out": out, "obs": obs, "review": []}
 
 
-def learner_name(fn: Any) -> str:
-    return str(getattr(fn, "__name__", "the function"))
-
-
 # --------------------------------------------------------------------------- between two processes
 
 _TENSOR, _TUPLE, _LIST, _DICT, _OTHER = "tensor", "tuple", "list", "dict", "other"

@@ -193,7 +193,7 @@ def _stripped(source: str, stem: str, module: str, exercise_names: set[str]) -> 
 
 
 def _lesson_functions(source: str) -> set[str]:
-    return {n.name for n in ast.parse(source).body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    return {n.name for n in _parsed(source).body if isinstance(n, _FUNCTION)}
 
 
 def build_course(root: Path, stems: dict[str, list[str]], helpers: Path = HELPERS) -> Path:
