@@ -1,0 +1,129 @@
+"""Notebook 12's decode benchmark (bench/bench_decode.py), as far as it runs without a GPU: the
+paged and contiguous caches it times hold the same tokens (a wrong page layout would time a step
+that computes something else), each SDPA row records the backend and the ops that ran, a backend
+that refuses the shape says so, the four timing modes reach the CSV and the markdown with a split
+gain of their own, and a run recorded before the new columns existed still reports.
+
+The GPU-only paths (``do_bench``, the CUDA-graph replays, the profiler's kernel names) run on the
+next lent GPU; here ``measure_shape(..., device="cpu")`` takes the same rows through the course
+kernel in Triton's interpreter and SDPA on the CPU.
+"""
+
+from __future__ import annotations
+
+import csv
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+try:
+    import bench_decode as bd  # imports helpers.nb12_triton_decode: Triton's interpreter on a CPU
+except ImportError:  # no Triton on this platform
+    bd = None
+
+pytestmark = pytest.mark.skipif(bd is None or bd.td is None, reason="Triton is Linux-only")
+INFO = dict(gpu="Test GPU", torch="2.x", triton="3.x", commit="abc1234")
+
+
+def test_paged_and_contiguous_caches_hold_the_same_tokens():
+    gen = torch.Generator().manual_seed(0)
+    k, v, k_pages, v_pages, table, lens = bd._caches(2, 64, 8, gen, device="cpu")
+    q = torch.randn(2, bd.HEADS, bd.HEAD_DIM, generator=gen)
+    assert sorted(table.flatten().tolist()) == list(range(2 * 64 // bd.PAGE))  # shuffled, all used
+    assert table.flatten().tolist() != sorted(table.flatten().tolist())
+    ks, vs = bd.td.gather_cache(k_pages, v_pages, table, lens)
+    assert all(torch.equal(ks[b], k[b]) and torch.equal(vs[b], v[b]) for b in range(2))
+    course = bd._step("course-1split", q, k, v, k_pages, v_pages, table, lens, 1)()
+    for impl in ("sdpa-math", "sdpa-default"):
+        sdpa = bd._step(impl, q, k, v, k_pages, v_pages, table, lens, None)()[:, :, 0]
+        assert (course - sdpa).abs().max() < 1e-5, impl
+
+
+def test_measure_shape_on_cpu_records_backend_ops_and_refusals():
+    impls = ("course", "sdpa-math", "sdpa-cudnn", "sdpa-default")
+    rows = {r["impl"]: r for r in bd.measure_shape(1, 32, 8, impls, rep=1, device="cpu")}
+    assert list(rows) == list(impls)
+    assert rows["course"]["status"] == "ok" and rows["course"]["n_splits"] >= 1
+    assert rows["course"]["kernels"] is None and rows["course"]["backend"] is None
+    assert rows["sdpa-math"]["backend"] == "math"
+    assert "math" in rows["sdpa-math"]["kernels"]
+    assert rows["sdpa-cudnn"]["status"].startswith("unsupported: ")  # no cuDNN on a CPU
+    assert rows["sdpa-cudnn"]["us_eager"] is None
+    default = rows["sdpa-default"]
+    assert default["backend"] == bd.sdpa_choice(torch.zeros(1, 32, 1, 128),
+                                                torch.zeros(1, 8, 32, 128),
+                                                torch.zeros(1, 8, 32, 128))
+    assert default["backend"] in {"flash_attention", "efficient_attention", "cudnn_attention",
+                                  "math"}
+    assert default["kernels"] and "aten::scaled_dot_product_attention" not in default["kernels"]
+    for name in ("course", "sdpa-math", "sdpa-default"):
+        r = rows[name]
+        assert r["us_eager"] > 0 and r["us"] is r["us_graph"] is r["us_graph_cold"] is None
+
+
+def test_short_kernel_names():
+    assert bd.short_kernel_name("void pytorch_flash::flash_fwd_splitkv_kernel<Flash_fwd_kernel"
+                                "_traits<128, 64>, true>(Flash_fwd_params)") == (
+        "pytorch_flash::flash_fwd_splitkv_kernel")
+    assert bd.short_kernel_name("fmha_cutlassF_f16_aligned_64x128_rf_sm80(Params)") == (
+        "fmha_cutlassF_f16_aligned_64x128_rf_sm80")
+    assert bd.short_kernel_name("cudnn_generated_fort_native_sdpa_sm90_knob_7") == (
+        "cudnn_generated_fort_native_sdpa_sm90_knob_7")
+
+
+def _row(impl, T, us, eager, graph, cold, **extra):
+    return dict(impl=impl, B=1, T=T, H=32, H_kv=8, d=128, page=16, n_splits=extra.pop("n", None),
+                us=us, us_eager=eager, us_graph=graph, us_graph_cold=cold,
+                gb_per_s=None if us is None else 1.0, backend=extra.pop("backend", None),
+                kernels=extra.pop("kernels", None), status="ok")
+
+
+def test_report_has_each_timing_mode_with_its_own_split_gain(tmp_path):
+    rows = [_row("course", 1024, 180.0, 150.0, 10.0, 20.0, n=4),
+            _row("course-1split", 1024, 54.0, 45.0, 20.0, 30.0, n=1),
+            _row("sdpa-flash", 1024, 40.0, 30.0, 9.0, 15.0, backend="flash_attention",
+                 kernels="pytorch_flash::flash_fwd_splitkv_kernel;pytorch_flash::combine"),
+            _row("sdpa-default", 1024, 12.0, 11.0, 6.5, 9.0, backend="cudnn_attention",
+                 kernels="cudnn_generated_fort_native_sdpa_sm90")]
+    bd.write_markdown(rows, INFO, tmp_path / "x.md")
+    md = (tmp_path / "x.md").read_text()
+    for title in ("Launched back to back from Python", "Replayed from a CUDA graph, µs",
+                  "L2 cleared before each replay", "Which kernels SDPA ran"):
+        assert title in md
+    assert "| 8 | 1 | 1024 | 150.0 | 45.0 | 30.0 | 11.0 | 0.30x |" in md      # eager: a loss
+    assert "| 8 | 1 | 1024 | 10.0 | 20.0 | 9.0 | 6.5 | 2.00x |" in md         # graph: a gain
+    assert "| 8 | 1 | 1024 | 20.0 | 30.0 | 15.0 | 9.0 | 1.50x |" in md        # graph, L2 cold
+    assert "| sdpa-default | cudnn_attention | `cudnn_generated_fort_native_sdpa_sm90` | all |" in md
+    bd.write_csv(rows, INFO, tmp_path / "x.csv")
+    back = list(csv.DictReader((tmp_path / "x.csv").open()))
+    assert list(back[0]) == bd.FIELDS
+    assert back[3]["backend"] == "cudnn_attention" and float(back[0]["us_eager"]) == 150.0
+
+
+def test_report_of_a_run_without_the_new_columns(tmp_path):
+    rows = [dict(impl=i, B=1, T=1024, H=32, H_kv=8, d=128, page=16, n_splits=n, us=us,
+                 gb_per_s=1.0, us_graph=g, status="ok")
+            for i, n, us, g in (("course", 4, 180.0, 9.2), ("course-1split", 1, 54.0, 21.0))]
+    bd.write_markdown(rows, INFO, tmp_path / "old.md")
+    md = (tmp_path / "old.md").read_text()
+    assert "| 1 | 1024 | 180.0 / 1 [4] | 54.0 / 1 | 0.30x |" in md
+    assert "| 8 | 1 | 1024 | 9.2 | 21.0 | 2.28x |" in md
+    assert "back to back" not in md and "Which kernels" not in md
+
+
+def test_the_recorded_h200_run_holds_what_notebook_12_reads():
+    from helpers.package_data import package_file
+
+    rows = list(csv.DictReader(package_file("results", "nvidia-h200-decode.csv").open()))
+    ok = {(r["impl"], int(r["H_kv"]), int(r["B"]), int(r["T"])) for r in rows
+          if r["status"] == "ok" and r["us"] and r["us_graph"]}
+    for impl in ("course", "course-1split", "sdpa-flash", "sdpa-default"):
+        for H_kv in (8, 32):
+            for T in (1024, 4096, 16384, 65536):
+                assert (impl, H_kv, 1, T) in ok
+    assert ("sdpa-flash", 8, 32, 65536) in ok and ("sdpa-default", 8, 32, 65536) in ok
