@@ -138,6 +138,31 @@ def test_the_discrimination_index_is_the_item_rest_correlation_and_ignores_names
     assert cr.discrimination(passed, rest) == cr.discrimination(renamed, {"z" + k: v for k, v in rest.items()})
 
 
+def test_a_missing_discrimination_says_why_in_the_report(tmp_path):
+    """"n/a" alone left a teacher of a small class guessing: the table gives the reason, and the
+    legend names the minimum class size."""
+    rest4 = {"a": 0.0, "b": 1.0, "c": 2.0, "d": 3.0}
+    three = {"a": True, "b": False, "c": True}
+    assert cr.MIN_STUDENTS_FOR_DISCRIMINATION == 4
+    assert cr.no_discrimination_reason(three, rest4) == "3 handed in, fewer than the 4 a correlation needs"
+    assert cr.no_discrimination_reason(dict.fromkeys(rest4, True), rest4) == "all of the 4 who handed in passed"
+    assert cr.no_discrimination_reason(dict.fromkeys(rest4, False), rest4) == "none of the 4 who handed in passed"
+    split = {"a": True, "b": False, "c": True, "d": False}
+    assert cr.no_discrimination_reason(split, dict.fromkeys(rest4, 5.0)).startswith("everyone has the same")
+    assert cr.no_discrimination_reason(split, rest4) == "" and cr.discrimination(split, rest4) is not None
+    for passed, rest in ((three, rest4), (dict.fromkeys(rest4, True), rest4), (split, dict.fromkeys(rest4, 5.0))):
+        assert cr.discrimination(passed, rest) is None and cr.no_discrimination_reason(passed, rest)
+    rows = [_row(s, "5.2", "passed" if s != "bob" else "failed", "5.2/missing-W_O" if s == "bob" else "")
+            for s in ("ann", "bob", "cy")] + [_row(s, "5.1", "passed", points=2) for s in ("ann", "bob", "cy")]
+    (s51, s52) = cr.exercise_stats(rows)
+    assert s52.discrimination is None and s52.no_discrimination.startswith("3 handed in, fewer than the 4")
+    cr.write_report(rows, tmp_path, info={})
+    page = (tmp_path / "report.html").read_text()
+    assert "n/a <span class=\"note\">(3 handed in, fewer than the 4 a correlation needs)</span>" in page
+    assert "n/a <span class=\"note\">(all of the 3 who handed in passed)</span>" not in page  # 5.1: too few first
+    assert "fewer than 4 students handed the notebook in" in page  # the legend
+
+
 def test_mistakes_csv_counts_students_per_mistake_and_attempts(tmp_path):
     rows = [_row("ann", "5.2", "failed", "5.2/missing-W_O", "W_O is missing: four."),
             _row("bob", "5.2", "failed", "5.2/missing-W_O", "W_O is missing: four."),

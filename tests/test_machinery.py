@@ -234,6 +234,23 @@ def test_messages_wrap_at_word_boundaries():
     assert all(line.startswith("        ") for line in lines[2:])  # continues under the hint's text
 
 
+def test_a_failure_printed_in_a_learners_session_breaks_between_words(monkeypatch, capsys):
+    """In a learner's own session a failure goes to stderr, which JupyterLab shows with
+    `word-break: break-all`: a line longer than the output area is cut anywhere, mid-word too.
+    So the message is wrapped at word boundaries before it is written (it once was not)."""
+    ex = feedback.Exercise("0.1", "toy_double", "double a tensor", 1, 1, "01_qkv_shapes")
+    hint = "you added 2 instead of multiplying by 2: " + " ".join(f"multiplication{i}" for i in range(30))
+    error = CheckFailed(f"0.1 toy_double failed\n  hint: {hint}", hint, exercise=ex)
+    with monkeypatch.context() as m:  # undone before the integrity guard looks
+        m.setattr(feedback, "_interactive", lambda: True)
+        feedback._present(ex, feedback.CheckResult(ex, "failed", str(error), hint, error=error))
+    printed = capsys.readouterr().err
+    lines = printed.rstrip("\n").split("\n")
+    assert len(lines) > 4 and max(len(line) for line in lines) <= feedback.WRAP_WIDTH, lines
+    assert " ".join(printed.split()).startswith(" ".join(f"✗ {error}".split()))  # every word whole
+    assert all(w in printed.split() for w in (f"multiplication{i}" for i in range(30)))
+
+
 def test_in_ipython_a_failure_renders_as_its_message_alone(toy):
     e = _fails(toy, lambda x: 3 * x)
     lines = e._render_traceback_()
@@ -317,6 +334,31 @@ def test_model_answers_file_is_what_make_exercises_writes():
         assert entry["question"], f"no 'Why it matters' question found for {name}"
         if name in EXERCISES:
             assert entry["exercise"] == EXERCISES[name].id and entry["notebook"] == EXERCISES[name].notebook
+
+
+def test_a_why_it_matters_question_is_a_sentence_and_its_code_stays_as_written(tmp_path, monkeypatch):
+    """The statements write the question as the continuation of "**Why it matters for LLMs:**", in
+    lower case (38 of 45 did); shown on its own after a pass it must start as a sentence, unless it
+    opens with code or mathematics, which capitalising would change."""
+    assert nbtools.as_sentence("why is the merge a copy?") == "Why is the merge a copy?"
+    assert nbtools.as_sentence("`x.view` fails. Why?") == "`x.view` fails. Why?"
+    assert nbtools.as_sentence("$T_q = 1$ in decoding. Why?") == "$T_q = 1$ in decoding. Why?"
+    assert nbtools.as_sentence("GPT-2 small has biases.") == "GPT-2 small has biases."
+    statement = ("## Exercise 1.1 ★ (1 point): toy\n\n**Why it matters for LLMs:** in decoding,\n"
+                 "`T_q = 1`. Why?\n\nMore text.")
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell(statement),
+        nbformat.v4.new_code_cell("checks.toy(toy)"),
+        nbformat.v4.new_markdown_cell("**Model answer.** Because.", metadata={"tags": ["model-answer"]}),
+    ])
+    for name, entry in nbtools.model_answers().items():  # the course's own, as extracted now
+        assert not entry["question"][:1].islower(), (name, entry["question"][:60])
+    (tmp_path / "solutions").mkdir()
+    nbformat.write(nb, tmp_path / "solutions" / "01_toy.ipynb")
+    with monkeypatch.context() as m:
+        m.setattr(nbtools, "notebook_paths", lambda *dirs: [tmp_path / "solutions" / "01_toy.ipynb"])
+        answers = nbtools.model_answers()
+    assert answers["toy"]["question"] == "In decoding, `T_q = 1`. Why?", answers
 
 
 def test_every_exercise_with_a_solution_has_a_model_answer():

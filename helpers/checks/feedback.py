@@ -416,6 +416,7 @@ def _present(ex: Exercise, result: CheckResult) -> None:
                    "implementation, then run this cell again (the other exercises still run)."))
         return
     if _interactive() and error is not None:
-        sys.stderr.write(f"✗ {error}\n  (the notebook goes on: fix this and run the cell again)\n")
+        # wrapped here too: a browser breaks an over-long output line anywhere, mid-word included
+        sys.stderr.write(wrap(f"✗ {error}") + "\n  (the notebook goes on: fix this and run the cell again)\n")
         return
     raise error.with_traceback(None) from None

@@ -78,6 +78,7 @@ class ExerciseStats:
     discrimination: float | None  # item-rest correlation among those who handed the notebook in
     mistakes: list[tuple[str, str, int, str]] = field(default_factory=list)  # id, description, count, hint
     info: Info = field(default_factory=Info)
+    no_discrimination: str = ""  # why discrimination is None (no_discrimination_reason)
 
     @property
     def attempted(self) -> int:
@@ -94,13 +95,31 @@ def order(exercise_id: str) -> tuple:
     return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in str(exercise_id).split("."))
 
 
+MIN_STUDENTS_FOR_DISCRIMINATION = 4  # fewer handed in: a correlation over so few says nothing
+
+
+def no_discrimination_reason(passed: dict[str, bool], rest: dict[str, float]) -> str:
+    """Why :func:`discrimination` has no value for these results ("" when it has one), in the
+    words the report prints after "n/a"."""
+    n = len(passed)
+    if n < MIN_STUDENTS_FOR_DISCRIMINATION:
+        return (f"{n} handed in, fewer than the {MIN_STUDENTS_FOR_DISCRIMINATION} a correlation "
+                "needs")
+    if all(passed.values()) or not any(passed.values()):
+        return f"{'all' if all(passed.values()) else 'none'} of the {n} who handed in passed"
+    if len({float(rest[s]) for s in passed}) == 1:
+        return "everyone has the same points on the other exercises"
+    return ""
+
+
 def discrimination(passed: dict[str, bool], rest: dict[str, float]) -> float | None:
     """The item-rest correlation: Pearson's correlation, over students, between passing the exercise
     (1 or 0) and their points on the other exercises (``rest``). Near +1 the exercise separates
     stronger from weaker students; near 0 it does not; below 0 the weaker pass it more often. None
-    for fewer than 4 students or when everyone (or no one) passed: nothing to separate. It depends
-    on the students' results only, never on their names or order."""
-    if len(passed) < 4:
+    for fewer than ``MIN_STUDENTS_FOR_DISCRIMINATION`` students or when everyone (or no one) passed
+    or everyone has the same rest: nothing to separate (:func:`no_discrimination_reason` says
+    which). It depends on the students' results only, never on their names or order."""
+    if len(passed) < MIN_STUDENTS_FOR_DISCRIMINATION:
         return None
     xs = [1.0 if passed[s] else 0.0 for s in sorted(passed)]
     ys = [float(rest[s]) for s in sorted(passed)]
@@ -147,7 +166,8 @@ def exercise_stats(rows: list[Row], info: dict[str, Info] | None = None) -> list
         out.append(ExerciseStats(
             notebook, ex_id, first.name, first.points, first.bonus, len(mine), count["passed"],
             len(mine) - count["passed"] - n_not, n_not, sum(r.earned for r in mine) / len(mine),
-            discrimination(passed, rest), mistakes, info.get(first.name, Info())))
+            discrimination(passed, rest), mistakes, info.get(first.name, Info()),
+            no_discrimination_reason(passed, rest)))
     return out
 
 
@@ -320,7 +340,8 @@ def _stats_table(stats: list[ExerciseStats], notebook: str) -> str:
     lines = [f'<div class="scroll"><table><caption>Exercises of {_e(notebook)}</caption><thead><tr>'
              + "".join(f'<th scope="col">{h}</th>' for h in head) + "</tr></thead><tbody>"]
     for e in stats:
-        disc = "n/a" if e.discrimination is None else f"{e.discrimination:+.2f}"
+        disc = (f'n/a <span class="note">({_e(e.no_discrimination)})</span>' if e.discrimination is None
+                else f"{e.discrimination:+.2f}")
         lines.append(f'<tr><th scope="row">{_e(e.id)} <code>{_e(e.name)}</code>{" (bonus)" if e.bonus else ""}</th>'
                      f'<td class="num">{e.points}</td><td class="num">{e.passed}</td><td class="num">{e.failed}</td>'
                      f'<td class="num">{e.not_attempted}</td><td class="num">{e.mean_points:.2f}</td>'
@@ -367,7 +388,10 @@ def render_html(rows: list[Row], stats: list[ExerciseStats], names: dict[str, st
             "<p class=\"note\"><b>Discrimination</b> is the correlation, over the students who handed the "
             "notebook in, between passing the exercise and their points on the other exercises (item-rest "
             "correlation): near +1 an exercise separates stronger from weaker students, near 0 it does not, "
-            "below 0 the weaker pass it more often; n/a when everyone or no one passed. <b>Share of class "
+            "below 0 the weaker pass it more often; n/a, with the reason, when fewer than "
+            f"{MIN_STUDENTS_FOR_DISCRIMINATION} students handed the notebook in (too few for a correlation), "
+            "when everyone or no one passed, or when everyone has the same points on the other exercises. "
+            "<b>Share of class "
             "passed</b> and <b>mean points</b> count every student (a notebook not handed in earns 0). "
             "<b>Mistakes</b> are what the checks named; <code>not-recognised-…</code> counts failures no check "
             "named, by what differed.</p>",

@@ -296,6 +296,14 @@ MODEL_ANSWERS_PATH = ROOT / "helpers" / "model_answers.json"
 _WHY_IT_MATTERS = re.compile(r"\*\*Why it matters[^*]*\*\*:?\s*(.+?)(?:\n\s*\n|\Z)", re.S)
 
 
+def as_sentence(text: str) -> str:
+    """A "Why it matters" question as a sentence of its own: its first letter capitalised.
+    Statements write it as the continuation of "**Why it matters for LLMs:**", in lower case. A
+    question that opens with a code span or mathematics (`` `x.view` ``, ``$T$``) keeps it as it
+    is: capitalising code would change it."""
+    return text[:1].upper() + text[1:] if text[:1].islower() else text
+
+
 def model_answers() -> dict[str, dict[str, str]]:
     """``name -> {exercise, notebook, question, answer}`` for every markdown cell tagged
     ``model-answer`` in ``solutions/``: the exercise is the last ``## Exercise N.M`` heading above
@@ -314,7 +322,7 @@ def model_answers() -> dict[str, dict[str, str]]:
             if heading:
                 ex_id, name = f"{heading.group(1)}.{heading.group(2)}", ""
                 why = _WHY_IT_MATTERS.search(source)
-                question = " ".join(why.group(1).split()) if why else ""
+                question = as_sentence(" ".join(why.group(1).split())) if why else ""
             if MODEL_ANSWER_TAG in cell.get("metadata", {}).get("tags", []) and name:
                 answers[name] = {"exercise": ex_id, "notebook": path.stem, "question": question,
                                  "answer": source.strip()}
