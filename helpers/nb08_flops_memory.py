@@ -276,9 +276,10 @@ class PeakMemory(TorchDispatchMode):
 
 # --------------------------------------------------------------------------- a training step's memory
 
-# The convention (mixed precision, as in Megatron-LM and DeepSpeed): weights and gradients in
-# bf16 (2 + 2 bytes per parameter); the optimizer keeps an fp32 master copy of the weights and
-# AdamW's two fp32 moments (4 + 4 + 4). 16 bytes per parameter, as fp32 throughout (4 + 4 + 4 + 4).
+# ZeRO's convention for mixed-precision Adam (Rajbhandari et al. 2020, section 3.1): weights and
+# gradients in 16 bits (2 + 2 bytes per parameter); the optimizer keeps an fp32 master copy of the
+# weights and the two fp32 moments (4 + 4 + 4). 16 bytes per parameter, as fp32 throughout
+# (4 + 4 + 4 + 4). A floor: Megatron-Core accumulates gradients in fp32, 18 bytes with bf16 weights.
 STATE_BYTES = {"weights": 2, "gradients": 2, "optimizer": 12}
 ACTIVATION_BYTES = 2  # bf16 activations
 STRATEGIES = ("naive", "flash", "recompute")
@@ -361,12 +362,19 @@ def max_batch(cfg, seq_len: int, attention: str, budget_bytes: int) -> int:
 
 
 def training_flops_per_token(cfg, seq_len: int) -> dict[str, int]:
-    """Training FLOPs per token (forward + backward = 3 x forward): ``dense`` 6N (N =
-    :func:`dense_param_count`: every weight does a multiply-add forward and two backward) and
+    """Training FLOPs per token (forward + backward = 3 x forward): ``dense`` 6N and
     ``attention``, 3 x the core (scores, softmax, weighted values) of :func:`layer_flops` at
-    ``seq_len`` per token, over the L layers; no causal halving."""
+    ``seq_len`` per token, over the L layers; no causal halving.
+
+    N counts the weights that multiply: every matrix of the layers and the output projection
+    (2 FLOPs forward, 4 backward), not the input embedding table, a lookup that does no
+    arithmetic: :func:`dense_param_count` less ``vocab * d_model``. That equals
+    ``dense_param_count(cfg, tied_embeddings=True)``: a tied table is the output projection,
+    counted once, so tying changes the parameters, not the FLOPs. (The norms' ``2Ld + d`` weights
+    stay in N: under 0.001% of it.)"""
     core = cfg.n_layers * layer_flops(seq_len, cfg)["core"] // seq_len
-    return {"dense": 6 * dense_param_count(cfg), "attention": 3 * core}
+    multiplying = dense_param_count(cfg) - cfg.vocab * cfg.d_model
+    return {"dense": 6 * multiplying, "attention": 3 * core}
 
 
 # --------------------------------------------------------------------------- a model that matches the count

@@ -334,10 +334,27 @@ def test_max_batch_is_the_boundary():
 def test_training_flops_are_six_n_plus_three_times_the_attention_core():
     llama = MODELS["Llama-3-8B"]
     f = training_flops_per_token(llama, 8192)
-    assert f["dense"] == 6 * dense_param_count(llama)
+    # N leaves out the input embedding table (a lookup) and keeps the output projection
+    embedding = llama.vocab * llama.d_model
+    assert f["dense"] == 6 * (dense_param_count(llama) - embedding) == 45_029_548_032
+    assert f["dense"] != 6 * dense_param_count(llama)  # the embedding table does no multiply-add
+    assert f["dense"] == 6 * dense_param_count(llama, tied_embeddings=True)  # one table, counted once
     core = attention_flops(8192, 4096, 32, 8, 128)
     per_layer = core["scores"] + core["softmax"] + core["weighted_values"]
     assert f["attention"] * 8192 == 3 * 32 * per_layer
+
+
+def test_training_flops_do_not_depend_on_tied_embeddings():
+    """A tied model multiplies by the same matrices as an untied one: the same FLOPs, and 6 x its
+    parameter count (the one table is the output projection's)."""
+    tied_params = dense_param_count(SMALL, tied_embeddings=True)
+    f = training_flops_per_token(SMALL, 16)
+    assert f["dense"] == 6 * tied_params
+    matrices = SMALL.n_layers * (2 * SMALL.d_model * SMALL.n_heads * SMALL.head_dim
+                                 + 2 * SMALL.d_model * SMALL.n_kv_heads * SMALL.head_dim
+                                 + 3 * SMALL.d_model * SMALL.d_ff) + SMALL.vocab * SMALL.d_model
+    norms = SMALL.d_model * (2 * SMALL.n_layers + 1)
+    assert f["dense"] == 6 * (matrices + norms)
 
 
 def test_allocation_peak_of_a_step_is_the_state_free_activations_and_some_temporaries():
