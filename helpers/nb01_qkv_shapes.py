@@ -39,26 +39,38 @@ def qkv_projection(x: torch.Tensor, w_qkv: torch.Tensor, n_heads: int) -> tuple[
     return split_heads(q, n_heads), split_heads(k, n_heads), split_heads(v, n_heads)
 
 
-def layer_costs(n: int, d: int, k: int = 3) -> dict[str, dict[str, int]]:
+def layer_costs(n: int, d: int, k: int = 3, r: int = 64) -> dict[str, dict[str, int]]:
     """Vaswani et al. (2017), Table 1, as numbers: for one layer over ``n`` tokens of width ``d``
-    (kernel width ``k`` for convolutions), by layer type, ``flops`` (the layer's work, a
-    multiply-add = 2 FLOPs), ``sequential`` (operations that must run one after another) and
-    ``path`` (layers a signal crosses between the first and the last token).
+    (kernel width ``k`` for convolutions, window ``r`` for restricted self-attention), by layer
+    type, ``flops`` (the layer's work, a multiply-add = 2 FLOPs), ``sequential`` (operations that
+    must run one after another) and ``path`` (hops a signal takes from the first token's input to
+    the last token's output; one hop per layer crossed, and per state update of a recurrence).
 
     Counted: self-attention, ``Q K^T`` and ``P V`` (2 n^2 d multiply-adds; projections and softmax
-    left out, as in the table); recurrent, ``x_t W`` and ``h_{t-1} U`` for each of the n steps
-    (2 n d^2); convolutional, k taps of a ``d x d`` matrix at each position (k n d^2). The
+    left out, as in the table); restricted self-attention, each query against ``r`` keys (2 n r d;
+    the first r - 1 queries of a causal window have fewer keys, left uncounted as in the table's
+    O(r n d)); recurrent, ``x_t W`` and ``h_{t-1} U`` for each of the n steps (2 n d^2);
+    convolutional, k taps of a ``d x d`` matrix at each position (k n d^2).
+
+    The recurrence makes n state updates h_1 .. h_n, each waiting for the one before: n sequential
+    operations; a signal from token 1 enters h_1 and then crosses the n - 1 updates to h_n: n hops,
+    as attention's is 1. The restricted window is notebook 03's ``sliding_window_mask``: a query
+    sees itself and the r - 1 keys before it, so each layer carries a signal r - 1 positions
+    further: ceil((n - 1) / (r - 1)) layers (Table 1's O(n/r); a window of r keys centred on the
+    query, as the paper describes it, moves (r - 1) / 2 each way: twice as many). The
     convolutional path is given twice: ``path`` for dilated kernels (dilation k^l, so the smallest
     L with k^L >= n, i.e. ceil(log_k n)) and ``path_contiguous`` for plain ones (each layer widens
     the receptive field by k - 1: ceil((n - 1) / (k - 1)), the table's O(n/k)).
     """
-    if n < 1 or d < 1 or k < 2:
-        raise ValueError(f"need n >= 1, d >= 1, k >= 2; got n={n}, d={d}, k={k}")
+    if n < 1 or d < 1 or k < 2 or r < 2:
+        raise ValueError(f"need n >= 1, d >= 1, k >= 2, r >= 2; got n={n}, d={d}, k={k}, r={r}")
     dilated = 0
     while k**dilated < n:
         dilated += 1
     return {
         "self-attention": {"flops": 2 * 2 * n * n * d, "sequential": 1, "path": 1},
+        "restricted": {"flops": 2 * 2 * n * min(r, n) * d, "sequential": 1,
+                       "path": max(1, -(-(n - 1) // (r - 1)))},
         "recurrent": {"flops": 2 * 2 * n * d * d, "sequential": n, "path": n},
         "convolutional": {
             "flops": 2 * k * n * d * d,

@@ -35,8 +35,11 @@ def test_layer_costs_table_1_by_hand_and_the_crossover_at_n_equals_d():
     """n = 4, d = 2, k = 2: attention 2 products of n*n*d = 64 multiply-adds, 128 FLOPs; recurrence
     2 products of d*d per step, 4 steps = 32 multiply-adds, 64 FLOPs; convolution k*d*d per token,
     32 multiply-adds. Paths: dilated 2 (2**2 = 4 >= n), contiguous 3 (receptive field 1 + 3*(k-1))."""
-    c = A.layer_costs(4, 2, k=2)
+    c = A.layer_costs(4, 2, k=2, r=2)
     assert c["self-attention"] == {"flops": 128, "sequential": 1, "path": 1}
+    # restricted, r = 2: each query against 2 keys, 4 * 2 * 2 = 16 multiply-adds twice, 64 FLOPs;
+    # a window of itself and the key before it moves a signal 1 position a layer: 3 layers
+    assert c["restricted"] == {"flops": 64, "sequential": 1, "path": 3}
     assert c["recurrent"] == {"flops": 64, "sequential": 4, "path": 4}
     assert c["convolutional"] == {"flops": 64, "sequential": 1, "path": 2, "path_contiguous": 3}
     big = A.layer_costs(512, 512, 3)
@@ -48,6 +51,29 @@ def test_layer_costs_table_1_by_hand_and_the_crossover_at_n_equals_d():
         assert att[d - 1] == rec[d - 1] == 4 * d**3
     with pytest.raises(ValueError):
         A.layer_costs(8, 4, k=1)
+    with pytest.raises(ValueError):
+        A.layer_costs(8, 4, r=1)
+
+
+def test_layer_costs_sequential_operations_and_paths_by_brute_force():
+    """The recurrence's n sequential updates, and the paths, found by following a signal: the
+    fewest hops from token 0's input to token n - 1's output, where a hop is one layer (attention,
+    restricted, convolution) or one state update (the recurrence's h_{t-1} -> h_t, after x_0 -> h_0)."""
+    def layers_to_reach(n, reach):  # reach: how far one layer moves a signal forward
+        at, layers = 0, 0
+        while at < n - 1:
+            at, layers = min(n - 1, at + reach), layers + 1
+        return max(layers, 1)
+
+    for n, r, k in ((2, 2, 2), (10, 4, 3), (64, 8, 3), (100, 100, 5), (5, 64, 2), (512, 64, 3)):
+        c = A.layer_costs(n, 8, k, r)
+        assert c["recurrent"]["sequential"] == n and c["recurrent"]["path"] == 1 + (n - 1)
+        assert c["restricted"]["path"] == layers_to_reach(n, r - 1)
+        assert c["convolutional"]["path_contiguous"] == (layers_to_reach(n, k - 1) if n > 1 else 0)
+        assert c["restricted"]["flops"] == 4 * n * min(r, n) * 8
+    full = A.layer_costs(300, 16, r=300)
+    assert full["restricted"] == full["self-attention"]  # a window as long as the sequence
+    assert A.layer_costs(512, 512, r=64)["restricted"]["path"] == 9  # 8 * 63 = 504 < 511 <= 9 * 63
 
 
 def test_sdpa_matches_torch_with_and_without_mask():
