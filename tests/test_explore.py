@@ -241,3 +241,43 @@ def test_saved_explorers_in_teaching_notebooks_hold_a_picture():
                         missing.append(f"{path.name} cell {i}")
     assert found >= 8, f"only {found} explorers found in notebooks/"
     assert not missing, f"explorers saved without a picture after them (use helpers.explore.explore): {missing}"
+
+
+def _covered_by_legends(fig) -> list[str]:
+    """What a legend of ``fig`` hides: each bar (a patch of non-zero size) or text of the same axes
+    whose drawn box overlaps the legend's."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    hidden = []
+    for ax in fig.axes:
+        legend = ax.get_legend()
+        if legend is None:
+            continue
+        box = legend.get_window_extent(renderer)
+        for artist in [*ax.patches, *ax.texts]:
+            extent = artist.get_window_extent(renderer)
+            if extent.width > 0 and extent.height > 0 and box.overlaps(extent):
+                hidden.append(f"{ax.get_title()}: {type(artist).__name__} at {extent.bounds}")
+    return hidden
+
+
+def test_notebook_12_waste_explorer_legends_hide_nothing_at_the_settings_it_suggests():
+    """Its legends once sat on the paged bar at documents = 1, a setting the notebook suggests."""
+    import torch
+
+    from helpers import nb12_serving
+
+    cell = next(c.source for c in nbtools.read("notebooks/12_serving.ipynb").cells
+                if c.source.startswith("def waste_explorer"))
+    scope = {"plt": plt, "N_REQ": 2000, "gen": lambda seed: torch.Generator().manual_seed(seed),
+             **{name: getattr(nb12_serving, name)
+                for name in ("request_mix", "contiguous_slots", "paged_slots")}}
+    exec(cell[:cell.index("\nexplore(")], scope)  # the draw function, as the notebook defines it
+    settings = [{}, {"doc_share": 1.0}, {"max_len": 131072}, {"block_size": 512, "chat_median": 50},
+                {"block_size": 1}, {"doc_share": 1.0, "max_len": 2048}]
+    for setting in settings:
+        fig = scope["waste_explorer"](**setting)
+        try:
+            assert not _covered_by_legends(fig), (setting, _covered_by_legends(fig))
+        finally:
+            plt.close(fig)
