@@ -225,7 +225,10 @@ def ring_buffer_decode_step(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.T
 class WindowedModel:
     """A model whose layers attend within a sliding window of ``window`` tokens, except every
     ``global_every``-th layer (1-based), which attends to the whole context (0: no such layer).
-    ``cfg`` holds the sizes, ``context`` the longest context it was released for. These models are
+    ``cfg`` holds the sizes, ``context`` its configuration's ``max_position_embeddings`` (the longest
+    position it accepts: for Mistral-7B-v0.1 32,768, where its paper's Table 1 gives a ``context_len``
+    of 8,192). The window counts keys, the query's own included (Hugging Face's ``sliding_window``;
+    the Mistral paper's window W covers W + 1 positions, i - W .. i). These models are
     not in :data:`helpers.configs.MODELS` (which has no sliding-window fields yet)."""
 
     cfg: ModelConfig
