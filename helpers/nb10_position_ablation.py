@@ -11,6 +11,11 @@ V vocabulary, H heads, d_k = D / H.
 
 from __future__ import annotations
 
+import multiprocessing
+import time
+from concurrent.futures import ProcessPoolExecutor
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 
@@ -18,7 +23,15 @@ from .nb01_qkv_shapes import merge_heads, scaled_scores, split_heads
 from .nb03_masks import causal_mask
 from .nb06_kv_sharing import repeat_kv
 from .nb10_positions import alibi_attention_weights, rope_cos_sin
-from .nb11_trained_transformer import TinyConfig, TinyTransformer, attention_block, induction_scores, swiglu
+from .nb11_trained_transformer import (
+    TinyConfig,
+    TinyTransformer,
+    attention_block,
+    induction_scores,
+    repeated_sequences,
+    swiglu,
+    train,
+)
 
 __all__: list[str] = []  # no graded function here: see helpers.nb10_positions
 
@@ -94,3 +107,39 @@ def repeat_half_metrics(model: TinyTransformer, tokens: torch.Tensor) -> dict[st
     attn = torch.stack([w.mean(dim=0) for w in record])  # [L, H, T, T]
     return {"loss": per[:, m:].mean().item(), "accuracy": right.float().mean().item(),
             "induction": induction_scores(attn)[-1].max().item(), "per_position": per.mean(dim=0)}
+
+
+def ablation_run(position: str, seed: int, cfg: TinyConfig, steps: int = 400, batch: int = 64,
+                 m_range: tuple[int, int] = (4, 8), lr: float = 1e-2, factors: tuple[int, ...] = (1, 2, 4),
+                 n_eval: int = 256, eval_seed: int = 99) -> dict[str, object]:
+    """Train ``PositionedTransformer(cfg, position)``, initialised and fed (notebook 11's ``train``)
+    from ``seed``, then measure it with :func:`repeat_half_metrics` on ``n_eval`` fresh sequences of
+    length T = 2 k m_range[1] for each k in ``factors`` (drawn from ``eval_seed``: the same for every
+    run). Returns ``{"position", "seed", "state"`` (the trained state_dict)``, "final_loss"`` (mean
+    training loss of the last 20 steps, nats)``, "seconds"`` (training time)``, "metrics": {k: ...}}``."""
+    model = PositionedTransformer(cfg, position, generator=torch.Generator().manual_seed(seed))
+    start = time.perf_counter()
+    hist = train(model, steps=steps, batch=batch, m_range=m_range, lr=lr, seed=seed)
+    seconds = time.perf_counter() - start
+    metrics = {k: repeat_half_metrics(model, repeated_sequences(
+        n_eval, k * m_range[1], cfg.vocab, torch.Generator().manual_seed(eval_seed))) for k in factors}
+    return {"position": position, "seed": seed, "state": model.state_dict(),
+            "final_loss": sum(hist["loss"][-20:]) / 20, "seconds": seconds, "metrics": metrics}
+
+
+def _one_thread() -> None:
+    torch.set_num_threads(1)
+
+
+def _run(job: tuple[str, int], **kwargs) -> dict[str, object]:
+    return ablation_run(*job, **kwargs)
+
+
+def ablation_runs(jobs: list[tuple[str, int]], cfg: TinyConfig, workers: int = 2, **kwargs) -> list[dict]:
+    """:func:`ablation_run` for every ``(position, seed)`` in ``jobs``, in ``workers`` fresh
+    processes of one thread each (so that a run gives the same numbers whichever process ran it
+    and whatever ran beside it); keyword arguments go to :func:`ablation_run`. -> results in the
+    order of ``jobs``."""
+    spawn = multiprocessing.get_context("spawn")  # a fresh interpreter: no state forked from this one
+    with ProcessPoolExecutor(workers, mp_context=spawn, initializer=_one_thread) as pool:
+        return list(pool.map(partial(_run, cfg=cfg, **kwargs), jobs))

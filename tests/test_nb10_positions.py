@@ -13,8 +13,14 @@ import torch.nn.functional as F
 from helpers import nb10_positions as positions
 from helpers.nb01_qkv_shapes import merge_heads, qkv_projection, scaled_dot_product_attention
 from helpers.nb03_masks import causal_mask
-from helpers.nb10_position_ablation import PositionedTransformer, alibi_attention_block, repeat_half_metrics
-from helpers.nb11_trained_transformer import TinyConfig, TinyTransformer
+from helpers.nb10_position_ablation import (
+    PositionedTransformer,
+    ablation_run,
+    ablation_runs,
+    alibi_attention_block,
+    repeat_half_metrics,
+)
+from helpers.nb11_trained_transformer import TinyConfig, TinyTransformer, repeated_sequences, train
 from tests.exercise_cases import assert_accepted, assert_rejected, right_cases, wrong_cases
 
 # =============================================================== lesson: helpers.nb10_positions
@@ -359,6 +365,40 @@ def test_repeat_half_metrics_of_a_perfect_copier_and_their_shapes():
     untrained = repeat_half_metrics(model, tokens)
     assert untrained["accuracy"] < 0.5 and untrained["loss"] > 1 and 0 <= untrained["induction"] <= 1
 
+
+
+def test_ablation_run_is_notebook_11s_training_then_the_metrics_of_its_model():
+    kwargs = dict(steps=3, batch=4, m_range=(2, 4), factors=(1, 2), n_eval=5, eval_seed=31)
+    out = ablation_run("alibi", 30, SMALL, **kwargs)
+    model = PositionedTransformer(SMALL, "alibi", generator=gen(30))
+    hist = train(model, steps=3, batch=4, m_range=(2, 4), seed=30)
+    assert (out["position"], out["seed"]) == ("alibi", 30) and sorted(out["metrics"]) == [1, 2]
+    assert out["final_loss"] == sum(hist["loss"][-20:]) / 20 and out["seconds"] > 0
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(out["state"][name], value, rtol=0, atol=0)
+    for k in (1, 2):  # T = 2 k m_range[1] = 8, 16 on the eval seed's sequences
+        expected = repeat_half_metrics(model, repeated_sequences(5, 4 * k, 16, gen(31)))
+        assert out["metrics"][k]["accuracy"] == expected["accuracy"]
+        assert out["metrics"][k]["per_position"].shape == (8 * k - 1,)
+    other = ablation_run("alibi", 32, SMALL, **kwargs)  # another seed: another model
+    assert not torch.equal(other["state"]["embed"], out["state"]["embed"])
+
+
+def test_ablation_runs_in_processes_give_what_the_same_runs_give_here():
+    kwargs = dict(steps=2, batch=4, m_range=(2, 3), factors=(1,), n_eval=3)
+    jobs = [("rope", 33), ("nope", 34)]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in the pool's processes
+    try:
+        here = [ablation_run(*job, SMALL, **kwargs) for job in jobs]
+    finally:
+        torch.set_num_threads(threads)
+    there = ablation_runs(jobs, SMALL, workers=2, **kwargs)
+    assert [(r["position"], r["seed"]) for r in there] == jobs
+    for a, b in zip(here, there):
+        assert a["final_loss"] == b["final_loss"]
+        for name in a["state"]:
+            torch.testing.assert_close(a["state"][name], b["state"][name], rtol=0, atol=0)
 
 # =============================================================== checks of 10.1-10.3
 
