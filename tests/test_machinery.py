@@ -1179,3 +1179,19 @@ def test_the_salted_cases_of_make_grade_are_new_and_right_answers_pass_them(name
     finally:
         core.salt_cases(0)
     assert plain and salted - plain, f"{name}: the same inputs with and without the salt"
+
+
+def test_the_summary_breaks_a_long_failure_between_words(capsys, monkeypatch):
+    """A failure's line in ``checks.summary`` is clipped at a word and wrapped at WRAP_WIDTH
+    between words (it used to be cut at 160 characters, mid-word, and a browser broke it again)."""
+    exercise = EXERCISES["merge_heads"]
+    words = " ".join(f"word{i:03d}" for i in range(40))
+    result = feedback.CheckResult(exercise, "failed", message=f"✗ 1.2 merge_heads failed\n{words}")
+    monkeypatch.setitem(feedback._LATEST, "merge_heads", result)
+    checks.summary("01_qkv_shapes")
+    lines = capsys.readouterr().out.splitlines()
+    assert all(len(line) <= feedback.WRAP_WIDTH for line in lines), lines
+    text = " ".join(line.strip() for line in lines)
+    assert "1.2 merge_heads (1 pt): failed: word000 word001" in text and text.count("…") == 1
+    kept = text.split("failed: ")[1].split(" …")[0].split()
+    assert kept == words.split()[: len(kept)] and len(kept) > 5  # whole words only, in order

@@ -73,6 +73,7 @@ from .feedback import (
     first_clause,
     mistake_id,
     number_text,
+    wrap,
 )
 from .guard import (
     _DEVICE_HINT,
@@ -680,8 +681,8 @@ def summary(notebook: str) -> None:
             first = str(result.error or result.message).split("\n")
             why = f": {first[1].strip()}" if len(first) > 1 else ""
         pts = f"{e.points} pt{'s' if e.points != 1 else ''}{' bonus' if e.bonus else ''}"
-        lines.append(f"  {_MARKS.get(status, '✗' if result is not None else '·')} {e.id} {e.name} ({pts}): "
-                     f"{status}{why}"[:160])
+        line = f"  {_MARKS.get(status, '✗' if result is not None else '·')} {e.id} {e.name} ({pts}): {status}{why}"
+        lines.append(line if len(line) <= 160 else line[:158].rsplit(" ", 1)[0] + " …")  # at a word
         if e.bonus:
             bonus += e.points if status == "passed" else 0
         else:
@@ -689,4 +690,4 @@ def summary(notebook: str) -> None:
             earned += e.points if status == "passed" else 0
     lines.append(f"  score: {earned}/{total} points" + (f" + {bonus} bonus" if any(e.bonus for e in mine) else "")
                  + ("" if earned == total else " (run an exercise's cell again after changing it)"))
-    print("\n".join(lines))
+    print(wrap("\n".join(lines)))  # between words: a browser would cut a long line mid-word
