@@ -141,7 +141,9 @@ def test_ignore_output_tags_only_on_plot_widget_timing_or_training_cells():
     assert not _may_ignore_output('print(f"this run\'s loss: {x:.3f}")\nassert x > 0', notebook_trains=False)
     for path in nbtools.notebook_paths("notebooks", "solutions"):
         cells = nbtools.read(path).cells
-        trains = any(re.search(r"(?<![.\w])train\(", c.source) for c in cells if c.cell_type == "code")
+        # notebook 11's train(), or notebook 10's ablation_runs(), which calls it in worker processes
+        trains = any(re.search(r"(?<![.\w])(train|ablation_runs?)\(", c.source) for c in cells
+                     if c.cell_type == "code")
         for cell in cells:
             if "nbval-ignore-output" in cell.metadata.get("tags", []):
                 assert _may_ignore_output(cell.source, trains), (
