@@ -261,6 +261,7 @@ def _covered_by_legends(fig) -> list[str]:
     return hidden
 
 
+@pytest.mark.slow  # make test-all: a few seconds
 def test_notebook_12_waste_explorer_legends_hide_nothing_at_the_settings_it_suggests():
     """Its legends once sat on the paged bar at documents = 1, a setting the notebook suggests."""
     import torch

@@ -384,6 +384,7 @@ def test_ablation_run_is_notebook_11s_training_then_the_metrics_of_its_model():
     assert not torch.equal(other["state"]["embed"], out["state"]["embed"])
 
 
+@pytest.mark.slow  # make test-all: a few seconds
 def test_ablation_runs_in_processes_give_what_the_same_runs_give_here():
     kwargs = dict(steps=2, batch=4, m_range=(2, 3), factors=(1,), n_eval=3)
     jobs = [("rope", 33), ("nope", 34)]

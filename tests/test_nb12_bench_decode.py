@@ -44,6 +44,7 @@ def test_paged_and_contiguous_caches_hold_the_same_tokens():
         assert (course - sdpa).abs().max() < 1e-5, impl
 
 
+@pytest.mark.slow  # make test-all: a few seconds
 def test_measure_shape_on_cpu_records_backend_ops_and_refusals():
     impls = ("course", "sdpa-math", "sdpa-cudnn", "sdpa-default")
     rows = {r["impl"]: r for r in bd.measure_shape(1, 32, 8, impls, rep=1, device="cpu")}
