@@ -547,6 +547,12 @@ def bytes_float_pow(batch, n_heads, seq_len, dtype_bytes):
 
 
 # right: other styles than the reference
+def bytes_meta_tensor(batch, n_heads, seq_len, dtype_bytes):
+    # a dtype of that size, allocated nowhere (issue 32: a case with dtype_bytes = 3 refused this)
+    dtype = {1: torch.int8, 2: torch.bfloat16, 4: torch.float32, 8: torch.float64}[dtype_bytes]
+    return torch.empty(batch, n_heads, seq_len, seq_len, dtype=dtype, device="meta").nbytes
+
+
 def bytes_prod(batch, n_heads, seq_len, dtype_bytes):
     return math.prod([batch, n_heads, seq_len, seq_len, dtype_bytes])
 
@@ -888,7 +894,7 @@ WRONG = {
 
 RIGHT = {
     "attention_flops": [flops_loop_over_heads, flops_matmul_helper, flops_torch_ints],
-    "score_matrix_bytes": [bytes_prod, bytes_via_tensor],
+    "score_matrix_bytes": [bytes_prod, bytes_via_tensor, bytes_meta_tensor],
     "max_seq_len_for_scores": [seq_binary_search, seq_float_then_correct, seq_newton],
     "training_memory": [tm_loop_over_layers, tm_per_sequence],
 }

@@ -230,13 +230,15 @@ def score_matrix_bytes(t: Trial) -> None:
         r"takes \d+ positional argument": wrong_signature(
             "score_matrix_bytes(batch, n_heads, seq_len, dtype_bytes)."),
     }
-    # A small case with every size different (B > 1, 4-byte numbers: counting entries, halving and
-    # dropping a size all give different numbers), the SDPA course page's example (B=4, H=32,
-    # T=8192, fp16), the dimensions appendix's Maverick row (B=1, H=40, T=4096), and 1-byte numbers.
-    # A 3-byte case first: with 4-byte numbers a hard-coded 2 bytes and a halved square give the same count.
-    cases = [(4, 5, 7, 3), (3, 5, 7, 4), (4, 32, 8192, 2), (1, 40, 4096, 2), (2, 6, 11, 1)]
-    g = seeded(801)  # then one drawn from a seed: B 1-4, H 1-16, T 1-64, 1 to 4 bytes
-    cases.append((draw(g, 1, 5), draw(g, 1, 17), draw(g, 1, 65), draw(g, 1, 5)))
+    # Only sizes a dtype has (1, 2, 4, 8 bytes): a right answer may ask torch for them (meta tensors,
+    # element_size). First an 8-byte case whose sizes tell every listed mistake apart (B=3, H=5, T=7:
+    # a missing batch, a missing head count, a halved square, a hard-coded 2 bytes and counted
+    # entries give 1/3, 1/5, about 1/2, 1/4 and 1/8 of the bytes), then 4-byte numbers, the SDPA course
+    # page's example (B=4, H=32, T=8192, fp16), the dimensions appendix's Maverick row (B=1, H=40,
+    # T=4096) and 1-byte numbers.
+    cases = [(3, 5, 7, 8), (3, 5, 7, 4), (4, 32, 8192, 2), (1, 40, 4096, 2), (2, 6, 11, 1)]
+    g = seeded(801)  # then one drawn from a seed: B 1-4, H 1-16, T 1-64, 1, 2, 4 or 8 bytes
+    cases.append((draw(g, 1, 5), draw(g, 1, 17), draw(g, 1, 65), (1, 2, 4, 8)[draw(g, 0, 4)]))
     planned = [(c, ref.score_matrix_bytes(*c), _bytes_mistakes(*c)) for c in cases]
     for (B, H, T, b), expected, mistakes in planned:
         got = t.call(B, H, T, b, case=describe_case(batch=B, n_heads=H, seq_len=T, dtype_bytes=b))
