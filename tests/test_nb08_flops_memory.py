@@ -4,6 +4,7 @@ what a model saves and allocates; then exercises 8.1-8.4: learner-style
 wrong implementations their checks must reject, with the hint each must give (WRONG), and correct
 ones in other styles they must accept (RIGHT)."""
 
+import dataclasses
 import math
 import random
 import time
@@ -762,6 +763,12 @@ def tm_missing_key(cfg, batch, seq_len, attention):
     return out
 
 
+def tm_changes_the_config(cfg, batch, seq_len, attention):
+    # "fixes" the head width through the frozen dataclass, then counts right with it (issue 32)
+    object.__setattr__(cfg, "head_dim", cfg.d_model // cfg.n_heads + 1)
+    return _parts(_params(cfg), _acts(cfg, batch, seq_len, attention))
+
+
 # right: other styles than the reference
 def tm_loop_over_layers(cfg, batch, seq_len, attention):
     d, dh, H, H_kv, f = cfg.d_model, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads, cfg.d_ff
@@ -869,6 +876,7 @@ WRONG = {
     ],
     "training_memory": [
         (tm_via_activation_numbers, "write your own implementation"),
+        (tm_changes_the_config, "changed the ModelConfig it was given (head_dim"),
         (tm_total_without_gradients, "your total leaves out the weights or the gradients"),
         (tm_one_moment, "one of AdamW's two moments"),
         (tm_no_master, "left out the master weights"),
@@ -908,3 +916,16 @@ def test_check_rejects_wrong(name, wrong, hint):
 @pytest.mark.parametrize(("name", "right"), right_cases(RIGHT))
 def test_check_accepts_right(name, right):
     assert_accepted(name, right)
+
+
+def test_a_config_changed_by_the_learner_leaves_the_courses_models_as_they_are():
+    """8.4 hands the learner a copy: object.__setattr__ on it cannot change MODELS for the rest of
+    the session (the next case, the reference, other exercises)."""
+    def changes_llama_only(cfg, batch, seq_len, attention):  # right on the small models before it
+        if cfg.name == "Llama-3-8B":
+            object.__setattr__(cfg, "n_kv_heads", cfg.n_heads)
+        return tm_loop_over_layers(cfg, batch, seq_len, attention)
+
+    before = dataclasses.replace(MODELS["Llama-3-8B"])
+    assert_rejected("training_memory", changes_llama_only, "changed the ModelConfig it was given (n_kv_heads")
+    assert MODELS["Llama-3-8B"] == before

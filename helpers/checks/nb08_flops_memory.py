@@ -7,6 +7,7 @@ message, and a float that is a recognised mistake (bytes in GiB) gets that mista
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 
@@ -511,8 +512,18 @@ def training_memory(t: Trial) -> None:
     for (cfg, B, T, attention), expected, mistakes in planned:
         sizes = (f"ModelConfig(d_model={cfg.d_model}, n_layers={cfg.n_layers}, n_heads={cfg.n_heads}, "
                  f"n_kv_heads={cfg.n_kv_heads}, head_dim={cfg.head_dim}, d_ff={cfg.d_ff}, vocab={cfg.vocab})")
-        got = t.call(cfg, B, T, attention, case=f"cfg={cfg.name}: {sizes}, " +
+        given = dataclasses.replace(cfg)  # a copy: the course's MODELS stay as they are, whatever it does
+        got = t.call(given, B, T, attention, case=f"cfg={cfg.name}: {sizes}, " +
                      describe_case(batch=B, seq_len=T, attention=attention))
+        changed = [f"{f.name} {getattr(cfg, f.name)!r} -> {getattr(given, f.name)!r}"
+                   for f in dataclasses.fields(cfg) if getattr(given, f.name) != getattr(cfg, f.name)]
+        if changed:
+            t.fail(f"your function changed the ModelConfig it was given ({'; '.join(changed)}). A count "
+                   "reads its inputs and leaves them as they are: compute with local variables "
+                   "(the config is frozen; object.__setattr__ gets around that, and the caller's "
+                   "model would change with it).",
+                   Mistake("changed-the-config", "leave cfg as it is: read its sizes into local "
+                           "variables and compute with those.", "changed the ModelConfig it was given"))
         if not isinstance(got, Mapping):
             t.fail(f"expected a dict with the keys {', '.join(PARTS)}; got {describe(got)}.",
                    Mistake("not-a-dict", "return {'weights': ..., 'gradients': ..., 'optimizer': "
