@@ -227,6 +227,12 @@ def gather_floor(pages, block_table, seq_len):
     return pages[block_table[:n].long()].reshape(-1, H_kv, d).transpose(0, 1)
 
 
+def gather_one_block_too_many(pages, block_table, seq_len):  # n // bs + 1: one too many at a multiple
+    bs, H_kv, d = pages.shape[1:]
+    n = seq_len // bs + 1
+    return pages[block_table[:n].long()].reshape(-1, H_kv, d)[:seq_len].transpose(0, 1)
+
+
 def gather_whole_blocks(pages, block_table, seq_len):
     bs, H_kv, d = pages.shape[1:]
     n = math.ceil(seq_len / bs)
@@ -635,6 +641,7 @@ WRONG = {
         (gather_ignores_table, "read block block_table[i]"),
         (gather_sorted, "you sorted the block ids"),
         (gather_floor, "ceil(seq_len / block_size)"),
+        (gather_one_block_too_many, "the first ceil(seq_len / block_size) entries"),
         (gather_whole_blocks, "keep the first seq_len positions"),
         (gather_every_entry, "the rest is padding"),
         (gather_token_major, "transpose the first two axes"),

@@ -104,7 +104,8 @@ def _gather_cases() -> list[tuple[torch.Tensor, torch.Tensor, int]]:
         (12, 5, 4, 3, 13, [11, 3, 8, 0, 0, 0], torch.float64),       # padding with block 0
         (6, 8, 2, 7, 1, [5, 2], torch.float32),                      # one token
         (7, 3, 2, 4, 8, [6, 1, 3, 12, 12], torch.float32),           # padding beyond the pool
-    ]
+        (7, 4, 2, 3, 8, [3, 6, 9], torch.float32),                   # a multiple of 4, then padding
+    ]  # beyond the pool: seq_len // block_size + 1 blocks read one that is not in it (issue 32)
     for i, (n_blocks, bs, H_kv, d, seq_len, table, dtype) in enumerate(specs):
         g = seeded(1200 + i)
         pages = torch.randn(n_blocks, bs, H_kv, d, generator=g, dtype=dtype)
