@@ -686,6 +686,13 @@ def ring_new_not_seen(q, k_new, v_new, k_buf, v_buf, t):
     return (o, *_write(k_buf, v_buf, k_new, v_new, t % W))
 
 
+def ring_attend_then_write(q, k_new, v_new, k_buf, v_buf, t):
+    W = k_buf.shape[2]
+    n = min(t + 1, W)
+    o = _softmax_attend(q, k_buf[:, :, :n], v_buf[:, :, :n])  # the old buffers: slot t % W not yet written
+    return (o, *_write(k_buf, v_buf, k_new, v_new, t % W))
+
+
 def ring_no_scale(q, k_new, v_new, k_buf, v_buf, t):
     W = k_buf.shape[2]
     k_buf, v_buf = _write(k_buf, v_buf, k_new, v_new, t % W)
@@ -894,6 +901,7 @@ WRONG = {
         (ring_w_plus_1, "W + 1 keys"),
         (ring_w_minus_1, "W - 1 keys"),
         (ring_new_not_seen, "new token's own key and value were not attended"),
+        (ring_attend_then_write, "you attended before writing"),
         (ring_no_scale, "sqrt(d)"),
         (ring_sdpa_is_causal, "is_causal=True aligns the mask top-left"),
         (ring_last_n_slots, "the first min(t + 1, W)"),
@@ -929,3 +937,11 @@ def test_check_rejects_wrong(name, wrong, hint):
 @pytest.mark.parametrize(("name", "right"), right_cases(RIGHT))
 def test_check_accepts_right(name, right):
     assert_accepted(name, right)
+
+
+def test_a_mistake_the_returned_buffers_rule_out_is_never_named():
+    """Attending with the old buffers, then writing, gives the output that writing into slot
+    (t + 1) % W would give before the buffer fills; its buffers are right, which rules that out
+    (issue 32: it was named as that slot mistake)."""
+    failure = assert_rejected("ring_buffer_decode_step", ring_attend_then_write, "you attended before writing")
+    assert "(t + 1) % W" not in str(failure) and "slot-t-plus-1" not in failure.mistake_id

@@ -320,6 +320,12 @@ _NEW_NOT_SEEN = Mistake("new-token-not-attended",
                         "the new token's own key and value were not attended: write them into slot "
                         "t % W first, then attend over the written slots (a token attends to "
                         "itself).")
+_READ_BEFORE_WRITE = Mistake("attended-before-writing",
+                             "you attended before writing: slot t % W still held what was there "
+                             "before (zeros, or an earlier sequence's leftovers), not token t. Write "
+                             "k_new and v_new into slot t % W first, then attend over the min(t + 1, W) "
+                             "written slots.",
+                             "attended over the slots before writing the new token into slot t % W")
 _NO_SCALE_74 = Mistake("unscaled-scores",
                        "you did not divide the scores by sqrt(d), d = q.shape[-1].")
 _IS_CAUSAL_74 = Mistake("is_causal-top-left",
@@ -389,6 +395,8 @@ def _ring_models(q, k_new, v_new, k_buf, v_buf, pos: int) -> dict[str, dict[str,
         o[_W_MINUS_1] = _attend(q, kw[:, :, keep], vw[:, :, keep])
     if pos >= 1:
         o[_NEW_NOT_SEEN] = _attend(q, k_buf[:, :, :min(pos, W)], v_buf[:, :, :min(pos, W)])
+    if n < W:  # (once full, attending before writing is _NEW_NOT_SEEN's output)
+        o[_READ_BEFORE_WRITE] = _attend(q, k_buf[:, :, :n], v_buf[:, :, :n])
     o[_NO_SCALE_74] = _attend(q, kw[:, :, :n], vw[:, :, :n], scale=False)
     if n > 1:
         o[_IS_CAUSAL_74] = _attend(q, kw[:, :, :1], vw[:, :, :1])
@@ -426,9 +434,29 @@ def _ring_case(B: int, H: int, H_kv: int, d: int, W: int, pos: int, seed: int, d
     return tuple(x.to(dtype) for x in (q, k_seq[:, :, pos:], v_seq[:, :, pos:], k_buf, v_buf)) + (pos,)
 
 
+def _same(got, model: torch.Tensor) -> bool:
+    return (type(got) is torch.Tensor and got.shape == model.shape
+            and torch.allclose(got.to(model.dtype), model, atol=1e-5, rtol=1e-5))
+
+
+def _consistent_with_buffers(models: dict, k, v, expected: tuple) -> dict:
+    """The output's mistake models that the returned buffers do not rule out: a mistake in where
+    the new token goes shows in the buffers too (its buffer models), and every other one leaves
+    them right, so a model is kept only if the buffers returned are the ones it predicts."""
+    kept = {}
+    for hint, model in models["o"].items():
+        k_model = models["k_buf"].get(hint, expected[1])
+        v_model = models["v_buf"].get(hint, expected[2])
+        if not (isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)) or (
+                _same(k, k_model) and _same(v, v_model)):
+            kept[hint] = model
+    return kept
+
+
 def _compare_ring(t: Trial, got, expected: tuple, models: dict, W: int) -> tuple[torch.Tensor, torch.Tensor]:
     __tracebackhide__ = True
     o, k, v = t.tuple(got, 3, ["o", "k_buf", "v_buf"])
+    models = {**models, "o": _consistent_with_buffers(models, k, v, expected)}
     compared = [("o", o, expected[0]), ("k_buf", k, expected[1]), ("v_buf", v, expected[2])]
     grew = [type(g) is torch.Tensor and g.dim() == 4 and g.shape[2] == W + 1 for _, g, _ in compared]
     if any(grew):  # a buffer that grew explains the output too: name it first
