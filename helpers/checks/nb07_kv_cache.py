@@ -434,12 +434,7 @@ def _ring_case(B: int, H: int, H_kv: int, d: int, W: int, pos: int, seed: int, d
     return tuple(x.to(dtype) for x in (q, k_seq[:, :, pos:], v_seq[:, :, pos:], k_buf, v_buf)) + (pos,)
 
 
-def _same(got, model: torch.Tensor) -> bool:
-    return (type(got) is torch.Tensor and got.shape == model.shape
-            and torch.allclose(got.to(model.dtype), model, atol=1e-5, rtol=1e-5))
-
-
-def _consistent_with_buffers(models: dict, k, v, expected: tuple) -> dict:
+def _consistent_with_buffers(t: Trial, models: dict, k, v, expected: tuple) -> dict:
     """The output's mistake models that the returned buffers do not rule out: a mistake in where
     the new token goes shows in the buffers too (its buffer models), and every other one leaves
     them right, so a model is kept only if the buffers returned are the ones it predicts."""
@@ -447,8 +442,8 @@ def _consistent_with_buffers(models: dict, k, v, expected: tuple) -> dict:
     for hint, model in models["o"].items():
         k_model = models["k_buf"].get(hint, expected[1])
         v_model = models["v_buf"].get(hint, expected[2])
-        if not (isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)) or (
-                _same(k, k_model) and _same(v, v_model)):
+        if not (isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)) or (  # the matching of t.tensor
+                t._match_mistake(k, {hint: k_model}) and t._match_mistake(v, {hint: v_model})):
             kept[hint] = model
     return kept
 
@@ -456,7 +451,7 @@ def _consistent_with_buffers(models: dict, k, v, expected: tuple) -> dict:
 def _compare_ring(t: Trial, got, expected: tuple, models: dict, W: int) -> tuple[torch.Tensor, torch.Tensor]:
     __tracebackhide__ = True
     o, k, v = t.tuple(got, 3, ["o", "k_buf", "v_buf"])
-    models = {**models, "o": _consistent_with_buffers(models, k, v, expected)}
+    models = {**models, "o": _consistent_with_buffers(t, models, k, v, expected)}
     compared = [("o", o, expected[0]), ("k_buf", k, expected[1]), ("v_buf", v, expected[2])]
     grew = [type(g) is torch.Tensor and g.dim() == 4 and g.shape[2] == W + 1 for _, g, _ in compared]
     if any(grew):  # a buffer that grew explains the output too: name it first
