@@ -149,7 +149,15 @@ def main():
     ap.add_argument("--only", default="", help="comma-separated modules, e.g. nb01,nb12")
     ap.add_argument("--timeout", type=int, default=300, help="seconds per check")
     ap.add_argument("--report-only", action="store_true", help="rewrite BASELINE.md only")
+    ap.add_argument("--print", action="store_true", help="print each answer's feedback; store nothing")
     args = ap.parse_args()
+    if args.print:
+        modules = args.only.split(",") if args.only else MODULES
+        for exercise, item in run(modules, args.timeout).items():
+            for i, row in enumerate(item["rows"], 1):
+                print(f"\n### {exercise} #{i} {'PASSED' if row['passed'] else 'rejected'}: {row['desc']}")
+                print("\n".join(first_lines(row["feedback"])))
+        return
     store = HERE / "baseline.json"
     results = json.loads(store.read_text()) if store.exists() else {}
     if not args.report_only:
