@@ -211,6 +211,22 @@ def jac_minus_s(s):
     return torch.diag(s) - s
 
 
+def jac_s_i_squared_rows(s):
+    n = s.numel()
+    return torch.diag_embed(s) - (s ** 2).unsqueeze(1).repeat(1, n)  # s_i^2 across row i
+
+
+def jac_minus_s_times_one_minus_s(s):
+    return torch.diag(s) - s.unsqueeze(1) * (1 - s).unsqueeze(0)
+
+
+def jac_numpy_array(s):
+    import numpy as np
+
+    a = s.numpy()
+    return np.diag(a) - a[:, None] * a[None, :]
+
+
 # ----------------------------------------------------------------- 4.2 softmax_backward
 
 
@@ -257,6 +273,15 @@ def sb_plain_mean(p, grad_p):
 
 def sb_jacobian_diagonal_only(p, grad_p):
     return p * (1 - p) * grad_p
+
+
+def sb_half_the_row_sum(p, grad_p):
+    return p * (grad_p - 0.5 * torch.einsum("...i,...i->...", p, grad_p)[..., None])
+
+
+def sb_row_sum_from_another_row(p, grad_p):
+    dots = (p * grad_p).sum(-1, keepdim=True)
+    return p * (grad_p - dots.roll(1, dims=-2 if p.dim() > 1 else -1))  # each row gets its neighbour's sum
 
 
 # ----------------------------------------------------------------- 4.3 attention_backward
@@ -474,6 +499,44 @@ def ab_dv_from_unmasked_p(q, k, v, grad_out, causal):
     return ds @ k, ds.transpose(-2, -1) @ q, _forward(q, k, False).transpose(-2, -1) @ grad_out
 
 
+def ab_dp_transposed(q, k, v, grad_out, causal):
+    p = _forward(q, k, causal)
+    dp = (grad_out @ v.mT).mT
+    ds = p * (dp - (p * dp).sum(-1, keepdim=True)) / math.sqrt(q.shape[-1])
+    return ds @ k, ds.mT @ q, p.mT @ grad_out
+
+
+def ab_scale_from_v_everywhere(q, k, v, grad_out, causal):
+    c = v.shape[-1] ** -0.5
+    s = q @ k.mT * c
+    if causal:
+        T = q.shape[-2]
+        s = s.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float("-inf"))
+    p = s.softmax(-1)
+    ds = _ds(p, grad_out, v) * c
+    return ds @ k, ds.mT @ q, p.mT @ grad_out
+
+
+def ab_scores_unscaled_grads_scaled(q, k, v, grad_out, causal):
+    s = q @ k.mT
+    if causal:
+        T = q.shape[-2]
+        s = s.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float("-inf"))
+    p = s.softmax(-1)
+    ds = _ds(p, grad_out, v) / math.sqrt(q.shape[-1])
+    return ds @ k, ds.mT @ q, p.mT @ grad_out
+
+
+def ab_mask_one_ahead(q, k, v, grad_out, causal):
+    s = q @ k.mT / math.sqrt(q.shape[-1])
+    if causal:
+        T = q.shape[-2]
+        s = s.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 2), float("-inf"))
+    p = s.softmax(-1)
+    ds = _ds(p, grad_out, v) / math.sqrt(q.shape[-1])
+    return ds @ k, ds.mT @ q, p.mT @ grad_out
+
+
 WRONG = {
     "softmax_jacobian": [
         (jac_diagonal_only, "kept only the diagonal"),
@@ -489,6 +552,9 @@ WRONG = {
         (jac_diagonal_as_vector, "as a vector [n]"),
         (jac_one_minus_everywhere, "the 1 is delta_ij"),
         (jac_minus_s, "not s_j: diag(s) - s broadcasts"),
+        (jac_s_i_squared_rows, "uses s_i twice"),
+        (jac_minus_s_times_one_minus_s, "you subtracted s_i (1 - s_j)"),
+        (jac_numpy_array, "returned a NumPy array"),
     ],
     "softmax_backward": [
         (sb_no_subtraction, "dropped the subtraction"),
@@ -502,6 +568,8 @@ WRONG = {
         (sb_rowsum_not_times_p, "the subtracted row sum must be multiplied by p too"),
         (sb_plain_mean, "not on its plain mean"),
         (sb_jacobian_diagonal_only, "only the diagonal of the Jacobian"),
+        (sb_half_the_row_sum, "your c is 0.5 times sum(p * grad_p)"),
+        (sb_row_sum_from_another_row, "c is not sum(p * grad_p) over that row"),
     ],
     "attention_backward": [
         (ab_no_scale, "sqrt(d_k) times too large"),
@@ -529,6 +597,12 @@ WRONG = {
         (ab_mask_fills_zero, "the future scores were set to 0"),
         (ab_unweighted_rowsum, "the row sum in the softmax backward is weighted by P"),
         (ab_dv_from_unmasked_p, "recompute P with the causal mask"),
+        (ab_dp_transposed, "yours is its transpose"),
+        (ab_scale_from_v_everywhere, "P was computed from q k^T times 1/sqrt(d_v), and grad_q and grad_k were "
+                                     "multiplied by 1/sqrt(d_v)"),
+        (ab_scores_unscaled_grads_scaled, "P was computed from q k^T times 1 (no scale), and grad_q and grad_k "
+                                          "carry the right factor"),
+        (ab_mask_one_ahead, "lets query i see key i + 1 too"),
     ],
 }
 

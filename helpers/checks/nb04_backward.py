@@ -23,6 +23,17 @@ NB = "04_backward"
 # --------------------------------------------------------------------------- 4.1
 
 
+def _refuse_numpy(t: Trial, got, what: str) -> None:
+    """Name a NumPy array returned where a tensor is expected (computing in NumPy is the mistake)."""
+    __tracebackhide__ = True
+    if type(got).__module__ == "numpy" and type(got).__name__ == "ndarray":
+        t.fail(f"{what}: your function returned a NumPy array (numpy.ndarray), not a torch.Tensor.",
+               Mistake("returned-numpy-array", "compute with torch on the input tensor (torch.diag, "
+                       "torch.outer, *, .sum(...)), or convert the NumPy result back at the end with "
+                       "torch.from_numpy(result) in the input's dtype.",
+                       "computed in NumPy and returned an ndarray instead of a tensor"))
+
+
 def _jacobian_mistakes(s: torch.Tensor) -> dict:
     n = s.shape[-1]
     outer = s[:, None] * s[None, :]
@@ -73,6 +84,22 @@ def _jacobian_mistakes(s: torch.Tensor) -> dict:
                 "s[None, :].",
                 "subtracted s * s.T (elementwise on a 1-D s) instead of the outer product"):
             lambda: torch.diag(s) - s * s,
+        Mistake("outer-uses-s_i-twice",
+                "the subtracted term uses s_i twice, s_i * s_i in every column of row i (s[:, None] "
+                "* s[:, None]): the outer product pairs row i with column j, s_i * s_j = s[:, None] "
+                "* s[None, :] (torch.outer(s, s)).",
+                "subtracted s_i^2 (s[:, None] twice) instead of the outer product s_i s_j"):
+            lambda: torch.diag(s) - (s * s)[:, None].expand(n, n),
+        Mistake("subtracted-s_i-times-1-minus-s_j",
+                "you subtracted s_i (1 - s_j) (torch.outer(s, 1 - s)) from diag(s): the term "
+                "subtracted is s_i s_j, torch.outer(s, s), so that J[i, j] = s_i (delta_ij - s_j).",
+                "subtracted torch.outer(s, 1 - s) instead of torch.outer(s, s)"):
+            lambda: torch.diag(s) - torch.outer(s, 1 - s),
+        Mistake("subtracted-s_i-times-1-minus-s_j",
+                "you subtracted (1 - s_i) s_j (torch.outer(1 - s, s)) from diag(s): the term "
+                "subtracted is s_i s_j, torch.outer(s, s), so that J[i, j] = s_i (delta_ij - s_j).",
+                "subtracted torch.outer(s, 1 - s) instead of torch.outer(s, s)"):
+            lambda: torch.diag(s) - torch.outer(1 - s, s),
         Mistake("softmax-applied-again",
                 "s is already the softmax output (probabilities): do not apply softmax to it "
                 "again.",
@@ -95,6 +122,7 @@ def softmax_jacobian(t: Trial) -> None:
     cases = [(s, ref.softmax_jacobian(s), eager_mistakes(_jacobian_mistakes(s))) for s in cases]
     for s, expected, mistakes in cases:
         got = t.call(s, case=describe_case(s=s) + f" = {[round(x, 4) for x in s.tolist()]}")
+        _refuse_numpy(t, got, "J")
         t.tensor(got, expected, what="J", mistakes=mistakes,
                  hint="J = torch.diag(s) - torch.outer(s, s): J[i, j] = s_i (delta_ij - s_j).")
 
@@ -156,6 +184,42 @@ def _softmax_backward_mistakes(p: torch.Tensor, g: torch.Tensor) -> dict:
     }
 
 
+def _row_term_diagnosis(got, p: torch.Tensor, g: torch.Tensor) -> str:
+    """A fact when ``got`` has the right form p * (grad_p - c), one number c per row, with a wrong c."""
+    if not (isinstance(got, torch.Tensor) and got.shape == p.shape and got.is_floating_point()):
+        return ""
+    got, p64, g64 = got.detach().double(), p.double(), g.double()
+    if not bool(torch.isfinite(got).all()):
+        return ""
+    kept = p64 > 1e-4
+    if bool((got[~kept].abs() > 1e-5).any()):  # where p is 0 the form gives 0
+        return ""
+    rows_p, rows_g, rows_got, rows_kept = (x.reshape(-1, p.shape[-1]) for x in (p64, g64, got, kept))
+    if int((rows_kept.sum(-1) >= 2).sum()) * 2 < rows_p.shape[0] or not bool(rows_kept.any(-1).all()):
+        return ""
+    c = torch.where(rows_kept, rows_g - rows_got / rows_p.clamp_min(1e-300), torch.nan)
+    lo, hi = c.nan_to_num(float("inf")).amin(-1), c.nan_to_num(float("-inf")).amax(-1)
+    if not bool(((hi - lo) <= 1e-4 * (1 + lo.abs())).all()):
+        return ""  # not one number per row
+    c_row = torch.nanmean(c, dim=-1)
+    right = (rows_p * rows_g).sum(-1)
+    if bool(torch.isclose(c_row, right, atol=1e-5, rtol=1e-4).all()):
+        return ""
+    ratio = c_row / right
+    usable = right.abs() > 1e-3
+    if bool(usable.sum() >= 2) and bool(((ratio[usable] - ratio[usable][0]).abs() < 1e-3 * (1 + ratio[usable][0].abs())).all()):
+        k = float(ratio[usable][0])
+        return Mistake("row-term-scaled", f"your result has the right form p * (grad_p - c), one number c "
+                       f"per row, but your c is {k:.4g} times sum(p * grad_p): c is exactly the row's "
+                       "(p * grad_p).sum(dim=-1, keepdim=True), with no extra factor or division.",
+                       "the row sum subtracted in p * (grad_p - c) is a multiple of sum(p * grad_p)")
+    return Mistake("wrong-row-term", "your result has the right form p * (grad_p - c), one number c per "
+                   f"row, but c is not sum(p * grad_p) over that row (row 0: your c = {float(c_row[0]):.4g}, "
+                   f"sum(p * grad_p) = {float(right[0]):.4g}): c is the dot product of the same row of p and "
+                   "of grad_p, (p * grad_p).sum(dim=-1, keepdim=True).",
+                   "the number subtracted per row in p * (grad_p - c) is not sum(p * grad_p)")
+
+
 @exercise("4.2", "softmax backward without the Jacobian", points=2, stars=2, notebook=NB,
           section="2. Backward through softmax without the Jacobian")
 def softmax_backward(t: Trial) -> None:
@@ -177,7 +241,9 @@ def softmax_backward(t: Trial) -> None:
         cases.append((p, grad_p, masked, ref.softmax_backward(p, grad_p), eager_mistakes(_softmax_backward_mistakes(p, grad_p))))
     for p, grad_p, masked, expected, mistakes in cases:
         got = t.call(p, grad_p, case=describe_case(p=p, grad_p=grad_p) + (" (p causally masked: zeros above the diagonal)" if masked else ""))
+        _refuse_numpy(t, got, "grad of the scores")
         t.tensor(got, expected, what="grad of the scores", mistakes=mistakes,
+                 diagnosis=_row_term_diagnosis(got, p, grad_p),
                  hint="p * (grad_p - (p * grad_p).sum(dim=-1, keepdim=True))")
 
 
@@ -199,11 +265,12 @@ def _grads_from(q, k, dO, p, ds):
     return ds @ k * scale, ds.mT @ q * scale, p.mT @ dO
 
 
-def _p_ds(q, k, v, dO, allowed, sum_dim=-1, subtract=True, weighted=True, p=None):
+def _p_ds(q, k, v, dO, allowed, sum_dim=-1, subtract=True, weighted=True, p=None, dp_transposed=False):
     """P and dS, with the softmax backward's row sum over ``sum_dim`` (or no subtraction, or a row sum
-    of dP not weighted by P); ``p`` replaces the attention weights (a wrongly masked P)."""
+    of dP not weighted by P); ``p`` replaces the attention weights (a wrongly masked P);
+    ``dp_transposed``: dP = v @ dO^T, the transpose of dO v^T."""
     p = att.attention_weights(q, k, allowed) if p is None else p
-    dp = dO @ v.mT
+    dp = v @ dO.mT if dp_transposed else dO @ v.mT
     if not subtract:
         return p, p * dp
     return p, p * (dp - ((p * dp) if weighted else dp).sum(dim=sum_dim, keepdim=True))
@@ -254,6 +321,45 @@ def _attention_mistakes(q, k, v, dO, causal) -> dict:
                 "the softmax backward's row sum of dP is not weighted by P"):
             _grads_from(q, k, dO, *_p_ds(q, k, v, dO, allowed, weighted=False)),
     }
+    mistakes[Mistake("dP-transposed",
+                     "dP = grad_out @ v^T (dP[i, j] = dO_i . v_j, query i, key j); yours is its "
+                     "transpose, v @ grad_out^T: transpose the other factor, not the product.",
+                     "computed dP as v @ grad_out^T, the transpose of grad_out @ v^T")] = (
+        _grads_from(q, k, dO, *_p_ds(q, k, v, dO, allowed, dp_transposed=True)))
+    # One gradient without its 1/sqrt(d_k) (the other one right).
+    mistakes[Mistake("missing-scale",
+                     "grad_q is sqrt(d_k) times too large (grad_k is right): the forward divided the "
+                     "scores by sqrt(d_k), so grad_q = dS @ k / sqrt(d_k), like grad_k.")] = (
+        ds @ k, good[1], good[2])
+    mistakes[Mistake("missing-scale",
+                     "grad_k is sqrt(d_k) times too large (grad_q is right): the forward divided the "
+                     "scores by sqrt(d_k), so grad_k = dS^T @ q / sqrt(d_k), like grad_q.")] = (
+        good[0], ds.mT @ q, good[2])
+    # The scale of the scores, by property: P recomputed with another scale, and/or grad_q and grad_k
+    # multiplied by another factor than 1/sqrt(d_k) (d_k = q.shape[-1], d_v = v.shape[-1]).
+    d_k, d_v = q.shape[-1], v.shape[-1]
+    factors = {"1/sqrt(d_k)": scale, "1 (no scale)": 1.0, "1/d_k": 1.0 / d_k, "1/sqrt(d_v)": 1 / math.sqrt(d_v),
+               "1/d_v": 1.0 / d_v, "sqrt(d_k)": math.sqrt(d_k)}
+    for f_name, f in factors.items():
+        for b_name, b in factors.items():
+            if f_name == b_name == "1/sqrt(d_k)":
+                continue
+            if f_name == "1/sqrt(d_k)" and b_name in ("1 (no scale)", "1/d_k", "1/sqrt(d_v)"):
+                continue  # missing-scale and scaled-twice above, scaled-by-sqrt-d_v below
+            s_f = att.scaled_scores(q, k) * (f / scale)
+            p_f = torch.softmax(s_f.masked_fill(~tril, float("-inf")) if causal else s_f, dim=-1)
+            _, ds_f = _p_ds(q, k, v, dO, None, p=p_f)
+            where_p = ("P is right" if f_name == "1/sqrt(d_k)" else
+                       f"P was computed from q k^T times {f_name}")
+            where_g = ("grad_q and grad_k carry the right factor" if b_name == "1/sqrt(d_k)" else
+                       f"grad_q and grad_k were multiplied by {b_name}")
+            hint = (f"the scale of the scores is wrong: {where_p}, and {where_g}. The scale is 1/sqrt(d_k), "
+                    "d_k = q.shape[-1] (the query/key width, not v's): P = softmax(q k^T / sqrt(d_k)) and "
+                    "grad_q = dS @ k / sqrt(d_k), grad_k = dS^T @ q / sqrt(d_k).")
+            slug_hint = Mistake("scaled-by-sqrt-d_v", hint, "used another scale than 1/sqrt(d_k) (in P or in the "
+                                "gradients)") if "d_v" in f_name + b_name else Mistake(
+                "wrong-score-scale", hint, "used another scale than 1/sqrt(d_k) (in P or in the gradients)")
+            mistakes[slug_hint] = (ds_f @ k * b, ds_f.mT @ q * b, p_f.mT @ dO)
     if q.shape[-1] != v.shape[-1]:
         c_v = math.sqrt(v.shape[-1]) * scale  # turns a 1/sqrt(d_k) into a 1/sqrt(d_v)
         by_d_v = Mistake(
@@ -283,6 +389,21 @@ def _attention_mistakes(q, k, v, dO, causal) -> dict:
             "P puts weight on future keys, and the gradients are those of bidirectional attention.",
             "ignored causal=True: computed P without the causal mask")
         mistakes[ignored] = _grads_from(q, k, dO, *_p_ds(q, k, v, dO, None))
+        mistakes[Mistake(
+            "grad_v-from-unmasked-P",
+            "grad_q and grad_k are right, but grad_v used P without the causal mask: recompute P with the "
+            "causal mask for grad_v = P^T @ grad_out too (the same P as in dS).",
+            "grad_v computed from a P without the causal mask")] = (
+            good[0], good[1], att.attention_weights(q, k, None).mT @ dO)
+        for shift in (1, 2):
+            ahead = torch.ones(T, T, dtype=torch.bool).tril(shift)
+            mistakes[Mistake(
+                "mask-lets-in-next-keys",
+                f"your causal mask lets query i see key{'s' if shift > 1 else ''} "
+                f"{'i + 1' if shift == 1 else 'i + 1 and i + 2'} too (like tril(diagonal={shift})): keep keys "
+                "j <= i only, torch.ones(T, T, dtype=torch.bool).tril() (diagonal=0).",
+                "the causal mask lets each query see keys after it")] = (
+                _grads_from(q, k, dO, *_p_ds(q, k, v, dO, ahead)))
         triu = torch.ones(T, T, dtype=torch.bool).triu()
         upper = Mistake(
             "upper-triangle-mask",
@@ -295,6 +416,12 @@ def _attention_mistakes(q, k, v, dO, causal) -> dict:
                          "applied the causal mask although causal=False")
         mistakes[masked] = _grads_from(q, k, dO, *_p_ds(q, k, v, dO, tril))
     return mistakes
+
+
+def _near(a, b) -> bool:
+    """``a`` matches a mistake's model ``b`` (the tolerance the core matches mistakes with)."""
+    return (isinstance(a, torch.Tensor) and a.shape == b.shape and a.is_floating_point()
+            and torch.allclose(a.detach().double(), b.double(), atol=1e-5, rtol=1e-4, equal_nan=True))
 
 
 def _close(a, b) -> bool:
@@ -359,7 +486,11 @@ def attention_backward(t: Trial) -> None:
             if _close(got[i], expected[j]) and not _close(got[i], expected[i]):
                 t.fail(f"your {names[i]} (item {i} of the tuple) holds {names[j]}.",
                        _WRONG_ORDER)
+        # A mistake stays a candidate only if its model fits all three gradients of this call: each one
+        # it gets wrong is the learner's, and each the learner got right it gets right too.
+        fits = {h: m for h, m in mistakes.items() if all(
+            torch.allclose(m[i], expected[i]) or _near(got[i], m[i]) for i in range(3))}
         for i, name in enumerate(names):
             t.tensor(got[i], expected[i], what=f"{name} (compared with autograd in float64)",
-                     mistakes={h: m[i] for h, m in mistakes.items() if not torch.allclose(m[i], expected[i])},
+                     mistakes={h: m[i] for h, m in fits.items() if not torch.allclose(m[i], expected[i])},
                      hint=f"go through the derivation step by step: {_FORMULAS}.", atol=1e-8, rtol=1e-6)
