@@ -696,6 +696,50 @@ def kcomp_returns_none(w_qk, w_ov):
     score = (fro(w_qk @ w_ov.T) / (fro(w_qk) * fro(w_ov))).item()  # noqa: F841 - no return
 
 
+def kcomp_cosine(w_qk, w_ov):
+    # the cosine of the two matrices as vectors: their inner product over their norms
+    a, b = w_qk.flatten(), w_ov.flatten()
+    return (torch.dot(a, b) / (a.norm() * b.norm())).abs().item()
+
+
+def kcomp_sum_of_norms(w_qk, w_ov):
+    return ((w_qk @ w_ov.T).norm() / (w_qk.norm() + w_ov.norm())).item()
+
+
+def kcomp_abs_sum(w_qk, w_ov):
+    n = lambda m: torch.linalg.vector_norm(m.flatten(), ord=1)  # noqa: E731
+    return (n(w_qk @ w_ov.T) / (n(w_qk) * n(w_ov))).item()
+
+
+def kcomp_over_sqrt_d(w_qk, w_ov):
+    fro = torch.linalg.matrix_norm
+    return (fro(w_qk @ w_ov.T) / (fro(w_qk) * fro(w_ov))).item() / math.sqrt(w_qk.shape[-1])
+
+
+def kcomp_square_root(w_qk, w_ov):
+    fro = torch.linalg.matrix_norm
+    return math.sqrt((fro(w_qk @ w_ov.T) / (fro(w_qk) * fro(w_ov))).item())
+
+
+def kcomp_column_norms(w_qk, w_ov):
+    n = lambda m: torch.linalg.vector_norm(m, dim=0).amax()  # noqa: E731
+    return (n(w_qk @ w_ov.T) / (n(w_qk) * n(w_ov))).item()
+
+
+def kcomp_inf_norm(w_qk, w_ov):
+    n = lambda m: m.abs().sum(dim=1).max()  # noqa: E731
+    return (n(w_qk @ w_ov.T) / (n(w_qk) * n(w_ov))).item()
+
+
+def kcomp_no_transpose_spectral(w_qk, w_ov):
+    n = lambda m: torch.linalg.svdvals(m)[0]  # noqa: E731
+    return (n(w_qk @ w_ov) / (n(w_qk) * n(w_ov))).item()
+
+
+def kcomp_q_composition_unnormalised(w_qk, w_ov):
+    return float(torch.linalg.norm(w_ov @ w_qk))
+
+
 def kcomp_via_course_helper(w_qk, w_ov):
     return model.composition_score(w_qk, w_ov.T).item()  # the notebook's batched helper
 
@@ -756,6 +800,18 @@ WRONG = {
         (kcomp_tensor, "return `.item()` of it"),
         (kcomp_row_norms, "Frobenius norm of the whole matrix"),
         (kcomp_returns_none, "forget the `return`"),
+        (kcomp_cosine, "inner product of the two matrices"),
+        (kcomp_sum_of_norms, "divided by the sum of the norms"),
+        (kcomp_abs_sum, "sum of the absolute values"),
+        (kcomp_over_sqrt_d, "divided the score by sqrt(D)"),
+        (kcomp_square_root, "square root of the score"),
+        (kcomp_column_norms, "largest column norm"),
+        (kcomp_inf_norm, "ord=inf"),
+        (kcomp_no_transpose_spectral, "two things differ"),
+        (kcomp_no_transpose_spectral, "without w_ov's transpose"),
+        (kcomp_no_transpose_spectral, "spectral norm"),
+        (kcomp_q_composition_unnormalised, "your product is w_ov @ w_qk (Q-composition)"),
+        (kcomp_q_composition_unnormalised, "you did not divide by the norms"),
     ],
 }
 

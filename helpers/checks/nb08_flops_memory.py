@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from collections.abc import Mapping
 
 from .. import nb08_flops_memory as ref
@@ -26,6 +27,33 @@ def _known(mistakes: Mapping[str, float], expected: int) -> dict[str, float]:
     """Mistake models that differ from the right answer on this case."""
     return {h: v for h, v in mistakes.items() if not math.isclose(v, expected, rel_tol=1e-12)}
 
+
+
+def _number_matches(got, model: float, rel: float, abs_tol: float) -> bool:
+    """Whether ``got`` is the number ``model`` as :meth:`Trial.number` matches a mistake."""
+    if not isinstance(got, numbers.Real) or isinstance(got, bool):
+        return False
+    if type(got) is int and type(model) is int and rel == 0 and abs_tol == 0:
+        return got == model
+    try:
+        return math.isclose(float(got), float(model), rel_tol=max(rel, 1e-9), abs_tol=abs_tol)
+    except (OverflowError, TypeError, ValueError):
+        return False
+
+
+def consistent_mistakes(outputs: list, planned: list[tuple[float, Mapping[str, float]]], rel: float = 0.0,
+                        abs_tol: float = 0.0) -> set[str]:
+    """The mistakes whose model gives the learner's number on every case (``outputs[i]`` against
+    ``planned[i] = (expected, {mistake: model})``; a case where a mistake has no model counts as
+    the right answer for it). A number's mistake is named only on that evidence: on one case two
+    mistakes (or a mistake and a learner's other slip) can give the same number, on all cases not."""
+    hints = {h for _, models in planned for h in models}
+    out = set()
+    for h in hints:
+        if all(_number_matches(got, models.get(h, expected), rel, abs_tol)
+               for got, (expected, models) in zip(outputs, planned)):
+            out.add(h)
+    return out
 
 
 _FLOAT_COUNT = Mistake("float-count",
