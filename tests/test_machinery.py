@@ -469,8 +469,10 @@ def test_number_accepts_plain_and_numpy_numbers_and_refuses_the_rest():
 
 
 def test_large_integers_are_compared_exactly():
+    t = _trial(None)
+    t.number(2**53, 2**53 + 1, integer=True)  # held: a failing comparison is reported when the cases have run
     with pytest.raises(CheckFailed, match="expected 9,007,199,254,740,993"):
-        _trial(None).number(2**53, 2**53 + 1, integer=True)
+        t._conclude()
 
 
 def test_device_and_dtype_are_checked_before_any_mistake_is_matched():
@@ -484,8 +486,10 @@ def test_device_and_dtype_are_checked_before_any_mistake_is_matched():
 
 
 def test_a_mistake_model_that_crashes_is_skipped():
+    t = _trial(None)
+    t.tensor(torch.ones(2), torch.zeros(2), mistakes={"boom": lambda: 1 / 0})
     with pytest.raises(CheckFailed, match="values differ"):
-        _trial(None).tensor(torch.ones(2), torch.zeros(2), mistakes={"boom": lambda: 1 / 0})
+        t._conclude()
 
 
 # --------------------------------------------------------------------------- the call's safety net
@@ -1090,8 +1094,8 @@ def _sliding_window(T):
     return (i[:, None] >= i[None, :]) & (i[:, None] - i[None, :] < 3)
 
 
-def _scores_odd_power(q, k):  # a scale no mistake model covers (d_k**-2 and others are named)
-    return q @ k.transpose(-2, -1) * q.shape[-1] ** -0.75
+def _scores_shifted(q, k):  # a constant added: no mistake model covers it
+    return q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5 + 0.25
 
 
 def _heads_flattened(o):  # every head and time step in one row: a shape no mistake model covers
@@ -1105,8 +1109,8 @@ def _weights_times_two(q, k, v):
 FACTS = [
     ("masked_softmax", lambda s, a: torch.sigmoid(s) * a / 2, "your rows sum to"),
     ("causal_mask", _sliding_window, "below the diagonal"),
-    ("scaled_scores", _scores_odd_power, "times the expected one"),
-    ("merge_heads", _heads_flattened, "the right number of entries, arranged in another shape"),
+    ("scaled_scores", _scores_shifted, "off by the same amount, 0.25"),
+    ("merge_heads", _heads_flattened, "the expected values in the expected order, in the shape [2, 60]"),
     ("scaled_dot_product_attention", _weights_times_two, "every entry is 2 times the expected one"),
 ]
 

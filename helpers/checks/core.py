@@ -35,10 +35,13 @@ the returned values.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import inspect
+import io
 import math
+import time
 import numbers
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -49,7 +52,7 @@ import torch
 import torch.nn.functional  # noqa: F401  (watched by the integrity guard)
 
 from .calling import CALL_MISTAKES, Remote, _run_watcher, protected_call
-from .diagnose import number_facts, shape_facts, tensor_facts
+from .diagnose import factor_facts, nonfinite_facts, number_facts, shape_value_facts, tensor_facts
 from .feedback import (
     _FAILURES,
     _LATEST,
@@ -104,6 +107,12 @@ from .guard import (
 )
 
 DEFAULT_TIME_LIMIT_S = 20.0
+_monotonic = time.monotonic  # bound now: the learner's code cannot stretch the time below
+COLLECT_S = (2.0, 10.0)  # after a first failure, the remaining cases run for the time that took, within these
+
+
+class _StopCollecting(Exception):
+    """The remaining cases ran past their time: conclude from what they showed."""
 _RETURNED_NONE = Mistake("returned-None", "did you forget the `return` statement?", "returned None (no return)")
 _FAIL_KINDS = {"CheckFailed": CheckFailed, "Refused": Refused}  # the failures an outcome may name
 
@@ -202,6 +211,13 @@ class Trial:
         self.repeat = self.attempts + 1 >= RECIPE_AFTER
         self.passed_cases: list[str] = []  # cases whose output compared equal (named in a later failure)
         self.review: list[str] = []  # what the calls reported for a grader to look at (CheckResult.review)
+        # After the first failing comparison the check goes on through its remaining cases, quietly,
+        # so that a mistake is named only when it explains every comparison (see :meth:`_weigh`).
+        self._started = _monotonic()
+        self._pending: dict | None = None  # the first failure, reported when the cases have run
+        self._collect_until = 0.0
+        self._refuted: set[str] = set()  # mistakes whose model differed from the output in some comparison
+        self._number_failures: dict[str, list] = {}  # what -> [(got, expected, factors)] of failing numbers
 
     # -- failing
 
@@ -324,13 +340,20 @@ class Trial:
         __tracebackhide__ = True
         if case is not None:
             self.case = case
+        if self._pending is not None and _monotonic() > self._collect_until:
+            raise _StopCollecting()
         spec = dict(time_limit=self.time_limit, forbidden=sorted(self.forbidden_references),
                     is_reference=self.is_reference)
         if _type(self.fn) is Remote:
             outcome = self.fn.call(args, kwargs, watcher, options, spec)
         else:
             fn = self.fn if watcher is None else _run_watcher(watcher, self.fn, options)
-            outcome = protected_call(fn, args, kwargs, learner=self.fn, watched=watcher is not None, **spec)
+            quiet = contextlib.ExitStack()
+            if self._pending is not None:  # the cases after a failure: the learner's prints are not shown
+                quiet.enter_context(contextlib.redirect_stdout(io.StringIO()))
+                quiet.enter_context(contextlib.redirect_stderr(io.StringIO()))
+            with quiet:
+                outcome = protected_call(fn, args, kwargs, learner=self.fn, watched=watcher is not None, **spec)
         return self._settle(outcome)
 
     def _settle(self, outcome: dict) -> tuple[Any, Any]:
@@ -381,6 +404,7 @@ class Trial:
         atol: float = 1e-5,
         rtol: float = 1e-4,
         diagnosis: str = "",
+        factors: Mapping[str, float] | None = None,
     ) -> torch.Tensor:
         """Fail unless ``got`` is a plain tensor on ``expected``'s device, of its dtype and shape,
         finite where it is, and close to it.
@@ -388,7 +412,13 @@ class Trial:
         ``mistakes`` maps a hint to the output a known wrong implementation gives (a tensor, or a
         zero-argument callable returning one, evaluated lazily); when ``got`` matches one, that
         hint is shown. ``diagnosis`` is a mistake the check recognised by other means. Both are
-        named at the first failure; ``hint`` is the full recipe, shown on a repeated failure."""
+        named at the first failure; ``hint`` is the full recipe, shown on a repeated failure.
+        ``factors`` (words -> this case's value, e.g. ``{"d_k": 16}``) name the exercise's quantities,
+        so that a wrong constant factor is said in them.
+
+        A failing comparison does not stop the check at once: it records the failure and the check
+        runs its remaining cases (see :meth:`_hold`); the first failure is reported at the end, naming
+        a mistake only if its model matched the output in every comparison where it has one."""
         __tracebackhide__ = True
         recipe = hint
         t = _type(got)
@@ -423,44 +453,48 @@ class Trial:
                 "keep the input's dtype: avoid torch.tensor(...) defaults, NumPy round trips and `.double()`/`.float()`.",
                 what="dtype",
             )
-        matched = self._match_mistake(got, mistakes or {}) or diagnosis
-        if got.shape != expected.shape:
-            self.fail(f"{what}: expected shape {list(expected.shape)}, got {list(got.shape)}.",
-                      matched or "print the shape after each step and compare it with the contract.",
-                      recipe=recipe, generic=not matched, found=shape_facts(got.shape, expected.shape),
-                      what="" if matched else "shape")
         e64, g64 = expected.detach().to(_float64), got.detach().to(_float64)
+        if got.shape != expected.shape:
+            self._hold(got, mistakes, diagnosis, f"{what}: expected shape {list(expected.shape)}, got {list(got.shape)}.",
+                       "print the shape after each step and compare it with the contract.", recipe, "shape",
+                       lambda: shape_value_facts(g64, e64, atol, rtol))
+            return got
         exp_finite = _isfinite(expected) if expected.is_floating_point() else _ones_like(expected, dtype=_bool)
         got_finite = _isfinite(got)
         if got.is_floating_point() and not _equal(got_finite, exp_finite):
             bad = (got_finite != exp_finite).nonzero()[0].tolist()
             kind = "NaN" if bool(_isnan(got[tuple(bad)])) else "Inf" if not bool(got_finite[tuple(bad)]) else _fmt(float(g64[tuple(bad)]))
-            self.fail(
-                f"{what}: got {kind} at index {bad} where {_fmt(float(e64[tuple(bad)]))} was expected.",
-                matched or "NaN usually comes from 0 * inf, inf - inf or log(0); Inf from exp of a large number.",
-                recipe=recipe, generic=not matched, what="" if matched else "nan-inf",
-            )
+            self._hold(got, mistakes, diagnosis,
+                       f"{what}: got {kind} at index {bad} where {_fmt(float(e64[tuple(bad)]))} was expected.",
+                       "NaN usually comes from 0 * inf, inf - inf or log(0); Inf from exp of a large number.", recipe,
+                       "nan-inf", lambda: nonfinite_facts(g64, e64, atol, rtol))
+            return got
         close = _isclose(g64, e64, atol=atol, rtol=rtol, equal_nan=True) if got.is_floating_point() else _eq(g64, e64)
         if not bool(close.all()):
             n_bad = int((~close).sum())
             idx = (~close).nonzero()[0].tolist()
             diff = (g64 - e64).abs().nan_to_num(0).max().item()
-            self.fail(
-                f"{what}: values differ at {n_bad} of {close.numel()} entries (max abs diff {_fmt(diff)}); "
-                f"first at index {idx}: expected {_fmt(float(e64[tuple(idx)]))}, got {_fmt(float(g64[tuple(idx)]))}.\n"
-                f"  expected starts {_preview(expected)}\n  got      starts {_preview(got)}",
-                matched, recipe=recipe, found="" if matched else tensor_facts(g64, e64, atol, rtol),
-                what="" if matched else "values",
-            )
-        if self.case and self.case not in self.passed_cases:
+            self._hold(got, mistakes, diagnosis,
+                       f"{what}: values differ at {n_bad} of {close.numel()} entries (max abs diff {_fmt(diff)}); "
+                       f"first at index {idx}: expected {_fmt(float(e64[tuple(idx)]))}, got {_fmt(float(g64[tuple(idx)]))}.\n"
+                       f"  expected starts {_preview(expected)}\n  got      starts {_preview(got)}",
+                       "", recipe, "values",
+                       lambda: tensor_facts(g64, e64, atol, rtol, factors, expected.dtype))
+            return got
+        self._weigh(got, mistakes, failing=False)
+        if self.case and self.case not in self.passed_cases and self._pending is None:
             self.passed_cases.append(self.case)
         return got
 
     def number(self, got: Any, expected: float | int, what: str = "result", mistakes: Mapping[str, Any] | None = None,
-               hint: str = "", rel: float = 0.0, abs_tol: float = 0.0, integer: bool = False, diagnosis: str = "") -> Any:
+               hint: str = "", rel: float = 0.0, abs_tol: float = 0.0, integer: bool = False, diagnosis: str = "",
+               factors: Mapping[str, float] | None = None) -> Any:
         """Fail unless ``got`` is a plain Python number (an ``int`` when ``integer``) close to
         ``expected``. ``mistakes`` maps a hint to the number a known wrong implementation gives;
-        ``diagnosis`` and ``hint`` work as in :meth:`tensor`."""
+        ``diagnosis`` and ``hint`` work as in :meth:`tensor`. ``factors`` (words -> this case's value:
+        ``{"the number of layers L": 4}``) name the exercise's quantities: when no mistake is named,
+        a quantity that explains every failing case at once (got = expected x L, or + L) is reported
+        (:func:`~helpers.checks.diagnose.factor_facts`)."""
         __tracebackhide__ = True
         recipe = hint
         t = _type(got)
@@ -487,21 +521,17 @@ class Trial:
         exact = t is int and _type(expected) is int and rel == 0 and abs_tol == 0
         ok = got == expected if exact else _isclose_num(value, _to_float(expected), rel_tol=rel, abs_tol=abs_tol)
         if not ok:
-            matched = diagnosis
-            for h, v in (mistakes or {}).items():
-                try:
-                    w = v() if callable(v) else v
-                    if (got == w if exact and _type(w) is int else
-                            _isclose_num(value, _to_float(w), rel_tol=max(rel, 1e-9), abs_tol=abs_tol)):
-                        matched = h
-                        break
-                except Exception:  # noqa: BLE001 - a mistake model that does not apply here
-                    continue
-            self.fail(f"{what}: expected {number_text(expected)}, got {number_text(got)}." if integer else
-                      f"{what}: expected {_fmt(_to_float(expected))}, got {_fmt(value)}.", matched, recipe=recipe,
-                      found="" if matched or not math.isfinite(value) else number_facts(got, expected),
-                      what="" if matched else "values")
-        if self.case and self.case not in self.passed_cases:
+            if math.isfinite(value):
+                self._number_failures.setdefault(what, []).append((value, _to_float(expected), dict(factors or {})))
+            failures = self._number_failures.get(what, [])
+            self._hold(got, mistakes, diagnosis,
+                       f"{what}: expected {number_text(expected)}, got {number_text(got)}." if integer else
+                       f"{what}: expected {_fmt(_to_float(expected))}, got {_fmt(value)}.", "", recipe, "values",
+                       lambda: "" if not math.isfinite(value) else factor_facts(failures) or number_facts(got, expected),
+                       number=(exact, rel, abs_tol))
+            return got
+        self._weigh(got, mistakes, failing=False, number=(exact, rel, abs_tol))
+        if self.case and self.case not in self.passed_cases and self._pending is None:
             self.passed_cases.append(self.case)
         return got
 
@@ -513,21 +543,88 @@ class Trial:
                       f"return {', '.join(names)} together: `return {', '.join(names)}`.", what="type")
         return tuple(got)
 
-    def _match_mistake(self, got: torch.Tensor, mistakes: Mapping[str, Any]) -> str:
-        for hint, wrong in mistakes.items():
+    def _weigh(self, got: Any, mistakes: Mapping[str, Any] | None, failing: bool,
+               number: tuple | None = None) -> list[str]:
+        """The mistakes whose model gives ``got``, in order; every model that gives something else is
+        refuted for the rest of this check (a case the learner passed refutes a model that differs
+        from the expected output there). Lazy models (callables) are evaluated on failures only."""
+        hits, missed = [], []
+        for hint, wrong in (mistakes or {}).items():
+            if callable(wrong) and not failing:
+                continue
             try:
                 w = wrong() if callable(wrong) else wrong
-                if _type(w) is _Tensor and w.shape == got.shape and w.dtype == got.dtype and w.device == got.device:
-                    if got.is_floating_point():
-                        ok = _allclose(got.detach().to(_float64), w.detach().to(_float64), atol=1e-5, rtol=1e-4, equal_nan=True)
-                    else:
-                        ok = _equal(got, w)
-                    if ok:
-                        return hint
+                same = self._same(got, w, number)
             except Exception:  # noqa: BLE001 - a mistake model that does not apply to this case
                 continue
-        return ""
+            if same is not None:
+                (hits if same else missed).append(hint)
+        # A mistake whose slug extends another's ("per-head-widths-and-no-biases" extends
+        # "per-head-widths") is that mistake made together with another: where it matches, the
+        # mistake it extends is not refuted.
+        extended = {getattr(h, "slug", None) for h in hits}
+        for hint in missed:
+            slug = getattr(hint, "slug", None)
+            if not (slug and any(x and x.startswith(slug + "-") for x in extended)):
+                self._refuted.add(str(hint))
+        return hits
 
+    @staticmethod
+    def _same(got: Any, w: Any, number: tuple | None) -> bool | None:
+        """Does the model's output ``w`` equal ``got``? None when they cannot be compared."""
+        if number is not None:
+            exact, rel, abs_tol = number
+            if _type(w) not in (int, float) and not (_type(w) is _Tensor and w.numel() == 1):
+                return None
+            wv = _to_float(w.item() if _type(w) is _Tensor else w)
+            if exact and _type(w) is int:
+                return got == w
+            return _isclose_num(_to_float(got), wv, rel_tol=max(rel, 1e-9), abs_tol=abs_tol)
+        if _type(w) is not _Tensor or _type(got) is not _Tensor:
+            return None
+        if w.device != got.device:
+            return None
+        if w.shape != got.shape:
+            return False
+        if got.is_floating_point() and w.is_floating_point():
+            return bool(_allclose(got.detach().to(_float64), w.detach().to(_float64), atol=1e-5, rtol=1e-4,
+                                  equal_nan=True))
+        if got.dtype != w.dtype:
+            return None
+        return bool(_equal(got, w))
+
+    def _hold(self, got: Any, mistakes: Mapping[str, Any] | None, diagnosis: str, message: str, tip: str,
+              recipe: str, what: str, found: Callable[[], str], number: tuple | None = None) -> None:
+        """A failing comparison. The first one is kept (with the mistakes that match it) and the check
+        goes on with its remaining cases, quietly and within :data:`COLLECT_S`; a later one only
+        weighs the mistakes. :meth:`_conclude` reports the first."""
+        __tracebackhide__ = True
+        hits = self._weigh(got, mistakes, failing=True, number=number)
+        if self._pending is not None:
+            return
+        elapsed = _monotonic() - self._started
+        self._collect_until = _monotonic() + min(max(elapsed, COLLECT_S[0]), COLLECT_S[1])
+        self._pending = dict(message=message, hits=hits, diagnosis=diagnosis, tip=tip, recipe=recipe, what=what,
+                             found=found, case=self.case, passed=list(self.passed_cases))
+
+    def _conclude(self) -> None:
+        """Fail with the first failure held by :meth:`_hold`, naming the first of its mistakes that no
+        comparison refuted (or ``diagnosis``), else stating a fact about it."""
+        __tracebackhide__ = True
+        p, self._pending = self._pending, None
+        if p is None:
+            return
+        self.case, self.passed_cases = p["case"], p["passed"]
+        named = next((h for h in p["hits"] if str(h) not in self._refuted), "") or p["diagnosis"]
+        found = ""
+        if not named:
+            try:
+                found = p["found"]()
+            except Exception:  # noqa: BLE001 - a fact that cannot be computed is not stated
+                found = ""
+        generic = not named
+        self.fail(p["message"], named or (p["tip"] if p["what"] != "values" else ""), recipe=p["recipe"],
+                  generic=generic, found=found, what="" if named else p["what"])
 
 
 # --------------------------------------------------------------------------- running and registering checks
@@ -572,15 +669,23 @@ def _run(ex: Exercise, body: Callable[[Trial], None], fn: Any, time_limit: float
     if error is None:
         try:
             body(trial)
-            changed = [] if remote else verify_integrity(restore=True)
-            if changed:
-                trial.case = ""
-                trial.fail(f"your code changed what the check relies on: {'; '.join(changed[:4])}. The check put "
-                           "the originals back.", Mistake("changed-course-functions", "do not replace functions of "
-                                                          "torch or of the course's helpers.",
-                                                          CALL_MISTAKES["changed-course-functions"]), Refused)
-        except CheckFailed as e:
-            error = e
+        except (CheckFailed, _StopCollecting) as e:
+            error = e if _isinstance(e, CheckFailed) else None
+        except Exception:  # noqa: BLE001 - after a failure, the remaining cases may trip the check on the output
+            if trial._pending is None:
+                raise
+        if error is None or (trial._pending is not None and not _isinstance(error, Refused)):
+            try:
+                trial._conclude()  # the first failing comparison, now that every case has been weighed
+                changed = [] if remote else verify_integrity(restore=True)
+                if changed:
+                    trial.case = ""
+                    trial.fail(f"your code changed what the check relies on: {'; '.join(changed[:4])}. The check "
+                               "put the originals back.", Mistake("changed-course-functions", "do not replace "
+                                                                  "functions of torch or of the course's helpers.",
+                                                                  CALL_MISTAKES["changed-course-functions"]), Refused)
+            except CheckFailed as e:
+                error = e
     if error is None:
         return CheckResult(ex, "passed", "", "", False, trial.is_reference, review=trial.review)
     if not _isinstance(error, NotAttempted):
