@@ -216,6 +216,7 @@ class Trial:
         self._started = _monotonic()
         self._pending: dict | None = None  # the first failure, reported when the cases have run
         self._collect_until = 0.0
+        self._longest_call = 0.0  # seconds: the slowest call of the learner's function so far
         self._refuted: set[str] = set()  # mistakes whose model differed from the output in some comparison
         self._number_failures: dict[str, list] = {}  # what -> [(got, expected, factors)] of failing numbers
 
@@ -340,8 +341,9 @@ class Trial:
         __tracebackhide__ = True
         if case is not None:
             self.case = case
-        if self._pending is not None and _monotonic() > self._collect_until:
-            raise _StopCollecting()
+        if self._pending is not None and _monotonic() + self._longest_call > self._collect_until:
+            raise _StopCollecting()  # the next call would end past the budget of the remaining cases
+        began = _monotonic()
         spec = dict(time_limit=self.time_limit, forbidden=sorted(self.forbidden_references),
                     is_reference=self.is_reference)
         if _type(self.fn) is Remote:
@@ -354,6 +356,7 @@ class Trial:
                 quiet.enter_context(contextlib.redirect_stderr(io.StringIO()))
             with quiet:
                 outcome = protected_call(fn, args, kwargs, learner=self.fn, watched=watcher is not None, **spec)
+        self._longest_call = max(self._longest_call, _monotonic() - began)
         return self._settle(outcome)
 
     def _settle(self, outcome: dict) -> tuple[Any, Any]:
