@@ -572,6 +572,17 @@ class Trial:
                 self._refuted.add(str(hint))
         return hits
 
+    def _match_mistake(self, got: Any, mistakes: Mapping[str, Any]) -> str:
+        """The first mistake whose model gives ``got`` (a tensor), weighing nothing: for a check that
+        tests a part of the output (returned buffers, say) before it compares the output itself."""
+        for hint, wrong in mistakes.items():
+            try:
+                if self._same(got, wrong() if callable(wrong) else wrong, None):
+                    return hint
+            except Exception:  # noqa: BLE001 - a mistake model that does not apply to this case
+                continue
+        return ""
+
     @staticmethod
     def _same(got: Any, w: Any, number: tuple | None) -> bool | None:
         """Does the model's output ``w`` equal ``got``? None when they cannot be compared."""
