@@ -574,7 +574,7 @@ def seq_one_past(budget_bytes, batch, n_heads, dtype_bytes):
 
 def seq_loop_one_past(budget_bytes, batch, n_heads, dtype_bytes):
     per = batch * n_heads * dtype_bytes
-    T = math.isqrt(budget_bytes // per) - 2  # start near the answer, then step while it fits
+    T = max(math.isqrt(budget_bytes // per) - 2, 0)  # start near the answer, then step while it fits
     while per * T * T <= budget_bytes:
         T += 1
     return T  # the first T that does NOT fit
@@ -747,6 +747,52 @@ def tm_recompute_inputs_only(cfg, batch, seq_len, attention):
     return _parts(_params(cfg), acts)
 
 
+def tm_p_rows_times_columns(cfg, batch, seq_len, attention):
+    acts = _acts(cfg, batch, seq_len, attention)
+    if attention == "naive":  # each token keeps "its scores", the whole T x T per head
+        acts += 2 * batch * seq_len * cfg.n_layers * cfg.n_heads * seq_len * (seq_len - 1)
+    return _parts(_params(cfg), acts)
+
+
+def tm_p_counted_once(cfg, batch, seq_len, attention):
+    acts = _acts(cfg, batch, seq_len, "flash" if attention == "naive" else attention)
+    if attention == "naive":
+        acts += 2 * batch * cfg.n_heads * seq_len * seq_len  # "the attention matrix", once
+    return _parts(_params(cfg), acts)
+
+
+def tm_head_logits_only(cfg, batch, seq_len, attention):
+    acts = _acts(cfg, batch, seq_len, attention, head=False) + 2 * batch * seq_len * cfg.vocab
+    return _parts(_params(cfg), acts)
+
+
+def tm_head_norm_only(cfg, batch, seq_len, attention):
+    acts = _acts(cfg, batch, seq_len, attention, head=False) + 2 * batch * seq_len * 2 * cfg.d_model
+    return _parts(_params(cfg), acts)
+
+
+def tm_no_attention_output(cfg, batch, seq_len, attention):
+    # q, k, v saved; the attention output (W_O's input) forgotten, in every layer
+    less = cfg.n_heads * cfg.head_dim * (cfg.n_layers if attention != "recompute" else 1)
+    return _parts(_params(cfg), _acts(cfg, batch, seq_len, attention) - 2 * batch * seq_len * less)
+
+
+def tm_optimizer_10_bytes(cfg, batch, seq_len, attention):
+    return _parts(_params(cfg), _acts(cfg, batch, seq_len, attention), optimizer=4 + 4 + 2)  # master, m, v in bf16
+
+
+def tm_params_without_norms(cfg, batch, seq_len, attention):
+    d, dh = cfg.d_model, cfg.head_dim
+    per_layer = 2 * d * cfg.n_heads * dh + 2 * d * cfg.n_kv_heads * dh + 3 * d * cfg.d_ff  # the matrices only
+    return _parts(2 * cfg.vocab * d + cfg.n_layers * per_layer, _acts(cfg, batch, seq_len, attention))
+
+
+def tm_total_counts_activations_twice(cfg, batch, seq_len, attention):
+    out = _parts(_params(cfg), _acts(cfg, batch, seq_len, attention))
+    out["total"] += out["activations"]  # "plus the activations" added after the sum
+    return out
+
+
 def tm_total_gib(cfg, batch, seq_len, attention):
     out = _parts(_params(cfg), _acts(cfg, batch, seq_len, attention))
     out["total"] = out["total"] / 2**30
@@ -896,6 +942,14 @@ WRONG = {
         (tm_total_gib, "GiB as a float"),
         (tm_total_only, "expected a dict"),
         (tm_missing_key, "lacks the key(s) 'optimizer'"),
+        (tm_p_rows_times_columns, "whole T x T probability matrix for every token"),
+        (tm_p_counted_once, "every one of the n_layers layers saves its own P"),
+        (tm_head_logits_only, "You left out the 2d"),
+        (tm_head_norm_only, "You left out the vocab"),
+        (tm_no_attention_output, "each layer of yours counts 1 x n_heads*head_dim fewer"),
+        (tm_optimizer_10_bytes, "you counted the optimizer at 10 bytes per parameter"),
+        (tm_params_without_norms, "leaves out the norms' weights"),
+        (tm_total_counts_activations_twice, "your total counts the activations twice"),
     ],
 }
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from collections.abc import Mapping
 
 from .. import nb08_flops_memory as ref
@@ -29,33 +28,6 @@ def _known(mistakes: Mapping[str, float], expected: int) -> dict[str, float]:
 
 
 
-def _number_matches(got, model: float, rel: float, abs_tol: float) -> bool:
-    """Whether ``got`` is the number ``model`` as :meth:`Trial.number` matches a mistake."""
-    if not isinstance(got, numbers.Real) or isinstance(got, bool):
-        return False
-    if type(got) is int and type(model) is int and rel == 0 and abs_tol == 0:
-        return got == model
-    try:
-        return math.isclose(float(got), float(model), rel_tol=max(rel, 1e-9), abs_tol=abs_tol)
-    except (OverflowError, TypeError, ValueError):
-        return False
-
-
-def consistent_mistakes(outputs: list, planned: list[tuple[float, Mapping[str, float]]], rel: float = 0.0,
-                        abs_tol: float = 0.0) -> set[str]:
-    """The mistakes whose model gives the learner's number on every case (``outputs[i]`` against
-    ``planned[i] = (expected, {mistake: model})``; a case where a mistake has no model counts as
-    the right answer for it). A number's mistake is named only on that evidence: on one case two
-    mistakes (or a mistake and a learner's other slip) can give the same number, on all cases not."""
-    hints = {h for _, models in planned for h in models}
-    out = set()
-    for h in hints:
-        if all(_number_matches(got, models.get(h, expected), rel, abs_tol)
-               for got, (expected, models) in zip(outputs, planned)):
-            out.add(h)
-    return out
-
-
 _FLOAT_COUNT = Mistake("float-count",
                        "counts of bytes and FLOPs are Python ints: use integer arithmetic (*, "
                        "//, math.isqrt) and return the count itself, not a value scaled for "
@@ -67,20 +39,22 @@ _COUNT_AS_STRING = Mistake("count-as-string",
                            "returned a count as text (a string) instead of an int")
 
 
-def check_count(t: Trial, got, expected: int, what: str, mistakes: Mapping[str, float], hint: str) -> None:
+def check_count(t: Trial, got, expected: int, what: str, mistakes: Mapping[str, float], hint: str,
+                factors: Mapping[str, float] | None = None) -> None:
     """Fail unless ``got`` is the Python int ``expected``. A plain float fails, with the hint of the
     mistake it matches (bytes in GiB) if any; a string fails with a message saying an int is
     expected; the core's :meth:`Trial.number` does the rest (None, tensors, NumPy, subclasses,
     values). Shared by the checks of 07 and 08."""
     __tracebackhide__ = True
     if type(got) is float:
-        matched = next((h for h, v in mistakes.items() if math.isclose(got, v, rel_tol=1e-9)), "")
+        matched = next((h for h, v in mistakes.items() if math.isclose(got, v, rel_tol=1e-9)
+                        and not math.isclose(v, expected, rel_tol=1e-12)), "")
         t.fail(f"{what}: expected an int ({expected:,}), got the float {got!r}.",
                matched or _FLOAT_COUNT)
     if type(got) is str:
         t.fail(f"{what}: expected an int, got the string {got!r}.",
                _COUNT_AS_STRING)
-    t.number(got, expected, what=what, integer=True, mistakes=mistakes, hint=hint)
+    t.number(got, expected, what=what, integer=True, mistakes=mistakes, hint=hint, factors=factors)
 
 
 # --------------------------------------------------------------------------- 8.1 attention_flops
@@ -463,6 +437,28 @@ def _training_mistakes(cfg, B: int, T: int, attention: str) -> dict[str, dict[st
                   "its activations.",
                   "kept every layer's activations under full recomputation")] = (
             acts + 2 * B * T * L * (flash_layer - d))
+    if attention == "naive":
+        a[Mistake("P-whole-matrix-per-token",
+                  "you counted naive attention's whole T x T probability matrix for every token: "
+                  "per token, P holds one row of seq_len numbers per query head, H*seq_len (so "
+                  "B*H*T*T per layer in all).",
+                  "counted the whole T x T matrix P for every token instead of one row")] = (
+            with_layer(H * T * T - H * T))
+        a[Mistake("P-once-not-per-layer",
+                  "you added naive attention's probabilities P (H*seq_len numbers per token) once: "
+                  "every one of the n_layers layers saves its own P.",
+                  "counted P once instead of once per layer")] = acts - 2 * B * T * (L - 1) * H * T
+    a[Mistake("head-norm-missing",
+              "the head saves the final norm's input and output (d each) as well as the "
+              "log-probabilities (vocab): 2d + vocab per token. You left out the 2d.",
+              "left out the final norm's input and output (2d per token) in the head")] = (
+        acts - 2 * B * T * 2 * d)
+    a[Mistake("head-log-probs-missing",
+              "the head saves the log-probabilities of every token (vocab numbers per token) as "
+              "well as the final norm's input and output (d each): 2d + vocab per token. You left "
+              "out the vocab.", "left out the log-probabilities (vocab per token) in the head")] = (
+        acts - 2 * B * T * cfg.vocab)
+    a |= _per_token_family(cfg, B, T, attention, acts, full)
     total = right["total"]
     sum_of = "total is the sum of weights, gradients, optimizer and activations."
     left_out = {Mistake("total-without-weights-or-gradients", "your total leaves out the weights or the "
@@ -495,6 +491,8 @@ def _training_mistakes(cfg, B: int, T: int, attention: str) -> dict[str, dict[st
                           16 * n},
         "activations": a,
         "total": left_out
+        | {Mistake(f"total-counts-{part}-twice", f"your total counts the {part} twice: {sum_of}"):
+           total + right[part] for part in ("weights", "gradients", "optimizer", "activations")}
         | {Mistake("returned-GiB-float",
                    "you returned GiB as a float: return the number of bytes, an int (divide by "
                    "2**30 only to print)."): total / 2**30,
@@ -502,7 +500,94 @@ def _training_mistakes(cfg, B: int, T: int, attention: str) -> dict[str, dict[st
                    "you returned GB as a float: return the number of bytes, an int (divide by 1e9 "
                    "only to print)."): total / 1e9},
     }
-    return {key: _known(models, right[key]) for key, models in m.items()}
+    for key, right_bytes in ref.STATE_BYTES.items():
+        m[key] |= _parameter_family(cfg, key, right_bytes, n)
+    return m
+
+
+# What one layer saves per token, and the head (section 10), in the words a hint uses.
+_LAYER_LIST = ("one layer saves per token: 4d (two norms, their input and output each), H*d_h (q), "
+               "2*H_kv*d_h (k and v), H*d_h (the attention output, W_O's input), 4*d_ff (the SwiGLU "
+               "MLP), and H*seq_len (P) with naive attention")
+_WIDTHS = {"d_model": "d", "n_heads*head_dim": "Hd_h", "n_kv_heads*head_dim": "H_kvd_h", "head_dim": "d_h",
+           "d_ff": "d_ff", "n_heads*seq_len": "HT"}
+
+
+def _per_token_family(cfg, B: int, T: int, attention: str, acts: int, full: bool) -> dict[str, int]:
+    """Activations off by c numbers of one width per token, in every layer or in the head once:
+    each a mistake whose hint says which width and where (a tensor left out or counted too often)."""
+    d, H, H_kv, d_h, f = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff
+    width = {"d_model": d, "n_heads*head_dim": H * d_h, "n_kv_heads*head_dim": H_kv * d_h, "head_dim": d_h,
+             "d_ff": f, "n_heads*seq_len": H * T}
+    out: dict[str, int] = {}
+    for c in (1, 2, 3, 4):
+        for sign, word in ((-1, "fewer"), (1, "more")):
+            times = "once" if c == 1 else f"{c} times"
+            for name, w in width.items():
+                hint = (f"each layer of yours counts {c} x {name} {word} numbers per token than it "
+                        f"saves: a {name}-wide tensor {'left out' if sign < 0 else 'counted too'} "
+                        f"{times if sign > 0 else ('' if c == 1 else f'({c} of them)')}".rstrip() +
+                        f" in every layer. Compare your list with section 10's: {_LAYER_LIST}.")
+                slug = f"layer-{c}-{_WIDTHS[name]}-{word}"
+                # in every stored layer; with recomputation only the recomputed layer has them
+                layers = cfg.n_layers if full else 1
+                out[Mistake(slug, hint, f"each layer counted {c} x {name} {word} per token")] = (
+                    acts + sign * 2 * B * T * layers * c * w)
+            for name, w in (("d_model", d), ("vocab", cfg.vocab)):
+                slug = f"head-{c}-{'d' if name == 'd_model' else 'vocab'}-{word}"
+                hint = (f"your head (the top of the model, counted once) has {c} x {name} {word} "
+                        "numbers per token than it saves: the final norm's input and output (d "
+                        "each) and the log-probabilities (vocab), 2d + vocab per token.")
+                out[Mistake(slug, hint, f"the head counted {c} x {name} {word} per token")] = (
+                    acts + sign * 2 * B * T * c * w)
+            if attention == "recompute":
+                slug = f"recompute-keeps-{c}-d-{word}"
+                hint = (f"with full recomputation each layer keeps its input, d numbers per token; "
+                        f"yours keeps {c} x d {word} per layer.")
+                out[Mistake(slug, hint, f"with recomputation, each layer kept {c} x d {word}")] = (
+                    acts + sign * 2 * B * T * cfg.n_layers * c * d)
+    return out
+
+
+_WHY_BYTES = {"weights": "bf16 weights, 2 bytes each", "gradients": "bf16 gradients, 2 bytes each",
+              "optimizer": "the fp32 master weights (4) and AdamW's fp32 m and v (4 each), 12 bytes"}
+
+
+def _parameter_family(cfg, key: str, right_bytes: int, n: int) -> dict[str, int]:
+    """``key`` at another number of bytes per parameter, or with a parameter count that left a part out."""
+    d, L, f = cfg.d_model, cfg.n_layers, cfg.d_ff
+    out: dict[str, int] = {}
+    for c in range(0, 25):
+        if c != right_bytes:
+            out[Mistake(f"{key}-{c}-bytes-per-parameter",
+                        f"you counted the {key} at {c} bytes per parameter (N = dense_param_count(cfg)); "
+                        f"under this convention they take {right_bytes}: {_WHY_BYTES[key]}.",
+                        f"counted the {key} at {c} bytes per parameter")] = c * n
+    attn_kv = 2 * L * d * (cfg.n_heads - cfg.n_kv_heads) * cfg.head_dim
+    for slug, hint, count in (
+            ("final-norm", "your parameter count leaves out the final norm's d weights", n - d),
+            ("layer-norms", "your parameter count leaves out the two norms of each layer (2d weights "
+             "per layer)", n - 2 * d * L),
+            ("all-norms", "your parameter count leaves out the norms' weights (2d per layer and d for the "
+             "final norm)", n - 2 * d * L - d),
+            ("one-mlp-matrix", "your parameter count has two MLP matrices per layer; SwiGLU has three "
+             "(gate, up, down: 3*d*d_ff)", n - L * d * f),
+            ("kv-with-H-heads", "your parameter count gives W_K and W_V n_heads heads; they have "
+             "n_kv_heads (grouped-query attention)", n + attn_kv)):
+        if count != n:
+            out[Mistake(f"{key}-parameters-{slug}", f"{hint}: use N = dense_param_count(cfg), "
+                        f"{right_bytes} bytes each for the {key}.", hint)] = right_bytes * count
+    return out
+
+
+def _training_factors(cfg, B: int, T: int, attention: str) -> dict[str, int]:
+    """The quantities an activation count can be off by (a factor, or a difference), in words."""
+    L = cfg.n_layers
+    return {"the batch": B, "seq_len": T, "n_layers": L, "n_heads": cfg.n_heads,
+            "2 bytes x batch x seq_len (one number per token)": 2 * B * T,
+            "2 bytes x batch x seq_len x n_layers (one number per token in each layer)": 2 * B * T * L,
+            "2 bytes x batch x seq_len x seq_len (one number per token and key)": 2 * B * T * T,
+            "2 bytes x batch x n_heads x seq_len x seq_len (one P of one layer)": 2 * B * cfg.n_heads * T * T}
 
 
 def _config(name: str, d: int, L: int, H: int, H_kv: int, d_h: int, f: int, vocab: int) -> ModelConfig:
@@ -537,6 +622,9 @@ def training_memory(t: Trial) -> None:
              (llama, 1, 8192, "flash"), (llama, 2, 4096, "naive"), (llama, 4, 8192, "recompute"),
              (_config("mha", 40, 2, 5, 5, 8, 96, 64), 3, 11, "naive"), _drawn_training_case()]
     planned = [(c, ref.training_memory(*c), _training_mistakes(*c)) for c in cases]
+    # A mistake has a model on every case (the right count where it changes nothing): the core names
+    # it only if it gives the learner's count on every case (one case alone cannot tell, say, P
+    # counted per key/value head from P counted once).
     for (cfg, B, T, attention), expected, mistakes in planned:
         sizes = (f"ModelConfig(d_model={cfg.d_model}, n_layers={cfg.n_layers}, n_heads={cfg.n_heads}, "
                  f"n_kv_heads={cfg.n_kv_heads}, head_dim={cfg.head_dim}, d_ff={cfg.d_ff}, vocab={cfg.vocab})")
@@ -565,4 +653,5 @@ def training_memory(t: Trial) -> None:
                            "returned a dict that lacks some of the keys (or names them otherwise)"))
         values = {k: got[k] for k in PARTS}
         for key in PARTS:
-            check_count(t, values[key], expected[key], f"[{key!r}]", mistakes[key], _RECIPE_84)
+            check_count(t, values[key], expected[key], f"[{key!r}]", mistakes[key], _RECIPE_84,
+                        factors=_training_factors(cfg, B, T, attention) if key == "activations" else None)
