@@ -636,6 +636,85 @@ def blocks_per_block_fill(events, block_size):  # tracks each block's fill inste
     return sum(1 for r in refs.values() if r > 0)
 
 
+class _Allocator:
+    """A learner-style allocator as a class (another style than _replay), with switches for the
+    mistakes 12.3's check names from the counts after every prefix of the events."""
+
+    def __init__(self, bs, *, alias=False, child_empty=False, copy_as_full=False, peak=False, floor=False,
+                 cow=True):
+        self.bs, self.alias, self.child_empty, self.copy_as_full = bs, alias, child_empty, copy_as_full
+        self.peak, self.floor, self.cow = peak, floor, cow
+        self.holders, self.tables, self.lengths, self.next, self.most = {}, {}, {}, 0, 0
+
+    def fresh(self, seq):
+        self.next += 1
+        self.holders[self.next] = 1
+        return self.next
+
+    def run(self, events):
+        for kind, seq, *rest in events:
+            getattr(self, kind)(seq, *rest)
+            self.most = max(self.most, self.used())
+        return self.most if self.peak else self.used()
+
+    def used(self):
+        return sum(1 for n in self.holders.values() if n)
+
+    def new(self, seq, n):
+        k = n // self.bs if self.floor else math.ceil(n / self.bs)
+        self.tables[seq], self.lengths[seq] = [self.fresh(seq) for _ in range(k)], n
+
+    def fork(self, seq, child):
+        self.tables[child] = self.tables[seq] if self.alias else self.tables[seq][:]
+        self.lengths[child] = 0 if self.child_empty else self.lengths[seq]
+        for b in self.tables[seq]:
+            self.holders[b] += 1
+
+    def append(self, seq, n):
+        table, length = self.tables[seq], self.lengths[seq]
+        copied = False
+        if self.cow and length % self.bs and table and self.holders[table[-1]] > 1:
+            self.holders[table[-1]] -= 1
+            table[-1] = self.fresh(seq)
+            copied = True
+        if copied and self.copy_as_full:
+            table += [self.fresh(seq) for _ in range(math.ceil(n / self.bs))]
+        else:
+            for p in range(length, length + n):
+                if p % self.bs == 0:
+                    table.append(self.fresh(seq))
+        self.lengths[seq] = length + n
+
+    def free(self, seq):
+        for b in self.tables.pop(seq):
+            self.holders[b] -= 1
+        del self.lengths[seq]
+
+
+def blocks_class_right(events, block_size):
+    return _Allocator(block_size).run(events)
+
+
+def blocks_peak(events, block_size):
+    return _Allocator(block_size, peak=True).run(events)
+
+
+def blocks_fork_same_list(events, block_size):
+    return _Allocator(block_size, alias=True).run(events)
+
+
+def blocks_fork_child_empty(events, block_size):
+    return _Allocator(block_size, child_empty=True).run(events)
+
+
+def blocks_copy_then_all_fresh(events, block_size):
+    return _Allocator(block_size, copy_as_full=True).run(events)
+
+
+def blocks_floor_and_no_copy(events, block_size):  # two mistakes at once: no model gives these counts
+    return _Allocator(block_size, floor=True, cow=False).run(events)
+
+
 WRONG = {
     "gather_paged_kv": [
         (gather_ignores_table, "read block block_table[i]"),
@@ -676,13 +755,18 @@ WRONG = {
         (blocks_fresh_blocks_per_append, "you gave every append ceil(n / block_size) fresh blocks"),
         (blocks_numpy_int, "the number of blocks is an int"),
         (blocks_calls_the_checks_model, "called the course's own solution"),
+        (blocks_peak, "the count asked for is the one after the last event"),
+        (blocks_fork_same_list, "the parent's list object itself"),
+        (blocks_fork_child_empty, "your fork started the child with length 0"),
+        (blocks_copy_then_all_fresh, "the copy holds the same tokens as the original"),
+        (blocks_floor_and_no_copy, "a new sequence of 10 tokens takes ceil(10 / 4) = 3 blocks"),
     ],
 }
 
 RIGHT = {
     "gather_paged_kv": [gather_loop, gather_index_select, gather_cat_blocks],
     "merge_partials": [merge_hand_written, merge_online, merge_float64_finite_max],
-    "blocks_in_use": [blocks_right_sets, blocks_counter, blocks_per_block_fill],
+    "blocks_in_use": [blocks_right_sets, blocks_counter, blocks_per_block_fill, blocks_class_right],
 }
 
 

@@ -354,26 +354,62 @@ _POOLED = Mistake(
     "pooled-tokens", "you divided the total number of tokens by block_size: every sequence has its own "
     "blocks, each with its own partly filled last block (and shared blocks count once).")
 
+_PEAK = Mistake(
+    "peak-not-final", "you returned the largest number of blocks held at any time: the count asked for is "
+    "the one after the last event (frees give blocks back, so it can be lower than the peak).",
+    "returned the peak count of blocks over the events, not the count after the last one")
+_ALIASED_TABLE = Mistake(
+    "fork-shares-the-list-object", "your fork gave the child the parent's list object itself (tables[c] = "
+    "tables[s]): an append to one then changes the other's table too. The child's table is a new list with "
+    "the same block ids, list(tables[s]) (each block's reference count + 1).",
+    "the fork's child got the parent's table list object itself, not a copy")
+_FORK_EMPTY = Mistake(
+    "fork-child-length-0", "your fork started the child with length 0: the child holds the parent's tokens, "
+    "so its length is the parent's, and its next token goes into the same (shared) last block, copied "
+    "first if it is partly filled.",
+    "the fork's child started with length 0 instead of the parent's length")
+_COPY_AS_FULL = Mistake(
+    "copy-treated-as-full", "after copying a shared, partly filled last block you took fresh blocks for all "
+    "the new tokens: the copy holds the same tokens as the original, so its free slots (block_size - "
+    "length % block_size) are still free; fill them first, then take a fresh block at each position p with "
+    "p % block_size == 0.",
+    "after a copy-on-write, treated the copied block as full")
+
 _BLOCKS_RECIPE = ("keep tables {seq: [block ids]}, lengths {seq: n} and ref {block: count}; new: "
                   "ceil(n / block_size) fresh blocks; append: if length % block_size and ref[last] > 1, "
                   "replace the last block by a fresh copy (ref[last] -= 1), then a fresh block whenever a "
                   "position p % block_size == 0; fork: the child gets the parent's list, ref += 1 each; free: "
                   "ref -= 1 each; return how many blocks have ref > 0.")
 
+_BLOCKS_FOR = {
+    "ceil": lambda n, bs: -(-n // bs),
+    "floor": lambda n, bs: n // bs,
+    "floor-min-1": lambda n, bs: max(1, n // bs),
+    "plus-one": lambda n, bs: n // bs + 1,
+}
 
-def _simulate(events, bs: int, *, partial: bool = True, extra: bool = False, share: bool = True,
-              cow: str = "partial", cow_decref: bool = True, free: str = "ref",
-              count: str = "unique", append: str = "fill") -> int:
-    """The block count after ``events`` under a model of the allocator that may make one of the
-    recognised mistakes (the defaults: the right one). ``append="fresh"``: an append takes
-    ceil(n / bs) fresh blocks and never writes into the last block (so it never copies it)."""
+
+def _trace(events, bs: int, *, blocks: str = "ceil", append: str = "table", fork: str = "share",
+           child_len: str = "parent", cow: str = "partial", cow_decref: bool = True, after_copy: str = "fill",
+           free: str = "ref", count: str = "unique") -> list[int]:
+    """The block count after each of ``events`` under a model of the allocator that may make one of
+    the recognised mistakes (the defaults: the right one). ``blocks``: how many blocks n tokens take
+    (:data:`_BLOCKS_FOR`); ``append``: "table" grows the table to blocks(length) entries, "slots"
+    fills the last block's free slots and takes blocks(rest) for the rest, "fresh" takes blocks(n)
+    fresh blocks (no copy), "fresh-cow" the same after a copy-on-write; ``fork``: "share", "copy"
+    (fresh blocks for the child) or "alias" (the child gets the parent's list object); ``child_len``
+    "parent" or "zero"; ``cow``: "partial", "never" or "always" (a full shared block too);
+    ``cow_decref``: the copied block loses the sequence's reference; ``after_copy`` "full": the copy
+    counts as full; ``free``: "ref", "all" (every block of the sequence) or "never"; ``count``:
+    "unique", "nonzero" (blocks whose count is not 0: negative counts too, where a mistake
+    decrements a block twice), "per-seq" (sum of table lengths), "refs" (sum of reference counts),
+    "pooled" (ceil of all tokens / bs) or "peak" (the largest unique count so far)."""
+    per = _BLOCKS_FOR[blocks]
     ref_: dict[int, int] = {}
     tables: dict[int, list[int]] = {}
     lengths: dict[int, int] = {}
     fresh = iter(range(10**9))
-
-    def blocks(n: int) -> int:
-        return n // bs + 1 if extra else -(-n // bs) if partial else n // bs
+    out: list[int] = []
 
     def take() -> int:
         b = next(fresh)
@@ -382,30 +418,34 @@ def _simulate(events, bs: int, *, partial: bool = True, extra: bool = False, sha
 
     for kind, seq, *rest in events:
         if kind == "new":
-            tables[seq], lengths[seq] = [take() for _ in range(blocks(rest[0]))], rest[0]
-        elif kind == "append" and append == "fresh":
-            tables[seq].extend(take() for _ in range(blocks(rest[0])))
-            lengths[seq] += rest[0]
+            tables[seq], lengths[seq] = [take() for _ in range(per(rest[0], bs))], rest[0]
         elif kind == "append":
-            table, length = tables[seq], lengths[seq]
-            shared = bool(table) and ref_[table[-1]] > 1
-            if shared and (cow == "always" or (cow == "partial" and length % bs)):
+            table, length, n = tables[seq], lengths[seq], rest[0]
+            copied = False
+            if append != "fresh" and table and ref_[table[-1]] > 1 and (
+                    cow == "always" or (cow == "partial" and length % bs)):
                 old = table[-1]
                 table[-1] = take()
+                copied = True
                 if cow_decref:
                     ref_[old] -= 1
-            new_len = length + rest[0]
-            table.extend(take() for _ in range(blocks(new_len) - len(table)))
-            lengths[seq] = new_len
+            if append in ("fresh", "fresh-cow") or (copied and after_copy == "full"):
+                table.extend(take() for _ in range(per(n, bs)))
+            elif append == "slots":
+                left = n - (bs - length % bs) % bs
+                table.extend(take() for _ in range(per(left, bs) if left > 0 else 0))
+            else:
+                table.extend(take() for _ in range(per(length + n, bs) - len(table)))
+            lengths[seq] = length + n
         elif kind == "fork":
             child = rest[0]
-            lengths[child] = lengths[seq]
-            if share:
-                tables[child] = list(tables[seq])
+            lengths[child] = lengths[seq] if child_len == "parent" else 0
+            if fork == "copy":
+                tables[child] = [take() for _ in tables[seq]]
+            else:
+                tables[child] = tables[seq] if fork == "alias" else list(tables[seq])
                 for b in tables[child]:
                     ref_[b] += 1
-            else:
-                tables[child] = [take() for _ in tables[seq]]
         elif kind == "free":
             table = tables.pop(seq)
             del lengths[seq]
@@ -414,26 +454,47 @@ def _simulate(events, bs: int, *, partial: bool = True, extra: bool = False, sha
                     ref_[b] -= 1
                 elif free == "all":
                     ref_[b] = 0
-    if count == "per-seq":
-        return sum(len(table) for table in tables.values())
-    if count == "pooled":
-        return -(-sum(lengths.values()) // bs)
-    return sum(1 for r in ref_.values() if r > 0)
+        unique = sum(1 for r in ref_.values() if r > 0)
+        out.append({"unique": unique, "peak": max(unique, out[-1] if out else 0),
+                    "nonzero": sum(1 for r in ref_.values() if r != 0),
+                    "per-seq": sum(len(t) for t in tables.values()),
+                    "refs": sum(r for r in ref_.values() if r > 0),
+                    "pooled": -(-sum(lengths.values()) // bs)}[count])
+    return out
 
 
-def _blocks_mistakes(events, bs: int) -> dict[str, int]:
-    return {
-        _NO_PARTIAL: _simulate(events, bs, partial=False),
-        _EXTRA_BLOCK: _simulate(events, bs, extra=True),
-        _FRESH_APPEND: _simulate(events, bs, append="fresh"),
-        _NO_SHARING: _simulate(events, bs, share=False),
-        _NO_COW: _simulate(events, bs, cow="never"),
-        _COW_FULL: _simulate(events, bs, cow="always"),
-        _COW_LEAK: _simulate(events, bs, cow_decref=False),
-        _FREE_SHARED: _simulate(events, bs, free="all"),
-        _NEVER_FREED: _simulate(events, bs, free="never"),
-        _POOLED: _simulate(events, bs, count="pooled"),
-    }
+def _simulate(events, bs: int, **model) -> int:
+    """The block count after ``events`` under ``model`` (see :func:`_trace`); 0 for no events."""
+    counts = _trace(events, bs, **model)
+    return counts[-1] if counts else 0
+
+
+# Each recognised mistake, as the models (keyword arguments of _trace) that make it: a learner's
+# counts after every prefix of every case must equal one model's for the mistake to be named. Once a
+# mistake has made a table disagree with its sequence's length, "grow the table to ceil(length /
+# block_size)" and "fill the last block's free slots, then take blocks for the rest" part ways: each
+# model comes in both styles.
+def _both_appends(*models: dict) -> list[dict]:
+    return [m if "append" in m else {**m, "append": a} for m in models
+            for a in (("table", "slots") if "append" not in m else (m["append"],))]
+
+
+_BLOCK_MODELS: dict[str, list[dict]] = {
+    _NO_PARTIAL: _both_appends(dict(blocks="floor"), dict(blocks="floor-min-1")),
+    _EXTRA_BLOCK: _both_appends(dict(blocks="plus-one")),
+    _FRESH_APPEND: [dict(append="fresh"), dict(append="fresh-cow")],
+    _NO_SHARING: _both_appends(dict(fork="copy"), dict(count="per-seq"), dict(count="refs")),
+    _NO_COW: _both_appends(dict(cow="never")),
+    _COW_FULL: _both_appends(dict(cow="always")),
+    _COW_LEAK: _both_appends(dict(cow_decref=False)),
+    _FREE_SHARED: _both_appends(dict(free="all"), dict(free="all", count="nonzero")),
+    _NEVER_FREED: _both_appends(dict(free="never")),
+    _POOLED: [dict(count="pooled")],
+    _PEAK: [dict(count="peak")],
+    _ALIASED_TABLE: _both_appends(dict(fork="alias"), dict(fork="alias", count="nonzero")),
+    _FORK_EMPTY: _both_appends(dict(child_len="zero")),
+    _COPY_AS_FULL: _both_appends(dict(after_copy="full")),
+}
 
 
 def random_events(g: torch.Generator, n_events: int, max_tokens: int) -> list[tuple]:
@@ -462,8 +523,8 @@ def random_events(g: torch.Generator, n_events: int, max_tokens: int) -> list[tu
 # block's free slots); parallel sampling from a prompt whose last block is partly filled (each
 # sample's first token copies it); a system prompt of full blocks whose owner finishes first
 # (nothing to copy, the blocks stay); a copy-on-write followed by the finish of the sequence that
-# kept the original. In this order each recognised mistake first shows on a case where no other
-# mistake gives the same count.
+# kept the original; then two streams drawn from a seed. The learner's function runs on every
+# prefix of every stream, so a wrong count is seen at the event that first makes it wrong.
 _COME_AND_GO = [("new", 0, 10), ("new", 1, 8), ("new", 2, 3), ("free", 1), ("append", 0, 1),
                 ("new", 3, 5)]
 _SAMPLING = [("new", 0, 9), ("fork", 0, 1), ("fork", 0, 2), ("append", 1, 2), ("append", 2, 1)]
@@ -480,16 +541,74 @@ def _blocks_cases() -> list[tuple[list[tuple], int]]:
     return cases
 
 
+def _event_fact(events: list[tuple], bs: int, before: int, expected: int, got: int) -> str:
+    """What the last of ``events`` should do to the count, in the learner's terms (the allocator's
+    state before it from the right model), and what the learner's count did."""
+    *head, event = events
+    kind, seq, *rest = event
+    tables: dict[int, list[int]] = {}
+    lengths: dict[int, int] = {}
+    holders: dict[int, int] = {}
+    fresh = iter(range(10**9))
+    for k, s, *r in head:  # the right allocator's state before the last event
+        if k == "new":
+            tables[s], lengths[s] = [next(fresh) for _ in range(-(-r[0] // bs))], r[0]
+        elif k == "fork":
+            tables[r[0]], lengths[r[0]] = list(tables[s]), lengths[s]
+        elif k == "append":
+            t = tables[s]
+            if lengths[s] % bs and sum(t[-1] in tt for tt in tables.values()) > 1:
+                t[-1] = next(fresh)
+            lengths[s] += r[0]
+            t.extend(next(fresh) for _ in range(-(-lengths[s] // bs) - len(t)))
+        else:
+            del tables[s], lengths[s]
+    for t in tables.values():
+        for b in t:
+            holders[b] = holders.get(b, 0) + 1
+    yours = f"yours went from {before} to {got}" if got != before else f"yours stayed at {got}"
+    if kind == "new":
+        n = rest[0]
+        why = (f"a new sequence of {n} tokens takes ceil({n} / {bs}) = {expected - before} block"
+               f"{'s' if expected - before != 1 else ''}")
+    elif kind == "fork":
+        why = (f"a fork takes no block (the child shares sequence {seq}'s {len(tables[seq])} blocks, each "
+               "gains a reference)")
+    elif kind == "free":
+        t = tables[seq]
+        alone = sum(1 for b in t if holders[b] == 1)
+        why = (f"sequence {seq} held {len(t)} block{'s' if len(t) != 1 else ''}, {alone} of them held by no "
+               f"other sequence: those {alone} return to the free list")
+    else:
+        n, length, t = rest[0], lengths[seq], tables[seq]
+        used = length % bs
+        shared = bool(t) and holders[t[-1]] > 1
+        copy = bool(used) and shared
+        new = -(-(length + n) // bs) - len(t)
+        state = (f"sequence {seq} had {length} tokens in {len(t)} block{'s' if len(t) != 1 else ''}, its last "
+                 + ("full" if not used else f"holding {used} of {bs} slots")
+                 + (", shared with another sequence" if shared else ""))
+        parts = ([f"a copy of the shared, partly filled last block"] if copy else []) + (
+            [f"{new} fresh block{'s' if new != 1 else ''} for positions past the last block"] if new else [])
+        why = (f"{state}; {n} more token{'s' if n != 1 else ''} take "
+               + (" and ".join(parts) if parts else "no block (they fit in the last block's free slots)"))
+    return (f"your count was right after every event before the last one, {event}, and wrong after it: "
+            f"{why}, so the count goes from {before} to {expected}; {yours}.")
+
+
 @exercise("12.3", "count the blocks of a paged cache", points=3, stars=3, notebook=NB,
           section="3. A paged cache")
 def blocks_in_use(t: Trial) -> None:
-    """The count after each stream of events, against the reference's; a wrong count is named when
-    one recognised mistake, and no other, gives it. Not detected (an honest limit of checking a
-    count): copies of a block that no other sequence holds, made where no copy is needed. Such a
-    copy replaces the block in the table and frees the original at once (its count drops to 0), so
-    the number of blocks in use is the same as without it."""
+    """The count after every prefix of each stream of events, against the right allocator's: the
+    first event after which the learner's count is wrong is the one shown. A mistake is named when
+    one of its models (:data:`_BLOCK_MODELS`) gives the learner's count after every prefix of every
+    stream, and no other mistake's does; otherwise the failure says what that event should have
+    done to the count. Not detected (an honest limit of checking a count): copies of a block that no
+    other sequence holds, made where no copy is needed. Such a copy replaces the block in the table
+    and frees the original at once (its count drops to 0), so the number of blocks in use is the
+    same as without it."""
     t.forbidden_references = {"blocks_in_use", "add_sequence", "append_tokens", "fork", "release",
-                              "needs", "_simulate"}
+                              "needs", "_simulate", "_trace"}
     t.error_hints = {
         r"takes \d+ positional argument|missing \d+ required positional argument": "the signature is "
         "blocks_in_use(events, block_size), returning an int.",
@@ -499,20 +618,43 @@ def blocks_in_use(t: Trial) -> None:
         "('new', s, n), ('append', s, n), ('fork', s, child) have three items, ('free', s) two. Unpack "
         "with `kind, seq, *rest = event`.",
     }
-    planned, shown_before = [], set()
+    planned = []
     for events, bs in _blocks_cases():
-        expected = ref.blocks_in_use(events, bs)
-        # A mistake that gave another count on an earlier case cannot reach this one; of the others,
-        # only those whose count no other mistake gives here are named.
-        models = {h: v for h, v in _blocks_mistakes(events, bs).items() if h not in shown_before and v != expected}
-        counts = list(models.values())
-        planned.append((events, bs, expected, {h: v for h, v in models.items() if counts.count(v) == 1}))
-        shown_before |= set(models)
-    for events, bs, expected, mistakes in planned:
-        shown = events if len(events) <= 12 else f"{len(events)} events starting {events[:3]}"
-        got = t.call([tuple(e) for e in events], bs, case=f"events={shown}, block_size={bs}")
-        _require_int(t, got)
-        t.number(got, expected, what="blocks in use", mistakes=mistakes, hint=_BLOCKS_RECIPE, integer=True)
+        expected = [ref.blocks_in_use(events[:k], bs) for k in range(1, len(events) + 1)]
+        models = {h: [_trace(events, bs, **kw) for kw in variants] for h, variants in _BLOCK_MODELS.items()}
+        planned.append((events, bs, expected, models))
+    got_all = []
+    for events, bs, expected, _ in planned:  # every prefix of every stream, before any comparison
+        counts = []
+        for k in range(1, len(events) + 1):
+            got = t.call([tuple(e) for e in events[:k]], bs, case=_blocks_case_name(events[:k], bs))
+            _require_int(t, got)
+            if _type(got) is not int:
+                t.number(got, expected[k - 1], what="blocks in use", hint=_BLOCKS_RECIPE, integer=True)
+            counts.append(got)
+        got_all.append(counts)
+    # the mistakes one of whose models gives every count the learner gave
+    consistent = [h for h in _BLOCK_MODELS
+                  if any(all(planned[i][3][h][v] == got_all[i] for i in range(len(planned)))
+                         for v in range(len(_BLOCK_MODELS[h])))]
+    named = consistent[0] if len(consistent) == 1 else ""
+    for (events, bs, expected, _), counts in zip(planned, got_all):
+        for k, (got, want) in enumerate(zip(counts, expected)):
+            if got == want:
+                continue
+            t.case = _blocks_case_name(events[:k + 1], bs)
+            if named:
+                t.number(got, want, what="blocks in use", diagnosis=named, hint=_BLOCKS_RECIPE, integer=True)
+            before = expected[k - 1] if k else 0
+            t.fail(f"blocks in use: expected {want}, got {got}.", found=_event_fact(events[:k + 1], bs, before,
+                                                                                   want, got),
+                   recipe=_BLOCKS_RECIPE, what="values")
+
+
+def _blocks_case_name(events: list[tuple], bs: int) -> str:
+    shown = (f"{events}" if len(events) <= 12 else
+             f"{len(events)} events: {events[:2]} ... {events[-2:]}".replace("] ... [", ", ..., "))
+    return f"events={shown}, block_size={bs}"
 
 
 def _require_int(t: Trial, got: Any) -> None:
