@@ -245,6 +245,27 @@ def scores_power_precedence(q, k):
 def scores_power_precedence_in_parentheses(q, k):
     return q @ k.transpose(-2, -1) / (q.shape[-1] ** 1/2)  # d_k / 2
 
+def scores_isqrt(q, k):
+    return torch.matmul(q, k.mT) / math.isqrt(q.size(-1))  # floors sqrt(d_k) when d_k is not a square
+
+
+def scores_round_sqrt(q, k):
+    return q @ k.transpose(-2, -1) / round(q.shape[-1] ** 0.5)
+
+
+def scores_bfloat16(q, k):
+    s = torch.einsum("...id,...jd->...ij", q.bfloat16(), k.bfloat16())
+    return s.to(q.dtype) / math.sqrt(q.shape[-1])
+
+
+def scores_head_axis_as_d_k(q, k):
+    return q @ k.transpose(-2, -1) / math.sqrt(q.size(1))  # axis 1, a head axis in the 4-D case
+
+
+def scores_sqrt_dk_plus_one(q, k):
+    return q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1] + 1)
+
+
 # ----------------------------------------------------------------- 2.2 attention_entropy
 
 
@@ -432,6 +453,36 @@ def std_half_the_samples(d_k, n_samples, generator):
     return (q * k).sum(-1).std().item()
 
 
+def std_of_scaled_scores(d_k, n_samples, generator):
+    q = torch.randn(n_samples, d_k, generator=generator)
+    k = torch.randn(n_samples, d_k, generator=generator)
+    return torch.einsum("nd,nd->n", q, k).div(d_k ** 0.5).std().item()  # the scaled score's std
+
+
+def std_entries_scaled(d_k, n_samples, generator):
+    q = torch.randn(n_samples, d_k, generator=generator) * d_k ** -0.5  # "initialised" entries
+    k = torch.randn(n_samples, d_k, generator=generator) * d_k ** -0.5
+    return torch.linalg.vecdot(q, k).std().item()
+
+
+def std_mean_abs(d_k, n_samples, generator):
+    q, k = torch.randn(2, n_samples, d_k, generator=generator)
+    return float(torch.mean(torch.abs((q * k).sum(1))))
+
+
+def std_standard_error(d_k, n_samples, generator):
+    q = torch.randn(n_samples, d_k, generator=generator)
+    k = torch.randn(n_samples, d_k, generator=generator)
+    dots = (q * k).sum(-1)
+    return (dots.std() / math.sqrt(n_samples)).item()
+
+
+def std_returns_mean(d_k, n_samples, generator):
+    q = torch.randn(n_samples, d_k, generator=generator)
+    k = torch.randn(n_samples, d_k, generator=generator)
+    return torch.einsum("nd,nd->n", q, k).mean().item()  # the mean, not the std
+
+
 def std_returns_nan(d_k, n_samples, generator):
     q = torch.randn(n_samples, d_k, generator=generator)
     k = torch.randn(n_samples, d_k, generator=generator)
@@ -490,6 +541,11 @@ WRONG = {
         (scores_multiply_by_dk, "you multiplied by d_k"),
         (scores_power_precedence, "** binds tighter than /, so you divided by 2 d_k"),
         (scores_power_precedence_in_parentheses, "so you divided by d_k / 2"),
+        (scores_isqrt, "you rounded sqrt(d_k) down to a whole number"),
+        (scores_round_sqrt, "you rounded sqrt(d_k) to the nearest whole number"),
+        (scores_bfloat16, "ran in a lower precision"),
+        (scores_head_axis_as_d_k, "square root of q.shape[1], a leading (batch or head) axis"),
+        (scores_sqrt_dk_plus_one, "your scores are q @ k^T divided by 2.236, for every entry; the divisor is sqrt(d_k) = 2"),
     ],
     "attention_entropy": [
         (entropy_as_perplexity, "perplexity"),
@@ -516,7 +572,7 @@ WRONG = {
         (std_returns_variance, "returned the variance"),
         (std_sqrt_of_std, "square root too many"),
         (std_of_products, "single products"),
-        (std_of_mean, "averaged q_i * k_i"),
+        (std_of_mean, "averaging q_i * k_i over the features"),
         (std_sum_over_samples, "summed over the samples axis"),
         (std_q_dot_q, "independent draws"),
         (std_uniform, "not torch.rand"),
@@ -536,6 +592,11 @@ WRONG = {
         (std_half_the_samples, "use all of them"),
         (std_returns_nan, "returned nan, not a finite number"),
         (std_returns_int, "returned int 32"),
+        (std_of_scaled_scores, "sqrt(d_k) times smaller than the std of q·k"),
+        (std_entries_scaled, "d_k times smaller than the std of q·k"),
+        (std_mean_abs, "the mean of |q·k|"),
+        (std_standard_error, "standard error"),
+        (std_returns_mean, "a standard deviation is never negative"),
     ],
 }
 
@@ -661,7 +722,8 @@ RIGHT = {
 FAST_WRONG = {"scaled_scores": 4, "attention_entropy": 4, "dot_product_std": 5}
 FAST_WRONG_ALSO = {"dot_product_std-std_global_rng", "dot_product_std-std_own_generator",
                    "dot_product_std-std_theoretical", "dot_product_std-std_fixed_sample_count",
-                   "dot_product_std-std_returns_tensor"}
+                   "dot_product_std-std_returns_tensor", "dot_product_std-std_of_scaled_scores",
+                   "scaled_scores-scores_isqrt", "scaled_scores-scores_bfloat16"}
 FAST_RIGHT = {"scaled_scores": 1, "attention_entropy": 1, "dot_product_std": 1}
 
 

@@ -30,12 +30,13 @@ _SCALE_HINT = "q @ k.transpose(-2, -1) / math.sqrt(d_k), with d_k = q.shape[-1]"
 def _scale_mistakes(q: torch.Tensor, k: torch.Tensor) -> dict:
     T_q, T_k, d_k = q.shape[-2], k.shape[-2], q.shape[-1]
     raw = lambda: q @ k.transpose(-2, -1)  # noqa: E731
-    return {
+    mistakes = {
         Mistake("missing-scale",
                 "you did not divide by sqrt(d_k): the raw dot products have variance d_k."): raw,
         Mistake("scaled-by-d_k",
-                "you divided by d_k; divide by sqrt(d_k) (dividing by d_k leaves variance 1/d_k, "
-                "and the softmax turns nearly uniform)."): lambda: raw() / d_k,
+                "you divided by d_k; divide by sqrt(d_k) (dividing by d_k leaves variance 1/d_k, and the softmax "
+                "turns nearly uniform). Scaling q by 1/sqrt(d_k) and the scores again also divides by d_k."):
+            lambda: raw() / d_k,
         Mistake("scaled-by-sqrt-T_k",
                 "you divided by sqrt(T), a sequence length; the scale is sqrt(d_k), the query/key "
                 "width q.shape[-1]."): lambda: raw() / math.sqrt(T_k),
@@ -61,7 +62,62 @@ def _scale_mistakes(q: torch.Tensor, k: torch.Tensor) -> dict:
                 "rows are queries: compute q @ k^T ([..., T_q, T_k]), not k @ q^T.",
                 "computed k @ q^T ([..., T_k, T_q]) instead of q @ k^T"):
             lambda: attention.scaled_scores(k, q),
+        Mistake("floored-sqrt-d_k",
+                "you rounded sqrt(d_k) down to a whole number (int(), math.isqrt, // or math.floor): when d_k is "
+                "not a perfect square that changes the scale. Divide by math.sqrt(d_k) itself.",
+                "divided by int(sqrt(d_k)), sqrt(d_k) rounded down"):
+            lambda: raw() / math.floor(math.sqrt(d_k)),
+        Mistake("rounded-sqrt-d_k",
+                "you rounded sqrt(d_k) to the nearest whole number (round()): when d_k is not a perfect square "
+                "that changes the scale. Divide by math.sqrt(d_k) itself.",
+                "divided by round(sqrt(d_k))"):
+            lambda: raw() / round(math.sqrt(d_k)),
     }
+    for axis in range(q.dim() - 2):  # d_k taken from a leading (batch or head) axis, e.g. q.shape[0]
+        n = q.shape[axis]
+        if n not in (1, d_k, T_q, T_k):
+            mistakes[Mistake("scaled-by-sqrt-of-leading-axis",
+                             f"you divided by the square root of q.shape[{axis}], a leading (batch or head) axis; "
+                             "d_k is the query/key width, the last axis: q.shape[-1].",
+                             "divided by the square root of a batch or head axis instead of sqrt(d_k)")] = (
+                lambda n=n: raw() / math.sqrt(n))
+    return mistakes
+
+
+_LOST_PRECISION = Mistake(
+    "lost-precision",
+    "your scores agree with the expected ones to only 2 or 3 significant digits: part of the computation ran in a "
+    "lower precision (float16 or bfloat16: .half(), .bfloat16(), autocast) and was cast back. Compute in q's own "
+    "dtype.",
+    "computed the scores in float16/bfloat16 and cast back (precision lost)")
+
+
+def _scale_diagnosis(got, q: torch.Tensor, k: torch.Tensor, expected: torch.Tensor) -> str:
+    """What a wrong output of the expected shape and dtype does, when it is a property no listed
+    mistake models: the right scores rounded (a lower precision), or divided by another number."""
+    try:
+        if type(got) is not torch.Tensor or got.shape != expected.shape or got.dtype != expected.dtype:
+            return ""
+        g, e = got.detach().double(), expected.detach().double()
+        if not bool(torch.isfinite(g).all()) or torch.allclose(g, e, atol=1e-5, rtol=1e-4):
+            return ""
+        d_k = q.shape[-1]
+        c = float((g * e).sum() / (e * e).sum())
+        if c != 0 and torch.allclose(g, c * e, atol=1e-6, rtol=1e-5):  # one factor for every entry: a scale
+            divisor = math.sqrt(d_k) / c
+            return Mistake(
+                "divided-by-another-number",
+                f"your scores are q @ k^T divided by {divisor:.4g}, for every entry; the divisor is sqrt(d_k) = "
+                f"{math.sqrt(d_k):.4g}, the square root of the query/key width q.shape[-1] = {d_k}.",
+                "divided the scores by another number than sqrt(d_k)")
+        # A rounding-size error that differs from entry to entry: a lower precision somewhere.
+        size = (q.detach().double().abs() @ k.detach().double().abs().transpose(-2, -1)) / math.sqrt(d_k)
+        rel = ((g - e).abs() / size.clamp_min(1e-12)).max().item()
+        if rel < 2**-4:
+            return _LOST_PRECISION
+    except Exception:  # noqa: BLE001 - a diagnosis never breaks a check
+        return ""
+    return ""
 
 
 @exercise("2.1", "scaled scores", points=1, stars=1, notebook=NB, section="1. The variance argument")
@@ -76,17 +132,20 @@ def scaled_scores(t: Trial) -> None:
     }
     # (leading dims, T_q, T_k, d_k, dtype). No two of T_q, T_k, d_k are equal, and sqrt(d_k), d_k,
     # sqrt(T_q), sqrt(T_k) all differ, so each wrong scale gives its own numbers. The float64 case
-    # catches a result built in a fresh (default float32) tensor.
+    # catches a result built in a fresh (default float32) tensor; d_k = 15, not a perfect square,
+    # catches sqrt(d_k) rounded down (to 3) or to the nearest integer (to 4).
     cases = []
     for seed, (lead, T_q, T_k, d_k, dtype) in enumerate([((2, 3), 5, 7, 4, torch.float32), ((), 6, 3, 16, torch.float32),
-                                                         ((2,), 3, 6, 9, torch.float64)]):
+                                                         ((2,), 3, 6, 9, torch.float64),
+                                                         ((3,), 5, 2, 15, torch.float32)]):
         g = seeded(300 + seed)
         q = torch.randn(*lead, T_q, d_k, generator=g, dtype=dtype)
         k = torch.randn(*lead, T_k, d_k, generator=g, dtype=dtype)
         cases.append((q, k, scaling.scaled_scores(q, k), eager_mistakes(_scale_mistakes(q, k))))
     for q, k, expected, mistakes in cases:
         got = t.call(q, k, case=describe_case(q=q, k=k))
-        t.tensor(got, expected, what="scores", mistakes=mistakes, hint=_SCALE_HINT)
+        t.tensor(got, expected, what="scores", mistakes=mistakes, hint=_SCALE_HINT,
+                 diagnosis=_scale_diagnosis(got, q, k, expected))
 
 
 # --------------------------------------------------------------------------- 2.2 attention_entropy
@@ -131,13 +190,15 @@ def _entropy_mistakes(p: torch.Tensor) -> dict:
                 "probabilities; use Categorical(probs=p), or -sum p log p directly."):
             lambda: torch.distributions.Categorical(logits=p).entropy(),
     }
-    mistakes.update({
-        Mistake("sum-over-wrong-axis",
-                f"entropy is over each row's keys, the last axis: sum over dim=-1, not dim={dim}.",
-                "summed over another axis than the keys (dim=-1)"):
-            lambda dim=dim: -plogp().sum(dim)
-        for dim in range(p.ndim - 1)
-    })
+    for dim in range(p.ndim - 1):
+        # Over the queries of a square matrix the shape comes out right: a mistake of its own (a case with
+        # another shape, where this learner summed the right axis, must not refute it).
+        square = dim == p.ndim - 2 and p.shape[-1] == p.shape[-2]
+        text = ("you summed over dim=-2, the queries: in a square [T, T] matrix that gives the right shape but "
+                "not the entropies. Entropy is over each row's keys, the last axis: sum over dim=-1." if square else
+                f"entropy is over each row's keys, the last axis: sum over dim=-1, not dim={dim}.")
+        mistakes[Mistake("sum-over-wrong-axis", text, "summed over another axis than the keys (dim=-1)")] = (
+            lambda dim=dim: -plogp().sum(dim))
     # Guarding log(0) by clamping, or by adding a small number, changes small probabilities.
     for eps in (1e-2, 1e-3, 1e-4, 1e-5, 1e-6):
         small = int(((p > 0) & (p < eps)).sum())
@@ -312,6 +373,8 @@ def _value(t: Trial, got, what: str = "your function") -> float:
 
 
 def _std_mistakes(d_k: int, n: int) -> dict:
+    """hint -> the value a known wrong measurement gives (about), for d_k and n samples. A value shared by
+    several ways of computing it is named by what it is, with those ways as examples."""
     return {
         Mistake("returned-variance",
                 "you returned the variance (about d_k); the standard deviation is its square root: "
@@ -319,12 +382,19 @@ def _std_mistakes(d_k: int, n: int) -> dict:
         Mistake("sqrt-of-std",
                 "you took a square root too many: .std() is already the square root of the "
                 "variance."): d_k ** 0.25,
-        Mistake("std-of-single-products",
-                "you took the std of the single products q_i * k_i; sum them over the d_k features "
-                "first (one dot product per sample), then take the std across samples."): 1.0,
-        Mistake("mean-not-sum-over-features",
-                "you averaged q_i * k_i over the features; a dot product is their sum (the mean is "
-                "the dot product / d_k)."): 1 / math.sqrt(d_k),
+        Mistake("sqrt-d_k-times-too-small",
+                "your result is about 1, sqrt(d_k) times smaller than the std of q·k: a division by sqrt(d_k) too "
+                "many, as the std of the single products q_i * k_i or of the scaled scores q·k / sqrt(d_k) gives. "
+                "Measure the raw dot product: N(0, 1) entries, q_i * k_i summed over the d_k features (no scaling), "
+                "then the std across the n_samples pairs.",
+                "returned about 1 (the std of single products q_i k_i, or of q·k / sqrt(d_k))"): 1.0,
+        Mistake("d_k-times-too-small",
+                "your result is about 1/sqrt(d_k), d_k times smaller than the std of q·k: a division by d_k too "
+                "many, as averaging q_i * k_i over the features (instead of summing) or drawing the entries with std "
+                "1/sqrt(d_k) gives. Draw plain N(0, 1) entries (torch.randn, not rescaled) and sum q_i * k_i over "
+                "the d_k features.",
+                "returned about 1/sqrt(d_k) (the mean over features, or entries of std 1/sqrt(d_k))"):
+            1 / math.sqrt(d_k),
         Mistake("summed-over-samples",
                 "you summed over the samples axis: each dot product sums over the d_k features of "
                 "one (q, k) pair, and the std is taken across the n_samples pairs."): math.sqrt(n),
@@ -339,7 +409,41 @@ def _std_mistakes(d_k: int, n: int) -> dict:
                 "the entries must be N(0, 1): uniform on [-1, 1] has variance 1/3, not 1. Use "
                 "torch.randn.",
                 "drew the entries uniform on [-1, 1], not N(0, 1)"): math.sqrt(d_k) / 3,
+        Mistake("returned-standard-error",
+                "you divided the std by sqrt(n_samples): that is the standard error of the mean of q·k, not the "
+                "spread of the dot products. Return the std itself.",
+                "returned the standard error std / sqrt(n_samples)"): math.sqrt(d_k / n),
+        Mistake("returned-mean-abs",
+                "your result is about 0.8 sqrt(d_k): the mean of |q·k| (sqrt(2/pi) times the std), not the standard "
+                "deviation. Return .std() of the dot products.",
+                "returned the mean of |q·k|, not its std"): math.sqrt(2 / math.pi) * math.sqrt(d_k),
     }
+
+
+_NEGATIVE = Mistake(
+    "negative-result",
+    "a standard deviation is never negative, and your function returned a negative number: it returns something "
+    "else than the std (the mean of the dot products, for one, is about 0 and often negative). Return "
+    ".std() of the n_samples dot products.",
+    "returned a negative number (not a standard deviation)")
+
+
+def _value_mistake(values: dict[int, float]) -> str:
+    """The known wrong value that every measured value (d_k -> value) agrees with, or ''."""
+    found = {}
+    for d_k, n, _ in _VALUE_CASES:
+        v = values.get(d_k)
+        if v is None or v <= 0:
+            return ""
+        for hint, w in _std_mistakes(d_k, n).items():
+            # summing over the samples leaves d_k sums to take the std of: its own estimate is that noisy
+            tol = max(_MISTAKE_TOL, 4 / math.sqrt(2 * d_k)) if hint.slug == "summed-over-samples" else _MISTAKE_TOL
+            if abs(math.log(v / w)) < tol:
+                found.setdefault(hint.slug, []).append(hint)
+    for hits in found.values():
+        if len(hits) == len(_VALUE_CASES):
+            return hits[0]
+    return ""
 
 
 def _spread(t: Trial) -> None:
@@ -353,6 +457,11 @@ def _spread(t: Trial) -> None:
     if type(results) is not list or len(results) != len(seeds):
         t.fail(f"calling your function once per seed gave {describe(results)}.")
     values = [_value(t, r, f"with the generator seeded {s}, your function") for s, r in zip(seeds, results)]
+    negative = [(s, v) for s, v in zip(seeds, values) if v < 0]
+    if negative:
+        t.fail(f"with the generator seeded {negative[0][0]}, your function returned {negative[0][1]:.4g} (and "
+               f"{len(negative) - 1} more negative results over {len(seeds)} seeds): a standard deviation is never "
+               "negative.", _NEGATIVE)
     y = torch.tensor(values, dtype=torch.float64) ** 2
     c = (y.var() / y.mean() ** 2).item()
     c0 = _cv2(_SPREAD_N, _SPREAD_D)
@@ -371,6 +480,7 @@ def _spread(t: Trial) -> None:
 @exercise("2.3", "empirical std of q·k", points=2, stars=2, notebook=NB, section="1. The variance argument")
 def dot_product_std(t: Trial) -> None:
     expected = {d_k: math.sqrt(d_k) for d_k, _, _ in _VALUE_CASES}
+    values, cases = {}, {}
     for i, (d_k, n, seed) in enumerate(_VALUE_CASES):
         got, changed, used, g_after = _call_watched(t, d_k, n, seed)
         value = _value(t, got)
@@ -406,13 +516,20 @@ def dot_product_std(t: Trial) -> None:
                                     _RESEEDED_GENERATOR)
                 t.fail("generators with different seeds gave the same result: it does not depend on the numbers "
                        "drawn.", recipe=_RECIPE)
-        tol = _rel_tol(d_k, n)
-        matched = next((h for h, v in _std_mistakes(d_k, n).items()
-                        if value > 0 and abs(math.log(value / v)) < _MISTAKE_TOL), "")
+        values[d_k], cases[d_k] = value, t.case
+    # A known wrong value is named only if every case gives it (one value can coincide by chance).
+    matched = _value_mistake(values)
+    for d_k, n, _ in _VALUE_CASES:
+        t.case = cases[d_k]
+        value, tol = values[d_k], _rel_tol(d_k, n)
+        if value < 0:
+            t.fail(f"your function returned {value:.4g}: a standard deviation is never negative.", _NEGATIVE)
+        if matched and matched.slug == "returned-standard-error":
+            _spread(t)  # |mean of q·k| is that size too, by chance: the mean is negative for some seeds
+            t.case = cases[d_k]
         if not matched and not math.isclose(value, expected[d_k], rel_tol=tol):
-            case = t.case
             _spread(t)  # an unrecognised value: is the number of samples the cause?
-            t.case = case
+            t.case = cases[d_k]
         t.number(value, expected[d_k], rel=tol, diagnosis=matched, hint=_RECIPE,
                  what=f"std of q·k (accepted within ±{100 * tol:.1f}%, {_N_SE:g} standard errors)")
     _spread(t)
