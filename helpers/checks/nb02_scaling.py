@@ -519,17 +519,19 @@ def dot_product_std(t: Trial) -> None:
         values[d_k], cases[d_k] = value, t.case
     # A known wrong value is named only if every case gives it (one value can coincide by chance).
     matched = _value_mistake(values)
+    spread = False
     for d_k, n, _ in _VALUE_CASES:
         t.case = cases[d_k]
         value, tol = values[d_k], _rel_tol(d_k, n)
         if value < 0:
             t.fail(f"your function returned {value:.4g}: a standard deviation is never negative.", _NEGATIVE)
-        if matched and matched.slug == "returned-standard-error":
-            _spread(t)  # |mean of q·k| is that size too, by chance: the mean is negative for some seeds
-            t.case = cases[d_k]
-        if not matched and not math.isclose(value, expected[d_k], rel_tol=tol):
-            _spread(t)  # an unrecognised value: is the number of samples the cause?
-            t.case = cases[d_k]
+        # An unrecognised value: is the number of samples the cause? A standard error: |mean of q·k| is
+        # that size too, by chance, but the mean is negative for some seeds.
+        unrecognised = not matched and not math.isclose(value, expected[d_k], rel_tol=tol)
+        if not spread and (unrecognised or matched and matched.slug == "returned-standard-error"):
+            _spread(t)
+            spread, t.case = True, cases[d_k]
         t.number(value, expected[d_k], rel=tol, diagnosis=matched, hint=_RECIPE,
                  what=f"std of q·k (accepted within ±{100 * tol:.1f}%, {_N_SE:g} standard errors)")
-    _spread(t)
+    if not spread:
+        _spread(t)
