@@ -185,3 +185,19 @@ def test_the_remaining_cases_stop_at_their_time_budget():
         t.call(torch.zeros(2))
     with pytest.raises(CheckFailed, match="values differ"):
         t._conclude()
+
+
+def test_a_call_fed_with_a_wrong_returned_state_weighs_no_mistake():
+    """A stateful check (a cache, an allocator) feeds the function what it returned: after a
+    failure that state is the learner's wrong one, so the mistake models (computed from the right
+    state) can neither name nor refute anything there."""
+    t = core.Trial(EXERCISES["merge_heads"], lambda x: x + 1, 30.0)
+    out = t.call(torch.zeros(2))
+    t.tensor(out, torch.zeros(2), mistakes={A: torch.ones(2)})
+    out2 = t.call(out)  # fed the wrong state back
+    t.tensor(out2, torch.zeros(2), mistakes={A: torch.full((2,), 5.0)})
+    assert "you did A" in str(_concluded(t))
+    t = core.Trial(EXERCISES["merge_heads"], lambda x: x + 1, 30.0)
+    t.tensor(t.call(torch.zeros(2)), torch.zeros(2), mistakes={A: torch.ones(2)})
+    t.tensor(t.call(torch.ones(2)), torch.zeros(2), mistakes={A: torch.full((2,), 5.0)})  # a fresh input refutes
+    assert "you did A" not in str(_concluded(t))

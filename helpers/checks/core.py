@@ -217,6 +217,8 @@ class Trial:
         self._pending: dict | None = None  # the first failure, reported when the cases have run
         self._collect_until = 0.0
         self._longest_call = 0.0  # seconds: the slowest call of the learner's function so far
+        self._returned: list[Any] = []  # what the learner's function returned (kept, so that ids stay unique)
+        self._weighing = True  # False for a call fed with what the function returned after a failure
         self._refuted: set[str] = set()  # mistakes whose model differed from the output in some comparison
         self._number_failures: dict[str, list] = {}  # what -> [(got, expected, factors)] of failing numbers
 
@@ -357,7 +359,14 @@ class Trial:
             with quiet:
                 outcome = protected_call(fn, args, kwargs, learner=self.fn, watched=watcher is not None, **spec)
         self._longest_call = max(self._longest_call, _monotonic() - began)
-        return self._settle(outcome)
+        # A call fed with what the function returned before (a cache, the state of an allocator)
+        # after a failure starts from the learner's wrong state: what it returns weighs no mistake.
+        mine = {id(x) for x in self._returned}
+        fed = [a for a in (*args, *kwargs.values()) for a in ((a, *a) if _type(a) in (tuple, list) else (a,))]
+        self._weighing = self._pending is None or not any(id(a) in mine for a in fed)
+        out = self._settle(outcome)  # (output, observations)
+        self._returned += [out[0], *(out[0] if _type(out[0]) in (tuple, list) else ())]
+        return out
 
     def _settle(self, outcome: dict) -> tuple[Any, Any]:
         """Fail as ``outcome`` (from :func:`protected_call`) says, or return (output, observations)."""
@@ -552,6 +561,8 @@ class Trial:
         refuted for the rest of this check (a case the learner passed refutes a model that differs
         from the expected output there). Lazy models (callables) are evaluated on failures only."""
         hits, missed = [], []
+        if not self._weighing:
+            return hits
         for hint, wrong in (mistakes or {}).items():
             if callable(wrong) and not failing:
                 continue
