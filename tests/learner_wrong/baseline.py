@@ -31,12 +31,12 @@ def _alarm(signum, frame):
 
 
 def run_one(check, fn, timeout):
-    """-> (passed, feedback text, seconds)."""
+    """-> (passed, feedback text, seconds, mistake id or '')."""
     buf = io.StringIO()
     start = time.time()
     signal.signal(signal.SIGALRM, _alarm)
     signal.alarm(timeout)
-    passed, text = False, ""
+    passed, text, mid = False, "", ""
     try:
         with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
             result = check(fn)
@@ -48,12 +48,13 @@ def run_one(check, fn, timeout):
         if isinstance(e, KeyboardInterrupt):
             raise
         text = f"{str(e)}" if type(e).__name__ == "CheckFailed" else f"{type(e).__name__}: {e}"
+        mid = getattr(e, "mistake_id", "")
         text = buf.getvalue() + text
     finally:
         signal.alarm(0)
     if passed and ("failed" in text.lower() and "✓" not in text):
         passed = False  # a check that printed its failure instead of raising
-    return passed, text.strip(), round(time.time() - start, 1)
+    return passed, text.strip(), round(time.time() - start, 1), mid
 
 
 def run(modules, timeout, results=None, store=None):
@@ -68,8 +69,8 @@ def run(modules, timeout, results=None, store=None):
         for exercise, wrongs in mod.WRONG.items():
             rows = []
             for desc, fn in wrongs:
-                passed, text, secs = run_one(getattr(checks, exercise), fn, timeout)
-                rows.append({"desc": desc, "passed": passed, "feedback": text, "seconds": secs})
+                passed, text, secs, mid = run_one(getattr(checks, exercise), fn, timeout)
+                rows.append({"desc": desc, "passed": passed, "feedback": text, "seconds": secs, "mistake_id": mid})
                 print(f"{name} {exercise}: {'PASSED' if passed else 'rejected'} ({secs} s) {desc}",
                       flush=True)
             out[exercise] = {"module": name, "rows": rows}
@@ -88,9 +89,10 @@ def first_lines(text, n=3):
     return keep + hints[:1]
 
 
-def write_markdown(results):
-    from tests.learner_wrong.judgement import JUDGED
+def write_markdown(results, after=False):
+    from tests.learner_wrong.judgement import JUDGED, JUDGED_AFTER
 
+    JUDGED = JUDGED_AFTER if after else JUDGED  # noqa: N806
     order = {m: i for i, m in enumerate(MODULES)}
     exercises = sorted(results, key=lambda e: (order[results[e]["module"]],
                                                list(results).index(e)))
@@ -118,6 +120,11 @@ def write_markdown(results):
             overall[k] += counts[k]
     share = 100 * overall["named"] / max(1, overall["written"])
     head = [
+        "# After: the same wrong answers against the checks with diagnosis by property",
+        "",
+        "The answers of BASELINE.md, run again after issue 32's changes to the checks. Regenerate with",
+        "`.venv/bin/python -m tests.learner_wrong.baseline --after` (then `--record` for the test).",
+    ] if after else [
         "# Baseline: learner-style wrong answers against the current checks",
         "",
         "Written from the exercise statements only (not the checks, tests or solutions), before",
@@ -140,7 +147,7 @@ def write_markdown(results):
         *table,
         "| **all** | " + " | ".join(str(overall[k]) for k in overall) + " |",
     ]
-    (HERE / "BASELINE.md").write_text("\n".join(head + body) + "\n")
+    (HERE / ("AFTER.md" if after else "BASELINE.md")).write_text("\n".join(head + body) + "\n")
     return overall
 
 
@@ -150,7 +157,16 @@ def main():
     ap.add_argument("--timeout", type=int, default=300, help="seconds per check")
     ap.add_argument("--report-only", action="store_true", help="rewrite BASELINE.md only")
     ap.add_argument("--print", action="store_true", help="print each answer's feedback; store nothing")
+    ap.add_argument("--after", action="store_true", help="store after.json and write AFTER.md (judgement's CODES_AFTER)")
+    ap.add_argument("--record", action="store_true",
+                    help="write expected.json (tests/test_learner_wrong.py) from baseline.json")
     args = ap.parse_args()
+    if args.record:
+        results = json.loads((HERE / "after.json").read_text())
+        expected = {ex: [r["mistake_id"] + ("+found" if "\n  found: " in r["feedback"] else "") for r in item["rows"]]
+                    for ex, item in results.items() if item["module"] in MODULES}
+        (HERE / "expected.json").write_text(json.dumps(expected, indent=1) + "\n")
+        return
     if args.print:
         modules = args.only.split(",") if args.only else MODULES
         for exercise, item in run(modules, args.timeout).items():
@@ -158,12 +174,12 @@ def main():
                 print(f"\n### {exercise} #{i} {'PASSED' if row['passed'] else 'rejected'}: {row['desc']}")
                 print("\n".join(first_lines(row["feedback"])))
         return
-    store = HERE / "baseline.json"
+    store = HERE / ("after.json" if args.after else "baseline.json")
     results = json.loads(store.read_text()) if store.exists() else {}
     if not args.report_only:
         modules = args.only.split(",") if args.only else MODULES
         results = run(modules, args.timeout, results, store)
-    print(write_markdown(results))
+    print(write_markdown(results, after=args.after))
 
 
 if __name__ == "__main__":
