@@ -1283,8 +1283,10 @@ if triton is not None:
         Q, K, V, DO, DK, DV, Lse, Delta, sm_scale, stride_b, stride_h, stride_t, H, T,
         HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         MASK_LOADS: tl.constexpr, MASK_STORE: tl.constexpr,
-        CAUSAL_MODE: tl.constexpr,  # 0: ok; 1: no mask, all blocks; 2: keep j < i; 3: blocks skipped, no mask
+        CAUSAL_MODE: tl.constexpr,  # 0: ok; 1: no mask, all blocks; 2: keep j < i; 3: blocks skipped, no mask;
+        # 4: blocks skipped, keep j >= i
         SCALE_GRADS: tl.constexpr, USE_DELTA: tl.constexpr, LSE_CONVERT: tl.constexpr,
+        DKDV_MISTAKE: tl.constexpr = 0,  # 1: dV from P (no transpose); 2: dK from P; 3: starts after the diagonal block
     ):
         start_n = tl.program_id(0)
         off_bh = tl.program_id(1)
@@ -1303,6 +1305,8 @@ if triton is not None:
         lo = 0
         if CAUSAL and CAUSAL_MODE != 1:
             lo = start_n * BLOCK_N  # queries before this key block never see it
+            if DKDV_MISTAKE == 3:
+                lo = (start_n + 1) * BLOCK_N
         for start_m in range(lo, T, BLOCK_M):
             offs_m = start_m + tl.arange(0, BLOCK_M)
             q_offs = base + offs_m[:, None] * stride_t + offs_d[None, :]
@@ -1328,13 +1332,21 @@ if triton is not None:
                     pT = tl.where(offs_m[None, :] >= offs_n[:, None], pT, 0.0)
                 elif CAUSAL_MODE == 2:
                     pT = tl.where(offs_m[None, :] > offs_n[:, None], pT, 0.0)
-            dv = tl.dot(pT.to(do.dtype), do, dv)
+                elif CAUSAL_MODE == 4:
+                    pT = tl.where(offs_m[None, :] <= offs_n[:, None], pT, 0.0)
+            if DKDV_MISTAKE == 1:
+                dv = tl.dot(tl.trans(pT).to(do.dtype), do, dv)
+            else:
+                dv = tl.dot(pT.to(do.dtype), do, dv)
             dpT = tl.dot(v, tl.trans(do))
             if USE_DELTA:
                 dsT = pT * (dpT - delta[None, :])
             else:
                 dsT = pT * dpT
-            dk = tl.dot(dsT.to(q.dtype), q, dk)
+            if DKDV_MISTAKE == 2:
+                dk = tl.dot(pT.to(q.dtype), q, dk)
+            else:
+                dk = tl.dot(dsT.to(q.dtype), q, dk)
         if SCALE_GRADS:
             dk = dk * sm_scale
         if MASK_STORE:
@@ -1350,6 +1362,7 @@ if triton is not None:
         HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         MASK_LOADS: tl.constexpr, MASK_STORE: tl.constexpr, CAUSAL_MODE: tl.constexpr,
         SCALE_GRADS: tl.constexpr, USE_DELTA: tl.constexpr, LSE_CONVERT: tl.constexpr,
+        DKDV_MISTAKE: tl.constexpr = 0,  # (the dK/dV kernel's)
     ):
         start_m = tl.program_id(0)
         off_bh = tl.program_id(1)
@@ -1392,6 +1405,8 @@ if triton is not None:
                     p = tl.where(offs_m[:, None] >= cols[None, :], p, 0.0)
                 elif CAUSAL_MODE == 2:
                     p = tl.where(offs_m[:, None] > cols[None, :], p, 0.0)
+                elif CAUSAL_MODE == 4:
+                    p = tl.where(offs_m[:, None] <= cols[None, :], p, 0.0)
             dp = tl.dot(do, tl.trans(v))
             if USE_DELTA:
                 ds = p * (dp - delta[:, None])
@@ -1405,22 +1420,25 @@ if triton is not None:
         else:
             tl.store(DQ + q_offs, dq.to(DQ.dtype.element_ty))
 
-    def _backward(name, grads_fp32=False, **mistakes):
+    def _backward(name, grads_fp32=False, delta_without_o=False, k_first=False, block=BLOCK, **mistakes):
         """A learner's backward launcher (D in PyTorch, then the two kernels) with mistakes switched on."""
         flags = dict(MASK_LOADS=True, MASK_STORE=True, CAUSAL_MODE=0, SCALE_GRADS=True, USE_DELTA=True, LSE_CONVERT=True)
         flags.update(mistakes)
 
         def flash_attention_triton_backward(q, k, v, out, lse, grad_out, causal=False):
             B, H, T, d = q.shape
-            delta = (out.float() * grad_out.float()).sum(dim=-1).contiguous()  # D = rowsum(dO * O)
+            if delta_without_o:
+                delta = grad_out.float().sum(dim=-1).contiguous()
+            else:
+                delta = (out.float() * grad_out.float()).sum(dim=-1).contiguous()  # D = rowsum(dO * O)
             make = (lambda x: torch.empty(x.shape, dtype=torch.float32, device=x.device)) if grads_fp32 else torch.empty_like
             dq, dk, dv = make(q), make(k), make(v)
             args = (1 / math.sqrt(d), q.stride(0), q.stride(1), q.stride(2), H, T)
-            meta = dict(HEAD_DIM=d, CAUSAL=causal, BLOCK_M=BLOCK, BLOCK_N=BLOCK, **flags)
-            grid = (triton.cdiv(T, BLOCK), B * H)
+            meta = dict(HEAD_DIM=d, CAUSAL=causal, BLOCK_M=block, BLOCK_N=block, **flags)
+            grid = (triton.cdiv(T, block), B * H)
             _learner_bwd_dkdv[grid](q, k, v, grad_out, dk, dv, lse, delta, *args, **meta)
             _learner_bwd_dq[grid](q, k, v, grad_out, dq, lse, delta, *args, **meta)
-            return dq, dk, dv
+            return (dk, dq, dv) if k_first else (dq, dk, dv)
 
         flash_attention_triton_backward.__name__ = name
         return flash_attention_triton_backward
@@ -1504,7 +1522,7 @@ if triton is not None:
         (triton_forward_returns_meta, "meta device"),
     ]
     WRONG["flash_attention_triton_backward"] = [
-        (_backward("bwd_causal_blocks_but_no_mask", CAUSAL_MODE=3), "the same shapes passed with causal=False"),
+        (_backward("bwd_causal_blocks_but_no_mask", CAUSAL_MODE=3), "causal mask is missing in the backward pass"),
         (_backward("bwd_no_sm_scale", SCALE_GRADS=False), "miss the softmax scale"),
         (_backward("bwd_no_delta", USE_DELTA=False), "D is missing"),
         (_backward("bwd_lse_not_converted", LSE_CONVERT=False), "lse in the wrong units"),
@@ -1515,6 +1533,12 @@ if triton is not None:
         (_backward("bwd_grads_float32", grads_fp32=True), "expected dtype torch.float16"),
         (triton_backward_in_pytorch, "no Triton kernel ran"),
         (triton_backward_copies_autograd, "computed with q, k and v in PyTorch"),
+        (_backward("bwd_dv_from_p_untransposed", DKDV_MISTAKE=1), "yours adds tl.dot(p, do): transpose P"),
+        (_backward("bwd_dk_from_p", DKDV_MISTAKE=2), "dK was accumulated from P"),
+        (_backward("bwd_dkdv_after_diagonal_block", block=16, DKDV_MISTAKE=3), "dK and dV miss the diagonal block"),
+        (_backward("bwd_causal_keeps_future", block=16, CAUSAL_MODE=4), "the backward mask keeps keys j >= i"),
+        (_backward("bwd_delta_without_o", delta_without_o=True), "yours is rowsum(dO), the O is missing"),
+        (_backward("bwd_k_first", k_first=True), "returned in the wrong order"),
     ]
 
 

@@ -540,31 +540,6 @@ def flash_attention_triton(t: Trial) -> None:
 # =========================================================================== 9.4 Triton backward
 
 
-def _backward64(q, k, v, lse, do, causal: bool, scale_grads: bool = True, use_delta: bool = True,
-                mask: str = "causal", lse_units: str = "ln", dv_transposed: bool = True):
-    """Gradients in float64 from P recomputed with the given lse, with one mistake switched on."""
-    q, k, v, do = (x.detach().to("cpu", torch.float64) for x in (q, k, v, do))
-    lse = lse.detach().to("cpu", torch.float64)
-    T, d = q.shape[-2:]
-    scale = 1 / math.sqrt(d)
-    s = q @ k.transpose(-2, -1) * scale
-    p = torch.exp(s - lse[..., None])
-    if lse_units == "log2-missed":  # exp2(s * scale * log2e - lse): lse not converted to log2 units
-        p = p * torch.exp(lse * (1 - math.log(2)))[..., None]
-    if causal and mask != "none":
-        keep = att.causal_mask(T)
-        if mask == "strict":
-            keep = keep & ~torch.eye(T, dtype=torch.bool)
-        p = p.masked_fill(~keep, 0.0)
-    o = p @ v
-    dv = p.transpose(-2, -1) @ do if dv_transposed else p @ do
-    dp = do @ v.transpose(-2, -1)
-    delta = (do * o).sum(dim=-1, keepdim=True) if use_delta else 0.0
-    ds = p * (dp - delta)
-    g = scale if scale_grads else 1.0
-    return ds @ k * g, ds.transpose(-2, -1) @ q * g, dv
-
-
 _BWD_HINTS = {
     "dv": "dV = P^T dO, with P = exp(S * sm_scale - lse) recomputed from the saved lse (natural log: with exp2, "
           "multiply both by log2(e)).",
@@ -573,32 +548,165 @@ _BWD_HINTS = {
 }
 
 
-def _backward_mistakes(q, k, v, lse, do, causal: bool, which: int, dtype, dev) -> dict[str, Callable]:
-    def g(**kw):
-        return lambda: _backward64(q, k, v, lse, do, causal, **kw)[which].to(device=dev, dtype=dtype)
+_TILES = (16, 32, 64, 128)  # the square block sizes (BLOCK_M = BLOCK_N) a learner's kernels may use
 
-    mistakes = {
-        Mistake("grads-miss-sm_scale", "the gradients of q and k miss the softmax scale: S = "
-                "sm_scale * Q K^T, so dQ = sm_scale * dS K and dK = sm_scale * dS^T Q."):
-            g(scale_grads=False),
-        Mistake("missing-D", "D is missing: dS = P * (dP - D) with D = rowsum(dO * O) (one number "
-                "per query row), not P * dP."):
-            g(use_delta=False),
-        Mistake("lse-wrong-units", "P was recomputed with lse in the wrong units: lse is a natural "
-                "log; with tl.exp2 use exp2(qk * sm_scale * log2(e) - lse * log2(e))."):
-            g(lse_units="log2-missed"),
-    }
-    if which == 2:
-        mistakes[Mistake("P-not-transposed-in-dV", "dV = P^T dO (keys x queries times queries x "
-                         "d): transpose P.",
-                         "computed dV with P instead of P^T")] = g(dv_transposed=False)
+
+def _tile_product(a: torch.Tensor, x: torch.Tensor, b: int, pattern: str) -> torch.Tensor:
+    """A tile-by-tile product with a forgotten transpose, on [..., T, T] ``a`` and [..., T, d] ``x``
+    padded to a multiple of ``b``: "rows" gives out[kb, r] = sum_{mb, c} a[mb, r, kb, c] x[mb, c] (the
+    dK/dV kernel's P @ dO instead of P^T @ dO), "cols" out[mb, r] = sum_{kb, c} a[mb, c, kb, r] x[kb, c]
+    (the dQ kernel's dS^T @ K instead of dS @ K)."""
+    T, d = x.shape[-2:]
+    n = -(-T // b)
+    pad = n * b - T
+    a = torch.nn.functional.pad(a, (0, pad, 0, pad)).reshape(*a.shape[:-2], n, b, n, b)
+    x = torch.nn.functional.pad(x, (0, 0, 0, pad)).reshape(*x.shape[:-2], n, b, d)
+    out = (torch.einsum("...manc,...mcd->...nad", a, x) if pattern == "rows"
+           else torch.einsum("...mcna,...ncd->...mad", a, x))
+    return out.reshape(*x.shape[:-3], n * b, d)[..., :T, :]
+
+
+def _bwd_model(q, k, v, lse, do, causal: bool, block: int | None = None, mask: str = "causal",
+               skip_diag: bool = False, scale_dq: bool = True, scale_dk: bool = True, delta: str = "o",
+               p_units: str = "ln", p_scaled: bool = True, dv_form: str = "ok", dk_form: str = "ok",
+               dq_form: str = "ok") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) in float64 of two backward kernels (dK/dV per key block, dQ per query block) with
+    one mistake switched on. ``block``: the kernels' square tiles; with causal=True their loops visit
+    the query blocks from the key block's own on (dK/dV; after it with ``skip_diag``) and the key
+    blocks up to the query block's own (dQ), so a wrong mask acts inside those tiles only (None: the
+    loops visit every tile). ``mask``: "causal" (keep j <= i), "none", "strict" (j < i), "reversed"
+    (j >= i). ``delta``: D = rowsum(dO * O), "none" (0) or "do" (rowsum(dO)). ``p_units``: P = exp(S -
+    lse), "exp2" (exp2(S - lse), natural-log S and lse) or "log2-missed" (exp2(S log2(e) - lse)).
+    ``p_scaled=False``: S = Q K^T without sm_scale. ``dv_form`` / ``dk_form``: "tile-rows" (P @ dO / dS @
+    Q per tile, the transpose forgotten), "full" (the whole P @ dO), "from-p" (dK from P, not dS);
+    ``dq_form`` "tile-cols" (dS^T @ K per tile)."""
+    q, k, v, do = (x.detach().to("cpu", torch.float64) for x in (q, k, v, do))
+    lse = lse.detach().to("cpu", torch.float64)
+    T, d = q.shape[-2:]
+    scale = 1 / math.sqrt(d)
+    raw = q @ k.transpose(-2, -1)
+    s = raw * scale if p_scaled else raw
+    if p_units == "exp2":
+        p = torch.exp2(s - lse[..., None])
+    elif p_units == "log2-missed":
+        p = torch.exp(s - lse[..., None]) * torch.exp(lse * (1 - math.log(2)))[..., None]
+    else:
+        p = torch.exp(s - lse[..., None])
+    i = torch.arange(T)[:, None]
+    j = torch.arange(T)[None, :]
+    p_kv = p_q = p
     if causal:
-        mistakes[Mistake("backward-mask-missing", "the causal mask is missing in the backward "
-                         "pass: P recomputed from lse must be 0 for keys j > i (tl.where(offs_m[:, "
-                         "None] >= offs_n[None, :], p, 0.0)).")] = g(mask="none")
-        mistakes[Mistake("backward-mask-hides-diagonal", "the backward mask also hides the "
-                         "diagonal: query i attends to key i (keep j <= i).")] = g(mask="strict")
-    return mistakes
+        keep = {"causal": j <= i, "none": torch.ones(T, T, dtype=torch.bool), "strict": j < i,
+                "reversed": j >= i}[mask]
+        if block is None:
+            seen_kv = seen_q = torch.ones(T, T, dtype=torch.bool)
+        else:
+            seen_q = (j // block) <= (i // block)
+            seen_kv = (i // block) > (j // block) if skip_diag else seen_q
+        p_kv, p_q = p * (keep & seen_kv), p * (keep & seen_q)
+    p_true = torch.exp(raw * scale - lse[..., None]) * ((j <= i) if causal else 1)
+    o = p_true @ v
+    dd = {"o": (do * o).sum(-1, keepdim=True), "none": 0.0, "do": do.sum(-1, keepdim=True)}[delta]
+    dp = do @ v.transpose(-2, -1)
+    ds_kv, ds_q = p_kv * (dp - dd), p_q * (dp - dd)
+    if dv_form == "tile-rows":
+        dv = _tile_product(p_kv, do, block, "rows")
+    elif dv_form == "full":
+        dv = p_kv @ do
+    else:
+        dv = p_kv.transpose(-2, -1) @ do
+    if dk_form == "tile-rows":
+        dk = _tile_product(ds_kv, q, block, "rows")
+    elif dk_form == "from-p":
+        dk = p_kv.transpose(-2, -1) @ q
+    else:
+        dk = ds_kv.transpose(-2, -1) @ q
+    dq = _tile_product(ds_q, k, block, "cols") if dq_form == "tile-cols" else ds_q @ k
+    return dq * (scale if scale_dq else 1.0), dk * (scale if scale_dk else 1.0), dv
+
+
+def _backward_models(q, k, v, lse, do, causal: bool) -> list[tuple[str, Callable]]:
+    """(mistake, zero-argument callable giving its (dq, dk, dv)) for the mistakes of 9.4; a mistake
+    whose model depends on the kernels' block size comes once per block size in ``_TILES``."""
+    def g(**kw):
+        return lambda: _bwd_model(q, k, v, lse, do, causal, **kw)
+
+    scale_hint = ("the gradients of q and k miss the softmax scale: S = sm_scale * Q K^T, so dQ = sm_scale * dS K "
+                  "and dK = sm_scale * dS^T Q.")
+    models: list[tuple[str, Callable]] = [
+        (Mistake("grads-miss-sm_scale", scale_hint), g(scale_dq=False, scale_dk=False)),
+        (Mistake("grads-miss-sm_scale", "dQ misses the softmax scale (dK has it): S = sm_scale * Q K^T, so dQ = "
+                 "sm_scale * dS K, as dK = sm_scale * dS^T Q."), g(scale_dq=False)),
+        (Mistake("grads-miss-sm_scale", "dK misses the softmax scale (dQ has it): S = sm_scale * Q K^T, so dK = "
+                 "sm_scale * dS^T Q, as dQ = sm_scale * dS K."), g(scale_dk=False)),
+        (Mistake("missing-D", "D is missing: dS = P * (dP - D) with D = rowsum(dO * O) (one number "
+                 "per query row), not P * dP."), g(delta="none")),
+        (Mistake("D-without-O", "D is rowsum(dO * O), one number per query row: yours is rowsum(dO), "
+                 "the O is missing: D = (grad_out.float() * out.float()).sum(-1).",
+                 "computed D as rowsum(dO) instead of rowsum(dO * O)"), g(delta="do")),
+        (Mistake("lse-wrong-units", "P was recomputed with lse in the wrong units: lse is a natural "
+                 "log; with tl.exp2 use exp2(qk * sm_scale * log2(e) - lse * log2(e))."), g(p_units="log2-missed")),
+        (Mistake("exp2-of-natural-log", "P = exp2(S - lse) with S and lse in natural-log units: exp2 "
+                 "needs both multiplied by log2(e), p = tl.exp2((qk * sm_scale - lse) * log2(e)), or use "
+                 "tl.exp(qk * sm_scale - lse).", "recomputed P with exp2 on natural-log S and lse"),
+         g(p_units="exp2")),
+        (Mistake("P-without-sm_scale", "P was recomputed from Q K^T without sm_scale: P = exp(sm_scale * "
+                 "Q K^T - lse), the same scores the forward pass used.",
+                 "recomputed P from unscaled scores"), g(p_scaled=False)),
+        (Mistake("P-not-transposed-in-dV", "dV = P^T dO (keys x queries times queries x "
+                 "d): transpose P.", "computed dV with P instead of P^T"), g(dv_form="full")),
+        (Mistake("dK-from-P", "dK was accumulated from P: it is dK = sm_scale * dS^T Q, with dS = P * (dP - D) "
+                 "(dV is the one built from P).", "accumulated dK from P instead of dS"), g(dk_form="from-p")),
+    ]
+    for b in _TILES:
+        models += [
+            (Mistake("P-not-transposed-in-dV", "dV = P^T dO: in the dK/dV kernel each tile adds "
+                     "tl.dot(tl.trans(p), do) (keys x queries times queries x d); yours adds tl.dot(p, do): "
+                     "transpose P.", "computed dV with P instead of P^T"), g(block=b, dv_form="tile-rows")),
+            (Mistake("dS-not-transposed-in-dK", "dK = sm_scale * dS^T Q: in the dK/dV kernel each tile adds "
+                     "tl.dot(tl.trans(ds), q); yours adds tl.dot(ds, q): transpose dS.",
+                     "computed dK with dS instead of dS^T"), g(block=b, dk_form="tile-rows")),
+            (Mistake("dS-transposed-in-dQ", "dQ = sm_scale * dS K: in the dQ kernel each tile adds "
+                     "tl.dot(ds, k), [BLOCK_M, BLOCK_N] x [BLOCK_N, d]; yours transposes dS.",
+                     "computed dQ with dS^T instead of dS"), g(block=b, dq_form="tile-cols")),
+        ]
+    if causal:
+        missing = Mistake("backward-mask-missing", "the causal mask is missing in the backward "
+                          "pass: P recomputed from lse must be 0 for keys j > i (tl.where(offs_m[:, "
+                          "None] >= offs_n[None, :], p, 0.0)).")
+        reversed_ = Mistake("backward-mask-reversed", "the backward mask keeps keys j >= i, the "
+                            "future: P must be 0 for keys j > i, so keep offs_m[:, None] >= offs_n[None, :] "
+                            "(query i, key j), not <=.", "the backward causal mask keeps j >= i instead of j <= i")
+        skipped = Mistake("dkdv-skips-diagonal-block", "dK and dV miss the diagonal block: in the dK/dV "
+                          "kernel the loop over query blocks must start at the key block's own query block "
+                          "(start_m from start_n * BLOCK_N, rounded down to a multiple of BLOCK_M), since "
+                          "queries i >= j of that block see its keys; the mask does the rest.",
+                          "the dK/dV loop starts after the key block's own query block")
+        models += [(missing, g(mask="none")), (reversed_, g(mask="reversed")),
+                   (Mistake("backward-mask-hides-diagonal", "the backward mask also hides the "
+                            "diagonal: query i attends to key i (keep j <= i)."), g(mask="strict"))]
+        for b in _TILES:
+            models += [(missing, g(block=b, mask="none")), (reversed_, g(block=b, mask="reversed")),
+                       (skipped, g(block=b, skip_diag=True))]
+    return models
+
+
+def _fitting_mistakes(got: tuple, expected: list, models: list, tol: dict, dtype, dev) -> dict[str, tuple]:
+    """The mistakes whose model fits this call: every gradient the model gets wrong is the learner's
+    (within the case's tolerance), and none the learner got right is wrong in it; one model per
+    mistake (the first block size that fits)."""
+    out: dict[str, tuple] = {}
+    for hint, model in models:
+        if hint in out:
+            continue
+        try:
+            grads = tuple(x.to(device=dev, dtype=dtype) for x in model())
+        except Exception:  # noqa: BLE001 - a mistake that cannot happen on this case
+            continue
+        differs = [not _close(m, e, **tol) for m, e in zip(grads, expected)]
+        if any(differs) and all(not w or _close(g, m, **tol) for g, m, w in zip(got, grads, differs)):
+            out[hint] = grads
+    return out
 
 
 _BACKWARD_CASES = [  # (B, H, T, d, causal, dtype): friendly T = 128 first, then ragged, then several heads
@@ -645,14 +753,25 @@ def flash_attention_triton_backward(t: Trial) -> None:
         got, prov = _call_kernel(t, *args, causal, sources={name: i for i, name in enumerate(names)}, case=case)
         got = t.tuple(got, 3, ("grad_q", "grad_k", "grad_v"))
         tol = _tol(dtype, dev, "bwd")
+        grad_names = ("grad_q", "grad_k", "grad_v")
+        for i, j in [(i, j) for i in range(3) for j in range(3) if i != j]:
+            if _close(got[i], c["expected"][j], **tol) and not _close(got[i], c["expected"][i], **tol):
+                t.fail(f"your {grad_names[i]} (item {i} of the tuple) holds {grad_names[j]}.",
+                       Mistake("grads-in-wrong-order", "the gradients are returned in the wrong order: "
+                               "return (grad_q, grad_k, grad_v), the order of the inputs q, k, v."))
+        fits = _fitting_mistakes(got, c["expected"], _backward_models(c["q"], c["k"], c["v"], c["lse"], c["do"],
+                                                                      causal), tol, dtype, dev)
         for which, name in ((2, "dv"), (1, "dk"), (0, "dq")):
             g, e = got[which], c["expected"][which]
             what = f"grad_{name[1]}"
             if isinstance(g, torch.Tensor) and g.shape == e.shape:
                 _dtype_check(t, g, dtype, what)
             diagnosis = ""
+            named = {h: m[which] for h, m in fits.items() if not _close(m[which], e, **tol)}
             if isinstance(g, torch.Tensor) and g.shape == e.shape and g.dtype == e.dtype and not _close(g, e, **tol):
                 diagnosis, where = _unwritten(g, what)
+                if not diagnosis and not where and named:
+                    diagnosis = next(iter(named))
                 if not diagnosis and not where and torch.isnan(g).any() and T % 16 and any(p[2] % 16 == 0 for p in passed):
                     diagnosis = Mistake("unmasked-loads", "NaN now that T is not a multiple of the "
                                         f"block here (T = {T}; the cases with T = 128 passed): "
@@ -681,8 +800,7 @@ def flash_attention_triton_backward(t: Trial) -> None:
                                             "up to the end of its query block.",
                                             "wrong with causal=True only (mask or loop bounds)")
                 what = f"{what} ({where})" if where else what
-            t.tensor(g, e, what=what, hint=_BWD_HINTS[name], diagnosis=diagnosis, **tol,
-                     mistakes=_backward_mistakes(c["q"], c["k"], c["v"], c["lse"], c["do"], causal, which, dtype, dev))
+            t.tensor(g, e, what=what, hint=_BWD_HINTS[name], diagnosis=diagnosis, **tol, mistakes=named)
             if T > 1:  # with one key, grad_q = grad_k = 0 and grad_v = grad_out: nothing to compute
                 _written_by_kernel(t, prov, g, f"grad_{name[1]}", {"q", "k"})
         passed.append((B, H, T, d, dtype, causal))
