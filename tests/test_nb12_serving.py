@@ -292,6 +292,48 @@ def gather_cat_blocks(pages, block_table, seq_len):  # block by block, the last 
     return torch.cat(parts, dim=1)
 
 
+def gather_from_next_entry(pages, block_table, seq_len):  # entry p // bs + 1: one entry off
+    bs = pages.shape[1]
+    return torch.stack([pages[int(block_table[p // bs + 1]), p % bs] for p in range(seq_len)], dim=1)
+
+
+def gather_contiguous_slice(pages, block_table, seq_len):  # consecutive blocks from the first id
+    bs, H_kv, d = pages.shape[1:]
+    first, n = int(block_table[0]), -(-seq_len // bs)
+    return pages[first:first + n].reshape(-1, H_kv, d)[:seq_len].permute(1, 0, 2)
+
+
+def gather_blocks_reversed(pages, block_table, seq_len):
+    bs, H_kv, d = pages.shape[1:]
+    n = -(-seq_len // bs)
+    return pages[block_table[:n].flip(0).long()].reshape(-1, H_kv, d)[:seq_len].transpose(0, 1)
+
+
+def gather_flat_block_plus_slot(pages, block_table, seq_len):  # row block_id + slot
+    n_blocks, bs, H_kv, d = pages.shape
+    p = torch.arange(seq_len)
+    rows = block_table.long()[p // bs] + p % bs
+    return pages.reshape(n_blocks * bs, H_kv, d).index_select(0, rows).transpose(0, 1)
+
+
+def gather_flat_slot_major(pages, block_table, seq_len):  # row slot * block_size + block_id
+    n_blocks, bs, H_kv, d = pages.shape
+    rows = [(p % bs) * bs + int(block_table[p // bs]) for p in range(seq_len)]
+    return pages.reshape(n_blocks * bs, H_kv, d)[rows].transpose(0, 1)
+
+
+def gather_permute_then_reshape(pages, block_table, seq_len):  # [d, H_kv, seq_len] reshaped back
+    bs, H_kv, d = pages.shape[1:]
+    n = -(-seq_len // bs)
+    x = pages[block_table[:n].long()].reshape(-1, H_kv, d)[:seq_len]      # [seq_len, H_kv, d]
+    return x.permute(2, 1, 0).reshape(H_kv, seq_len, d)
+
+
+def gather_next_slot(pages, block_table, seq_len):  # slot (p + 1) % bs: no model, a fact
+    bs = pages.shape[1]
+    return torch.stack([pages[int(block_table[p // bs]), (p + 1) % bs] for p in range(seq_len)], dim=1)
+
+
 # ============================================================ 12.2 merge_partials
 
 
@@ -727,6 +769,13 @@ WRONG = {
         (gather_reshaped, "swap the axes with .transpose(0, 1)"),
         (gather_slices_by_seq_len, "which may be -1 or beyond the pool"),
         (gather_shifted, "you read positions 1 .. seq_len"),
+        (gather_from_next_entry, "from entry i + 1"),
+        (gather_contiguous_slice, "not consecutive"),
+        (gather_blocks_reversed, "from the last one to the first"),
+        (gather_flat_block_plus_slot, "you used row block_id + slot"),
+        (gather_flat_slot_major, "block and slot are swapped"),
+        (gather_permute_then_reshape, "you had the axes in the order [d, H_kv, seq_len]"),
+        (gather_next_slot, "but position 0 holds block 7, slot 1"),
     ],
     "merge_partials": [
         (merge_naive, "Subtract the largest lse of the row first"),

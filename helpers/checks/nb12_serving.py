@@ -66,33 +66,178 @@ _BEYOND_POOL = Mistake(
     "padding-beyond-the-pool", "index the pool with the first ceil(seq_len / block_size) entries "
     "of block_table only: the rest is padding, which may be -1 or beyond the pool.",
     "indexed the pool with padding entries of the block table")
+_TABLE_OFF_BY_ONE = Mistake(
+    "table-entry-off-by-one", "you read the positions of block i from entry i + 1 (or i - 1) of block_table: "
+    "entry 0 holds positions 0 .. block_size - 1, so position p is in block block_table[p // block_size].",
+    "read each block of positions from the next (or previous) entry of the block table")
+_CONTIGUOUS = Mistake(
+    "assumed-contiguous-blocks", "you read blocks block_table[0], block_table[0] + 1, block_table[0] + 2, ...: "
+    "a sequence's blocks are wherever the allocator found free ones, not consecutive; read block "
+    "block_table[i] for positions i * block_size .. (i + 1) * block_size - 1.",
+    "read consecutive blocks from the table's first id instead of each entry of the table")
+_CONTIGUOUS_SLICE = Mistake(
+    "assumed-contiguous-blocks", "you sliced blocks block_table[0], block_table[0] + 1, ... out of the pool "
+    "(pages[first:first + n]): a sequence's blocks are wherever the allocator found free ones, not "
+    "consecutive (and the slice stops at the pool's end); read block block_table[i] for positions "
+    "i * block_size .. (i + 1) * block_size - 1.",
+    "read consecutive blocks from the table's first id instead of each entry of the table")
+_REVERSED_TABLE = Mistake(
+    "blocks-in-reverse-order", "you read the blocks of the table from the last one to the first: entry i of "
+    "block_table holds positions i * block_size .. (i + 1) * block_size - 1, in the table's order.",
+    "read the sequence's blocks in reverse order")
+_FLAT_NOT_SCALED = Mistake(
+    "flat-index-not-times-block-size", "in the flattened pool (pages.reshape(-1, H_kv, d), n_blocks * "
+    "block_size rows) block b starts at row b * block_size: you used row block_id + slot. The row of "
+    "position p is block_table[p // block_size] * block_size + p % block_size.",
+    "indexed the flattened pool with block_id + slot (the block id not multiplied by block_size)")
+_FLAT_SWAPPED = Mistake(
+    "flat-index-block-and-slot-swapped", "you used row slot * block_size + block_id of the flattened pool: "
+    "block and slot are swapped. The row of position p is block_table[p // block_size] * block_size + "
+    "p % block_size.",
+    "indexed the flattened pool with slot * block_size + block_id")
+_FLAT_PAST_END = Mistake(
+    "flat-index-past-the-pool", "your row index into the flattened pool (n_blocks * block_size rows) went "
+    "past its end: the row of position p is block_table[p // block_size] * block_size + p % block_size, "
+    "with p < seq_len.",
+    "indexed the flattened pool past its end (a wrong row formula)")
 _GATHER_RECIPE = ("n = (seq_len + block_size - 1) // block_size with block_size = pages.shape[1]; "
                   "blocks = pages[block_table[:n].long()]   # [n, block_size, H_kv, d]; "
                   "return blocks.reshape(-1, H_kv, d)[:seq_len].transpose(0, 1)")
+_AXES_H, _AXES_T = ("H_kv", "seq_len", "d"), ("seq_len", "H_kv", "d")
+
+
+def _reshaped_mistake(order: tuple[str, ...]) -> Mistake:
+    """The mistake of moving the axes to ``order`` and reshaping to [H_kv, seq_len, d]."""
+    return Mistake("reshaped-to-the-wrong-axes", f"you had the axes in the order [{', '.join(order)}] and "
+                   "reshaped them to [H_kv, seq_len, d]: reshape keeps the numbers in memory order and mixes "
+                   "heads, positions and features. Move axes with .transpose / .permute only: the gathered "
+                   "blocks are [seq_len, H_kv, d] after reshape(-1, H_kv, d), and .transpose(0, 1) makes them "
+                   "[H_kv, seq_len, d].",
+                   "reshaped an array with other axes into [H_kv, seq_len, d] instead of permuting")
+
+
+def _unambiguous(models: dict[str, Any]) -> dict[str, Any]:
+    """``models`` without those whose output another mistake's model also gives on this case (a
+    match there could not say which mistake it was)."""
+    keys = list(models)
+    out = {}
+    for i, h in enumerate(keys):
+        w = models[h]
+        slug = getattr(h, "slug", str(h))
+        if any(_same(w, models[o]) for o in keys if getattr(o, "slug", str(o)) != slug):
+            continue  # another mistake gives this output too
+        if any(_same(w, models[o]) for o in keys[:i] if getattr(o, "slug", str(o)) == slug):
+            continue  # the same mistake written another way, kept once
+        out[h] = w
+    return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    if _type(a) is _Tensor and _type(b) is _Tensor:
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return False
+        if not a.is_floating_point():
+            return bool(torch.equal(a, b))
+        return (a.shape == b.shape and a.dtype == b.dtype
+                and bool(torch.isclose(a.double(), b.double(), atol=1e-5, rtol=1e-4, equal_nan=True).all()))
+    return False
 
 
 def _gather_mistakes(pages: torch.Tensor, table: torch.Tensor, seq_len: int) -> dict[str, torch.Tensor]:
     n_blocks, bs, H_kv, d = pages.shape
     n = -(-seq_len // bs)
     ids = table[:n].long()
+    tbl = table.long()
+    pos = torch.arange(seq_len)
+    blk, slot = pos // bs, pos % bs
+    flat = pages.reshape(-1, H_kv, d)
 
     def tokens(block_ids) -> torch.Tensor:  # [len * bs, H_kv, d]
         return pages[block_ids].reshape(-1, H_kv, d)
 
     def shifted() -> torch.Tensor:  # positions 1 .. seq_len, each through the table
-        pos = torch.arange(1, seq_len + 1)
-        return pages[table[pos // bs].long(), pos % bs].transpose(0, 1)
+        p = torch.arange(1, seq_len + 1)
+        return pages[table[p // bs].long(), p % bs].transpose(0, 1)
 
-    return eager_mistakes({
+    def at_blocks(block_of_pos: torch.Tensor) -> torch.Tensor:  # [H_kv, seq_len, d]
+        if bool((block_of_pos >= n_blocks).any()) or bool((block_of_pos < -n_blocks).any()):
+            raise IndexError("this mistake reads past the pool here")
+        return pages[block_of_pos, slot].transpose(0, 1)
+
+    def at_rows(rows: torch.Tensor) -> torch.Tensor:
+        return flat[rows % flat.shape[0]].transpose(0, 1)
+
+    right = tokens(ids)[:seq_len].transpose(0, 1)
+    models = {
         _IGNORED_TABLE: lambda: tokens(torch.arange(n))[:seq_len].transpose(0, 1),
         _SORTED_TABLE: lambda: tokens(ids.sort().values)[:seq_len].transpose(0, 1),
-        _FLOOR: lambda: tokens(ids[:seq_len // bs])[:seq_len].transpose(0, 1),
+        _FLOOR: [lambda: tokens(ids[:seq_len // bs])[:seq_len].transpose(0, 1),
+                 lambda: tokens(ids[:max(1, seq_len // bs)])[:seq_len].transpose(0, 1)],
         _NOT_TRUNCATED: lambda: tokens(ids).transpose(0, 1),
         _ALL_ENTRIES: lambda: tokens(table.long()).transpose(0, 1),
         _TOKEN_MAJOR: lambda: tokens(ids)[:seq_len],
         _RESHAPED: lambda: tokens(ids)[:seq_len].reshape(H_kv, seq_len, d),
         _SHIFTED: lambda: shifted(),
-    })
+        _TABLE_OFF_BY_ONE: lambda: at_blocks(tbl[blk + 1]),
+        _CONTIGUOUS: lambda: at_blocks((tbl[0] + blk) % n_blocks),
+        _CONTIGUOUS_SLICE: lambda: pages[int(tbl[0]) % n_blocks:int(tbl[0]) % n_blocks + n].reshape(
+            -1, H_kv, d)[:seq_len].transpose(0, 1),
+        _REVERSED_TABLE: lambda: at_blocks(ids.flip(0)[blk]),
+        _FLAT_NOT_SCALED: lambda: at_rows(tbl[blk] + slot),
+        _FLAT_SWAPPED: lambda: at_rows(slot * bs + tbl[blk]),
+    }
+    for source, names in ((right, _AXES_H), (right.transpose(0, 1), _AXES_T)):
+        for perm in ((0, 2, 1), (1, 0, 2), (1, 2, 0), (2, 0, 1), (2, 1, 0), (0, 1, 2)):
+            order = tuple(names[i] for i in perm)
+            if order in (_AXES_H, _AXES_T):
+                continue  # the right output, or notebook 07's reshape mistake (_RESHAPED)
+            models.setdefault(_reshaped_mistake(order), (lambda x=source, p=perm: x.permute(p).reshape(H_kv, seq_len, d)))
+    return _unambiguous({h: w for h, w in _agreed(models).items() if not _same(w, right)})
+
+
+def _agreed(models: dict[str, Any]) -> dict[str, Any]:
+    """Each mistake's output on this case (:func:`eager_mistakes`); a mistake with several variants
+    (a list of models: ways of writing it that differ on some cases) has one only where they agree."""
+    out = {}
+    for h, m in models.items():
+        variants = list(eager_mistakes({f"v{i}": v for i, v in enumerate(m if isinstance(m, list) else [m])}).values())
+        if variants and all(_same(variants[0], v) for v in variants[1:]):
+            out[h] = variants[0]
+    return out
+
+
+def _gather_fact(got: Any, pages: torch.Tensor, table: torch.Tensor, seq_len: int,
+                 expected: torch.Tensor) -> tuple[str, str] | None:
+    """Where each position of ``got`` was read from, when every position is one slot of the pool:
+    (what differs, the first wrong position and the blocks read, in the learner's terms); else None."""
+    if not (_type(got) is _Tensor and got.shape == expected.shape and got.dtype == expected.dtype
+            and got.device == expected.device):
+        return None
+    n_blocks, bs, H_kv, d = pages.shape
+    rows = pages.reshape(-1, H_kv * d).double()
+    cols = got.detach().transpose(0, 1).reshape(seq_len, H_kv * d).double()
+    source = []
+    for p in range(seq_len):
+        hit = (rows == cols[p]).all(dim=1).nonzero().flatten().tolist()
+        if len(hit) != 1:
+            return None
+        source.append(divmod(hit[0], bs))
+    wrong = [p for p in range(seq_len) if source[p] != (int(table[p // bs]) % n_blocks, p % bs)]
+    if not wrong:
+        return None
+    p = wrong[0]
+    b, s = source[p]
+    read = []
+    for blk, _ in source:
+        if not read or read[-1] != blk:
+            read.append(blk)
+    return (f"keys: {len(wrong)} of your {seq_len} positions (axis 1) hold other keys than expected, the first "
+            f"at position {p}.", f"every position of your output is one slot of the pool, but position {p} holds "
+            f"block {b}, slot {s}; "
+            f"it is in block block_table[{p} // {bs}] = {int(table[p // bs])}, slot {p} % {bs} = {p % bs}. "
+            f"Your positions 0..{seq_len - 1} read blocks {', '.join(map(str, read[:8]))}"
+            f"{', ...' if len(read) > 8 else ''} in turn; the table's first {-(-seq_len // bs)} entries are "
+            f"{', '.join(str(int(x)) for x in table[:-(-seq_len // bs)])}.")
 
 
 def _gather_cases() -> list[tuple[torch.Tensor, torch.Tensor, int]]:
@@ -132,10 +277,9 @@ def _gather_cases() -> list[tuple[torch.Tensor, torch.Tensor, int]]:
           section="3. A paged cache")
 def gather_paged_kv(t: Trial) -> None:
     t.forbidden_references = {"gather_paged_kv", "read", "gather_cache"}
-    t.error_hints = {
+    hints = {
         r"takes \d+ positional argument|missing \d+ required positional argument": "the signature is "
         "gather_paged_kv(pages, block_table, seq_len).",
-        r"index -?\d+ is out of bounds for dimension 0": _BEYOND_POOL,
         r"tensors used as indices must be long|IndexError: tensors used as indices": "index with an integer "
         "tensor: block_table may be int32 (as a kernel reads it); .long() converts it.",
         r"shape '\[.*\]' is invalid for input of size": "count the blocks with a ceiling: ceil(seq_len / "
@@ -146,8 +290,34 @@ def gather_paged_kv(t: Trial) -> None:
     for (pages, table, n), expected, mistakes in planned:
         case = (f"{describe_case(pages=pages)}, block_table={table.tolist()} "
                 f"({str(table.dtype).removeprefix('torch.')}), seq_len={n}")
+        t.error_hints = {**_index_hints(pages, table, n), **hints}
         got = t.call(pages, table, n, case=case)
+        matched = t._match_mistake(got, mistakes) if _type(got) is _Tensor else ""
+        fact = None if matched or t._pending is not None else _gather_fact(got, pages, table, n, expected)
+        if fact:
+            t.fail(fact[0], found=fact[1], recipe=_GATHER_RECIPE, what="values")
         t.tensor(got, expected, what="keys", mistakes=mistakes, hint=_GATHER_RECIPE, atol=0, rtol=0)
+
+
+def _index_hints(pages: torch.Tensor, table: torch.Tensor, seq_len: int) -> dict[str, str]:
+    """The IndexErrors of this case: an index that is a padding entry of the table (or the first row
+    of a padding entry's block in the flattened pool), another index past the flattened pool."""
+    n_blocks, bs = pages.shape[:2]
+    n = -(-seq_len // bs)
+    padding = sorted({int(x) for x in table[n:]} - set(range(-n_blocks, n_blocks)))
+    rows = sorted({b * bs + s for b in padding for s in range(bs)})
+    out = {}
+    if padding:
+        out[rf"index ({'|'.join(map(str, padding))}) is out of bounds for dimension 0 with size {n_blocks}\b"] = _BEYOND_POOL
+    if rows:
+        out[rf"index ({'|'.join(map(str, rows[:64]))}) is out of bounds for dimension 0 with size "
+            rf"{n_blocks * bs}\b"] = _BEYOND_POOL
+    out[rf"index -?\d+ is out of bounds for dimension 0 with size {n_blocks * bs}\b"] = _FLAT_PAST_END
+    out[rf"index -?\d+ is out of bounds for dimension 0 with size {n_blocks}\b"] = (
+        f"a block id past the pool: pages holds blocks 0..{n_blocks - 1}, and position p is in block "
+        "block_table[p // block_size] (only the first ceil(seq_len / block_size) entries of the table are "
+        "the sequence's).")
+    return out
 
 
 # =========================================================================== 12.2 merge_partials
