@@ -209,6 +209,48 @@ def qkv_returns_two(x, w_qkv, n_heads):
     return q, k
 
 
+def qkv_strided_parts(x, w_qkv, n_heads):
+    B, T, D = x.shape
+    proj = x @ w_qkv
+    parts = [proj[..., i::3] for i in range(3)]  # q, k, v taken as every third column
+    return tuple(p.reshape(B, T, n_heads, -1).permute(0, 2, 1, 3) for p in parts)
+
+
+def qkv_neox_unflatten(x, w_qkv, n_heads):
+    B, T, D = x.shape
+    y = torch.einsum("btd,de->bte", x, w_qkv).unflatten(-1, (n_heads, 3, D // n_heads))
+    return tuple(y.select(3, i).transpose(1, 2) for i in range(3))
+
+
+def qkv_permute_then_view(x, w_qkv, n_heads):
+    B, T, D = x.shape
+    q, k, v = (x @ w_qkv).chunk(3, dim=-1)
+    return tuple(t.permute(0, 2, 1).contiguous().view(B, n_heads, T, D // n_heads) for t in (q, k, v))
+
+
+def qkv_scaled_k(x, w_qkv, n_heads):
+    B, T, D = x.shape
+    q, k, v = (x @ w_qkv).split(D, dim=-1)
+    k = k / math.sqrt(D)  # "scaled like the weights"
+    return tuple(t.view(B, T, n_heads, D // n_heads).transpose(1, 2) for t in (q, k, v))
+
+
+def qkv_tokens_first(x, w_qkv, n_heads):
+    B, T, D = x.shape
+    q, k, v = (x @ w_qkv).split(D, dim=-1)
+    return tuple(t.view(B, T, n_heads, D // n_heads).permute(1, 0, 2, 3) for t in (q, k, v))  # [T, B, H, d_k]
+
+
+def qkv_heads_reversed(x, w_qkv, n_heads):
+    B, T, D = x.shape
+    q, k, v = (x @ w_qkv).split(D, dim=-1)
+    return tuple(t.view(B, T, n_heads, D // n_heads).transpose(1, 2).flip(1) for t in (q, k, v))
+
+
+def qkv_unsplit(x, w_qkv, n_heads):
+    return (x @ w_qkv).tensor_split(3, dim=-1)
+
+
 # ----------------------------------------------------------------- 1.2 merge_heads
 
 
@@ -257,6 +299,24 @@ def merge_sum_heads(o):
 def merge_swaps_T_and_dk(o):
     B, H, T, d_k = o.shape
     return o.transpose(2, 3).reshape(B, T, H * d_k)
+
+def merge_batch_moved(o):
+    B, H, T, d_k = o.shape
+    return o.permute(1, 2, 0, 3).reshape(B, T, H * d_k)  # [H, T, B, d_k] read as [B, T, H * d_k]
+
+
+def merge_heads_rolled(o):
+    return torch.roll(o, shifts=1, dims=1).transpose(1, 2).flatten(2)
+
+
+def merge_wrong_final_shape(o):
+    B, H, T, d_k = o.shape
+    return o.transpose(1, 2).reshape(B, -1, T)  # sizes from the wrong axes
+
+
+def merge_sum_tiled(o):
+    return o.sum(1).tile(1, 1, o.shape[1])
+
 
 # ----------------------------------------------------------------- 1.3 scaled_dot_product_attention
 
@@ -351,6 +411,36 @@ def sdpa_weights_transposed(q, k, v):
     return weights.transpose(-2, -1) @ v
 
 
+def sdpa_exp_overflows(q, k, v):
+    scores = torch.einsum("...qd,...kd->...qk", q, k) * q.shape[-1] ** -0.5
+    weights = scores.exp()
+    return (weights / weights.sum(dim=-1, keepdim=True)) @ v
+
+
+def sdpa_global_max(q, k, v):
+    s = q @ k.mT / math.sqrt(q.shape[-1])
+    e = torch.exp(s - s.max())  # one max for all rows
+    return e / e.sum(-1, keepdim=True) @ v
+
+
+def sdpa_scale_by_keys(q, k, v):
+    return torch.softmax(q @ k.transpose(-2, -1) / k.size(-2) ** 0.5, dim=-1) @ v
+
+
+def sdpa_softmax_over_matrix(q, k, v):
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    shape = s.shape
+    return torch.softmax(s.reshape(*shape[:-2], -1), dim=-1).reshape(shape) @ v
+
+
+def sdpa_int_sqrt(q, k, v):
+    return torch.softmax(q @ k.transpose(-2, -1) / int(math.sqrt(q.shape[-1])), dim=-1) @ v
+
+
+def sdpa_fourth_root(q, k, v):
+    return torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.25, dim=-1) @ v
+
+
 WRONG = {
     "qkv_projection": [
         (qkv_reshape_without_transpose, "reshaped straight to [B, H, T, d_k]"),
@@ -359,6 +449,13 @@ WRONG = {
         (qkv_dk_major, "d_k-major"),
         (qkv_returns_numpy, "torch.from_numpy"),
         (qkv_returns_two, "expected a tuple of 3"),
+        (qkv_strided_parts, "you read w_qkv's columns as (q, k, v) interleaved per feature"),
+        (qkv_neox_unflatten, "per-head [q, k, v] layout"),
+        (qkv_permute_then_view, "you transposed the projection to [B, D, T] before splitting"),
+        (qkv_scaled_k, "your k is the projection divided by sqrt(D)"),
+        (qkv_tokens_first, "axes in the order [T, B, H, d_k]"),
+        (qkv_heads_reversed, "head 0 of your q is columns [8, 9, 10, 11] of x @ w_qkv, where it should be columns 0..3"),
+        (qkv_unsplit, "without splitting it into heads"),
     ],
     "merge_heads": [
         (merge_without_transpose, "transpose(1, 2) first"),
@@ -371,6 +468,10 @@ WRONG = {
         (merge_transpose_then_tokens, "you stacked the heads along the token axis"),
         (merge_sum_heads, "you added the heads up"),
         (merge_swaps_T_and_dk, "you swapped axes 2 and 3"),
+        (merge_batch_moved, "your rows mix the batch elements"),
+        (merge_heads_rolled, "block 0 holds head 2, block 1 holds head 0, block 2 holds head 1"),
+        (merge_wrong_final_shape, "the right numbers in the right order, shaped [2, 12, 5]"),
+        (merge_sum_tiled, "holds the sum of the heads"),
     ],
     "scaled_dot_product_attention": [
         (sdpa_no_scale, "forgot to divide the scores by sqrt(d_k)"),
@@ -391,8 +492,14 @@ WRONG = {
         (sdpa_power_precedence, "** binds tighter than /"),
         (sdpa_scale_after_softmax, "after the softmax"),
         (sdpa_scale_from_first_axis, "you divided by the square root of q.shape[0]"),
-        (sdpa_softmax_dim1, "softmax runs over axis 1 (size 3)"),
-        (sdpa_weights_transposed, "you multiplied the transposed weights by v"),
+        (sdpa_softmax_dim1, "softmax runs over axis 1, a batch or head axis"),
+        (sdpa_weights_transposed, "Transpose the last two axes of k only, not q, v or the weights"),
+        (sdpa_exp_overflows, "your softmax overflows"),
+        (sdpa_global_max, "you subtracted one maximum for all the scores"),
+        (sdpa_scale_by_keys, "the number of keys T_k"),
+        (sdpa_softmax_over_matrix, "over the whole [T_q, T_k] score matrix"),
+        (sdpa_int_sqrt, "you rounded sqrt(d_k) down"),
+        (sdpa_fourth_root, "your output is softmax(q k^T / X) @ v with X = 1.414"),
     ],
 }
 
@@ -496,11 +603,29 @@ def sdpa_log_softmax_rsqrt(q, k, v):
     return torch.log_softmax(scores, dim=-1).exp() @ v
 
 
+def sdpa_masked_fill_stable(q, k, v):
+    """A hand-written softmax that subtracts each row's maximum, behind an all-True mask filled with -1e9."""
+    s = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool), -1e9)
+    e = torch.exp(s - s.max(dim=-1, keepdim=True).values)
+    return torch.matmul(e / e.sum(dim=-1, keepdim=True), v)
+
+
+def sdpa_torch_explicit_scale(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, scale=1 / math.sqrt(q.size(-1)))
+
+
+def sdpa_logsumexp(q, k, v):
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    return torch.exp(s - torch.logsumexp(s, dim=-1, keepdim=True)) @ v
+
+
 RIGHT = {
     "qkv_projection": [qkv_einsum, qkv_per_head_loop, qkv_float64_unflatten, qkv_linear_contiguous],
     "merge_heads": [merge_cat, merge_permute_flatten, merge_contiguous_view, merge_einsum_loop, merge_movedim_float64],
     "scaled_dot_product_attention": [sdpa_torch, sdpa_einsum, sdpa_float64_by_hand, sdpa_query_loop, sdpa_numpy,
-                                     sdpa_log_softmax_rsqrt],
+                                     sdpa_log_softmax_rsqrt, sdpa_masked_fill_stable, sdpa_torch_explicit_scale,
+                                     sdpa_logsumexp],
 }
 
 
