@@ -405,6 +405,57 @@ def merge_swapped(outs, lses):
     return lse, (w[..., None] * outs).sum(dim=0)
 
 
+def merge_one_max(outs, lses):  # the max of the whole tensor, not of each row
+    finite = lses[torch.isfinite(lses)]
+    top = finite.max() if finite.numel() else torch.zeros((), dtype=lses.dtype)
+    w = torch.exp(lses - top)
+    s = w.sum(dim=0)
+    out = torch.einsum("c...,c...d->...d", w, outs) / torch.where(s > 0, s, torch.ones_like(s))[..., None]
+    return out, top + torch.log(s)
+
+
+def merge_exp2(outs, lses):  # powers of 2 for natural-log lses
+    m = lses.amax(dim=0)
+    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    w = torch.pow(2.0, lses - m)
+    s = w.sum(dim=0)
+    return (w[..., None] * outs).sum(dim=0) / s.clamp_min(1e-30)[..., None], m + torch.log2(s)
+
+
+def merge_lse_base2(outs, lses):  # out right, lse a base-2 log-sum-exp
+    lse = torch.logsumexp(lses, dim=0)
+    w = torch.exp(lses - torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse)))
+    m = torch.where(torch.isinf(lse), torch.zeros_like(lse), lses.amax(dim=0))
+    return (w[..., None] * outs).sum(dim=0), m + torch.log2(torch.exp2(lses - m).sum(dim=0))
+
+
+def merge_lse_max_not_added(outs, lses):  # out right, lse = log(sum exp(lse_c - m))
+    m = lses.amax(dim=0)
+    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    w = torch.exp(lses - m)
+    s = w.sum(dim=0)
+    return (w[..., None] * outs).sum(dim=0) / torch.where(s > 0, s, torch.ones_like(s))[..., None], s.log()
+
+
+def merge_empty_as_zero(outs, lses):  # -inf replaced by 0: empty chunks weigh in
+    filled = torch.where(torch.isinf(lses), torch.zeros_like(lses), lses)
+    lse = torch.logsumexp(filled, dim=0)
+    return (torch.softmax(filled, dim=0)[..., None] * outs).sum(dim=0), lse
+
+
+def merge_max_over_rows(outs, lses):  # amax(dim=-1): a shape error between two row sizes
+    m = lses.amax(dim=-1)
+    w = torch.exp(lses - m[..., None])
+    s = w.sum(dim=0)
+    return (w[..., None] * outs).sum(dim=0) / s[..., None], m + torch.log(s)
+
+
+def merge_weights_no_axis(outs, lses):  # w * outs without w[..., None]
+    lse = torch.logsumexp(lses, dim=0)
+    w = torch.exp(lses - torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse)))
+    return (w * outs).sum(dim=0), lse
+
+
 def merge_hand_written(outs, lses):  # max-subtraction by hand, a finite stand-in for -inf maxima
     m = lses.amax(dim=0)
     m_safe = torch.where(m == -math.inf, torch.zeros_like(m), m)
@@ -789,6 +840,13 @@ WRONG = {
         (merge_fill_minus_1e4_lse_only, "you replaced -inf by a large finite number"),
         (merge_mean_of_non_empty, "you averaged the outputs of the non-empty chunks"),
         (merge_mean_of_non_empty_nan, "you averaged the outputs of the non-empty chunks"),
+        (merge_one_max, "you subtracted one maximum for the whole tensor"),
+        (merge_exp2, "while the lses are natural logarithms"),
+        (merge_lse_base2, "your merged lse is a base-2 log-sum-exp"),
+        (merge_lse_max_not_added, "must be added back"),
+        (merge_empty_as_zero, "you replaced the empty chunks' lse -inf by 0"),
+        (merge_max_over_rows, "are both sizes of the rows of lses"),
+        (merge_weights_no_axis, "the error pairs d with a size of lses"),
     ],
     "blocks_in_use": [
         (blocks_floor, "a partly filled last block is a whole block"),

@@ -357,66 +357,127 @@ _WRONG_AXIS = Mistake(
     "take the softmax and the log-sum-exp of the lses over dim=0.")
 _SWAPPED_12 = Mistake("swapped-out-and-lse", "you returned (lse, out): the order is (out, lse).")
 
+_GLOBAL_MAX = Mistake(
+    "one-max-for-all-rows", "you subtracted one maximum for the whole tensor: in rows whose lses lie far below "
+    "it (here 100 or more) every exp(lse_c - m) underflows to 0, so those rows lose their output and their "
+    "lse. Take the max per row, over the chunk axis only: m = lses.amax(dim=0).",
+    "subtracted one maximum over the whole tensor instead of each row's")
+_EXP2 = Mistake(
+    "exp2-of-natural-logs", "you weighted the chunks with exp2 (powers of 2) while the lses are natural "
+    "logarithms: use torch.exp (and torch.log for the merged lse), or multiply by log2(e) = 1.4427 before "
+    "exp2 and divide log2 by it.",
+    "used exp2/log2 on natural-log lses")
+_LSE_BASE2 = Mistake(
+    "lse-in-base-2", "your merged lse is a base-2 log-sum-exp (log2 of a sum of powers of 2): the lses are "
+    "natural logarithms, lse = m + log(sum_c exp(lse_c - m)) with torch.exp and torch.log.",
+    "computed the merged lse with log2/exp2")
+_LSE_NO_MAX = Mistake(
+    "lse-without-the-max", "your lse is log(sum_c exp(lse_c - m)): the max m you subtracted must be added "
+    "back, lse = m + log(sum_c exp(lse_c - m)) (torch.logsumexp(lses, dim=0) does both).",
+    "forgot to add the max back to the merged lse")
+_EMPTY_AS_ZERO = Mistake(
+    "empty-chunks-given-lse-0", "you replaced the empty chunks' lse -inf by 0 (nan_to_num, or a fill with 0): "
+    "an empty chunk has weight exp(-inf) = 0, but with lse 0 it gets weight exp(0 - m) and its garbage output "
+    "enters the merge. Keep -inf in the lses and make only the max finite where a whole row is empty.",
+    "gave the empty chunks lse 0 instead of -inf")
+
 _MERGE_RECIPE = ("lse = torch.logsumexp(lses, dim=0); m = torch.where(torch.isfinite(lse), lse, 0); "
                  "w = torch.exp(lses - m)   # [n_chunks, ...], 0 for empty chunks; "
                  "return (w[..., None] * outs).sum(dim=0), lse")
 
 
+def _right_merge(outs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    lse = torch.logsumexp(lses, dim=0)
+    w = torch.exp(lses - torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse)))
+    return (w[..., None] * outs).sum(0), lse
+
+
 def _merge_mistakes(outs: torch.Tensor, lses: torch.Tensor) -> dict[str, dict[str, torch.Tensor]]:
+    """The mistakes whose output does not depend on how the learner wrote the rest: models. Those
+    that show only in some rows (all-empty rows, overflow, one max for all rows) are recognised by
+    :func:`_merge_diagnosis`, row by row, whatever the other rows hold."""
     m = lses.max(dim=0).values
     m0 = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     w0 = torch.exp(lses - m0)
     s0 = w0.sum(dim=0)
-    right_lse = torch.logsumexp(lses, dim=0)
-    right_out = (torch.exp(lses - torch.where(torch.isfinite(right_lse), right_lse, 0))[..., None] * outs).sum(0)
+    right_out, right_lse = _right_merge(outs, lses)
 
     def normalised(w: torch.Tensor) -> torch.Tensor:
-        return (w[..., None] * outs).sum(dim=0) / w.sum(dim=0)[..., None]
+        s = w.sum(dim=0)[..., None]
+        return torch.where(s > 0, (w[..., None] * outs).sum(dim=0) / torch.where(s > 0, s, 1), 0)
 
-    filled = lses.clamp_min(-1e9)
+    zero_fill = lses.nan_to_num(neginf=0.0)
     out_models = eager_mistakes({
-        _NAIVE: lambda: normalised(torch.exp(lses)),
-        _EMPTY_NAN: lambda: normalised(torch.exp(lses - m)),
-        _FINITE_FILL: lambda: normalised(torch.exp(filled - filled.max(dim=0).values)),
         _MEAN: lambda: outs.mean(dim=0),
         _UNNORMALISED: lambda: (w0[..., None] * outs).sum(dim=0),
         _WRONG_AXIS: lambda: normalised(torch.softmax(lses, dim=-1)),
         _SWAPPED_12: lambda: right_lse,
+        _EXP2: lambda: normalised(torch.exp2(lses - m0)),
+        _EMPTY_AS_ZERO: lambda: _right_merge(outs, zero_fill)[0],
     })
     lse_models = eager_mistakes({
-        _NAIVE: lambda: torch.log(torch.exp(lses).sum(dim=0)),
-        _EMPTY_NAN: lambda: m + torch.log(torch.exp(lses - m).sum(dim=0)),
-        _EMPTY_LSE_ZERO: lambda: torch.where(s0 > 0, m0 + torch.log(s0), torch.zeros_like(s0)),
-        _FINITE_FILL: lambda: torch.logsumexp(filled, dim=0),
         _LSE_MAX: lambda: m,
         _WRONG_AXIS: lambda: torch.logsumexp(lses, dim=-1),
         _SWAPPED_12: lambda: right_out,
+        _LSE_BASE2: lambda: m0 + torch.log2(torch.exp2(lses - m0).sum(dim=0)),
+        _LSE_NO_MAX: lambda: torch.log(s0),
+        _EMPTY_AS_ZERO: lambda: torch.logsumexp(zero_fill, dim=0),
     })
-    return {"out": out_models, "lse": lse_models}
+    right = {"out": right_out, "lse": right_lse}
+    return {k: _unambiguous({h: w for h, w in v.items() if not _same(w, right[k])})
+            for k, v in (("out", out_models), ("lse", lse_models))}
 
 
 def _merge_diagnosis(got: Any, expected: torch.Tensor, outs: torch.Tensor, lses: torch.Tensor,
                      what: str) -> str:
-    """A mistake recognised row by row, or '': the rows with at least one non-empty chunk and the
-    rows where every chunk is empty are judged apart, so that what a learner puts in the second
-    (NaN, 0, a mean, a large negative lse: it depends on the fill) does not hide the first."""
+    """A mistake recognised row by row, or '': which rows are right and which are wrong says it.
+    Rows (the positions of lses[0]) are: all-empty (every chunk's lse -inf); overflowing (exp of the
+    row's largest lse is inf in this dtype) or underflowing (exp of every lse is 0); far below the
+    largest lse of the whole tensor (exp(lse - global max) is 0); the others, ordinary."""
     if not (_type(got) is _Tensor and got.shape == expected.shape and got.dtype == expected.dtype
             and got.device == expected.device):
         return ""
-    g = got.detach().to(torch.float64)
-    filled = torch.isinf(lses).all(dim=0)           # rows where every chunk is empty
-    some = ~filled
-    if what == "out":
-        finite = torch.isfinite(lses).to(torch.float64)
-        mean = (finite[..., None] * outs.double()).sum(0) / finite.sum(0).clamp_min(1)[..., None]
-        if (bool(some.any()) and _rows_close(g[some], mean[some])
-                and not _rows_close(expected.double()[some], mean[some])):
-            return _MEAN_NONEMPTY
+    g, e = got.detach().to(torch.float64), expected.detach().to(torch.float64)
+    lead = lses.shape[1:]
+    rows_g = g.reshape(*lead, -1) if what == "out" else g.reshape(*lead, 1)
+    rows_e = e.reshape(*lead, -1) if what == "out" else e.reshape(*lead, 1)
+    ok = torch.isclose(rows_g, rows_e, atol=1e-5, rtol=1e-4, equal_nan=True).all(dim=-1)  # per row
+    finite = torch.isfinite(lses)
+    empty = ~finite.any(dim=0)
+    row_max = lses.amax(dim=0)
+    big, tiny = (88.0, -103.0) if lses.dtype != torch.float64 else (709.0, -744.0)
+    top = float(lses[finite].max()) if bool(finite.any()) else 0.0
+    naive = ~empty & ((row_max > big) | (row_max < tiny))             # exp(lse) inf, or 0 for every chunk
+    far = ~empty & (row_max - top < tiny - 5)                           # exp(lse - global max) 0 for every chunk
+    near = ~empty & (row_max - top > -60)
+    rest = ~empty
+
+    def only(wrong: torch.Tensor, right: torch.Tensor) -> bool:
+        return bool(wrong.any()) and not bool(ok[wrong].any()) and bool(ok[right].all())
+
+    if bool(empty.any()) and bool(ok[rest].all()):  # only the all-empty rows are wrong
+        ge = rows_g[empty]
+        if bool(torch.isnan(ge).all()):
+            return _EMPTY_NAN
+        if what == "lse" and bool((ge == 0).all()):
+            return _EMPTY_LSE_ZERO
+        if what == "lse" and bool(torch.isfinite(ge).all()) and bool((ge < -10).all()):
+            return _FINITE_FILL
+        if what == "out":
+            uniform = outs.double().mean(dim=0).reshape(*lead, -1)[empty]
+            if bool(torch.isclose(ge, uniform, atol=1e-5, rtol=1e-4).all()):
+                return _FINITE_FILL
         return ""
-    # lse: right where something was attended, a large finite negative number where not
-    if (bool(filled.any()) and _rows_close(g[some], expected.double()[some])
-            and bool(torch.isfinite(g[filled]).all()) and bool((g[filled] < -10).all())):
-        return _FINITE_FILL
+    if only(naive, rest & ~naive):
+        return _NAIVE
+    if only(far, near):
+        return _GLOBAL_MAX
+    if what == "out":
+        mean = (finite.to(torch.float64)[..., None] * outs.double()).sum(0) / finite.sum(0).clamp_min(1)[..., None]
+        some = ~empty
+        if (bool(some.any()) and _rows_close(g[some], mean[some])
+                and not _rows_close(e[some], mean[some])):
+            return _MEAN_NONEMPTY
     return ""
 
 
@@ -426,17 +487,21 @@ def _rows_close(got: torch.Tensor, want: torch.Tensor) -> bool:
 
 def _merge_cases() -> list[tuple[torch.Tensor, torch.Tensor]]:
     """(outs [n_chunks, ..., d], lses [n_chunks, ...]): empty chunks have lse -inf and finite
-    garbage in their outs."""
+    garbage in their outs. The second case's rows lie far apart (lses near 130, near 0, near -130):
+    exp(lse) overflows in some and underflows in others, and one max for the whole tensor leaves
+    every weight 0 in the rows far below it."""
     out = []
-    specs = [  # (n_chunks, lead shape, d, lse scale, lse offset, dtype, a row with every chunk empty)
-        (3, (2, 5), 4, 2.0, 0.0, torch.float32, False),     # ordinary lses, a few empty chunks
-        (4, (3, 2), 6, 3.0, 200.0, torch.float32, True),    # lses near 200: exp overflows float32
-        (5, (7,), 3, 4.0, -5.0, torch.float64, True),       # float64, many empty chunks
-        (1, (2, 3), 5, 1.0, 0.0, torch.float32, False),     # one chunk: the merge changes nothing
+    specs = [  # (seed, n_chunks, lead shape, d, lse scale, lse offset(s), dtype, a row with every chunk empty)
+        (1220, 3, (2, 5), 4, 2.0, 0.0, torch.float32, False),     # ordinary lses, a few empty chunks
+        (1231, 4, (6,), 5, 2.0, [130.0, 0.0, -130.0, 125.0, 10.0, -20.0], torch.float32, False),  # rows far apart
+        (1221, 4, (3, 2), 6, 3.0, 200.0, torch.float32, True),    # lses near 200: exp overflows float32
+        (1222, 5, (7,), 3, 4.0, -5.0, torch.float64, True),       # float64, many empty chunks
+        (1223, 1, (2, 3), 5, 1.0, 0.0, torch.float32, False),     # one chunk: the merge changes nothing
     ]
-    for i, (n, lead, d, scale, offset, dtype, all_empty) in enumerate(specs):
-        g = seeded(1220 + i)
+    for seed, n, lead, d, scale, offset, dtype, all_empty in specs:
+        g = seeded(seed)
         outs = torch.randn(n, *lead, d, generator=g, dtype=dtype)
+        offset = torch.tensor(offset, dtype=dtype) if isinstance(offset, list) else offset
         lses = offset + scale * torch.randn(n, *lead, generator=g, dtype=dtype)
         empty = torch.rand(n, *lead, generator=g) < 0.3
         flat = empty.view(n, -1)
@@ -457,22 +522,53 @@ def _merge_cases() -> list[tuple[torch.Tensor, torch.Tensor]]:
     return out
 
 
+def _merge_error_hints(outs: torch.Tensor, lses: torch.Tensor) -> dict[str, str]:
+    """The broadcasting errors of this case, told apart by the sizes they name: d against a size of
+    lses (the weights lack their last axis), or two sizes of lses' rows (tensors whose rows were
+    reduced or indexed differently); anything else gets the shapes of the contract."""
+    d, lead = outs.shape[-1], lses.shape[1:]
+    sizes = sorted(set(lses.shape) - {d})
+    rows = sorted(set(lead) - {d, lses.shape[0]})
+    out = {}
+    if sizes:
+        one = "|".join(map(str, sizes))
+        out[(rf"size of tensor a \(({one})\) must match the size of tensor b \({d}\)|size of tensor a "
+             rf"\({d}\) must match the size of tensor b \(({one})\)")] = _NO_LAST_AXIS
+    if len(rows) > 1:
+        two = "|".join(map(str, rows))
+        out[rf"size of tensor a \(({two})\) must match the size of tensor b \(({two})\)"] = Mistake(
+            "reduced-over-another-axis", f"the two sizes in this error are both sizes of the rows of lses "
+            f"[n_chunks, {', '.join(map(str, lead))}]: two of your tensors have their row axes in different "
+            "places, as a max, sum or logsumexp over another axis than dim=0 leaves them. Reduce over dim=0 "
+            f"(the chunks) every time: m, the sum of weights and lse are then all [{', '.join(map(str, lead))}].",
+            "reduced over another axis than the chunks' (a shape error between row sizes)")
+    out[r"must match the size of tensor b|The size of tensor a"] = (
+        "the shapes do not line up: lses is [n_chunks, ...] and outs [n_chunks, ..., d]. Take the max, the sum "
+        "and the logsumexp over dim=0 (the chunks), and give the weights a last axis (w[..., None]) to multiply "
+        "outs.")
+    return out
+
+
+_NO_LAST_AXIS = Mistake(
+    "weights-without-last-axis", "outs is [n_chunks, ..., d] and lses [n_chunks, ...]: the error pairs d with "
+    "a size of lses, so the weights met outs without a last axis of size 1; multiply by w[..., None] (not "
+    "w[:, None], which adds the axis after the chunks).",
+    "multiplied outs by weights without a trailing axis of size 1")
+
+
 @exercise("12.2", "merge partial softmax results", points=2, stars=2, notebook=NB,
           section="4. Merging partial results")
 def merge_partials(t: Trial) -> None:
     t.forbidden_references = {"merge_partials", "split_k_decode", "paged_decode_split",
                               "merge_splits_triton"}
-    t.error_hints = {
-        r"takes \d+ positional argument|missing \d+ required positional argument": "the signature is "
-        "merge_partials(outs, lses), returning (out, lse).",
-        r"must match the size of tensor b|The size of tensor a": "outs is [n_chunks, ..., d] and lses "
-        "[n_chunks, ...]: give the weights a last axis of size 1 (w[..., None]) before multiplying by outs.",
-    }
+    signature = {r"takes \d+ positional argument|missing \d+ required positional argument": "the signature is "
+                 "merge_partials(outs, lses), returning (out, lse)."}
     planned = []
     for outs, lses in _merge_cases():
         expected = ref.merge_partials(outs, lses)
         planned.append((outs, lses, expected, _merge_mistakes(outs, lses)))
     for outs, lses, (out, lse), mistakes in planned:
+        t.error_hints = {**signature, **_merge_error_hints(outs, lses)}
         got = t.call(outs, lses, case=describe_case(outs=outs, lses=lses) + (
             ", some rows with every chunk empty" if bool(torch.isinf(lses).all(0).any()) else ""))
         got_out, got_lse = t.tuple(got, 2, ["out", "lse"])
