@@ -693,6 +693,67 @@ def ring_attend_then_write(q, k_new, v_new, k_buf, v_buf, t):
     return (o, *_write(k_buf, v_buf, k_new, v_new, t % W))
 
 
+def _ring_scores(q, k_new, v_new, k_buf, v_buf, t):
+    """The written buffers and the scores over the written slots, as a learner builds them."""
+    W = k_buf.shape[2]
+    k_buf, v_buf = _write(k_buf, v_buf, k_new, v_new, t % W)
+    k, v = _heads(q, k_buf[:, :, :min(t + 1, W)], v_buf[:, :, :min(t + 1, W)])
+    return torch.einsum("bhqd,bhkd->bhqk", q, k), v, k_buf, v_buf
+
+
+def ring_softmax_over_heads(q, k_new, v_new, k_buf, v_buf, t):
+    s, v, k_buf, v_buf = _ring_scores(q, k_new, v_new, k_buf, v_buf, t)
+    return (s / math.sqrt(q.shape[-1])).softmax(dim=1) @ v, k_buf, v_buf
+
+
+def ring_softmax_dim_2(q, k_new, v_new, k_buf, v_buf, t):
+    s, v, k_buf, v_buf = _ring_scores(q, k_new, v_new, k_buf, v_buf, t)
+    return torch.einsum("bhqk,bhkd->bhqd", F.softmax(s / q.shape[-1] ** 0.5, dim=2), v), k_buf, v_buf
+
+
+def ring_no_softmax(q, k_new, v_new, k_buf, v_buf, t):
+    s, v, k_buf, v_buf = _ring_scores(q, k_new, v_new, k_buf, v_buf, t)
+    return s / math.sqrt(q.shape[-1]) @ v, k_buf, v_buf
+
+
+def ring_scale_by_slots(q, k_new, v_new, k_buf, v_buf, t):
+    s, v, k_buf, v_buf = _ring_scores(q, k_new, v_new, k_buf, v_buf, t)
+    return torch.softmax(s / math.sqrt(s.shape[-1]), dim=-1) @ v, k_buf, v_buf  # the keys' count, not d
+
+
+def ring_scale_by_d(q, k_new, v_new, k_buf, v_buf, t):
+    s, v, k_buf, v_buf = _ring_scores(q, k_new, v_new, k_buf, v_buf, t)
+    return torch.softmax(s / q.shape[-1], dim=-1) @ v, k_buf, v_buf
+
+
+def ring_value_kept(q, k_new, v_new, k_buf, v_buf, t):
+    W = k_buf.shape[2]
+    k_buf = k_buf.clone()
+    k_buf[:, :, t % W] = k_new[:, :, 0]  # v_buf: "the values stay"
+    n = min(t + 1, W)
+    return _softmax_attend(q, k_buf[:, :, :n], v_buf[:, :, :n]), k_buf, v_buf
+
+
+def ring_key_kept(q, k_new, v_new, k_buf, v_buf, t):
+    W = k_buf.shape[2]
+    v_buf = v_buf.index_copy(2, torch.tensor([t % W]), v_new)
+    n = min(t + 1, W)
+    return _softmax_attend(q, k_buf[:, :, :n], v_buf[:, :, :n]), k_buf, v_buf
+
+
+def ring_window_w_minus_1_slots(q, k_new, v_new, k_buf, v_buf, t):
+    W = k_buf.shape[2]
+    k_buf, v_buf = _write(k_buf, v_buf, k_new, v_new, t % W)
+    n = min(t + 1, W - 1)  # "the window excludes the current token's slot"... by count
+    return _softmax_attend(q, k_buf[:, :, :n], v_buf[:, :, :n]), k_buf, v_buf
+
+
+def ring_slot_from_the_end(q, k_new, v_new, k_buf, v_buf, t):
+    W = k_buf.shape[2]
+    k_buf, v_buf = _write(k_buf, v_buf, k_new, v_new, W - 1 - t % W)  # filled from the last slot
+    return _softmax_attend(q, k_buf, v_buf), k_buf, v_buf
+
+
 def ring_no_scale(q, k_new, v_new, k_buf, v_buf, t):
     W = k_buf.shape[2]
     k_buf, v_buf = _write(k_buf, v_buf, k_new, v_new, t % W)
@@ -916,6 +977,15 @@ WRONG = {
         (ring_swapped, "buffers swapped"),
         (ring_float32, "expected dtype torch.float64"),
         (ring_with_window_argument, "the window W is the buffers' length"),
+        (ring_softmax_over_heads, "your softmax ran over the heads"),
+        (ring_softmax_dim_2, "your softmax ran over the query axis"),
+        (ring_no_softmax, "you used the scaled scores as the weights"),
+        (ring_scale_by_slots, "square root of the number of slots attended"),
+        (ring_scale_by_d, "divided by d, not by sqrt(d)"),
+        (ring_value_kept, "you wrote k_new into slot t % W but not v_new"),
+        (ring_key_kept, "you wrote v_new into slot t % W but not k_new"),
+        (ring_window_w_minus_1_slots, "slots 0 .. W - 2 only"),
+        (ring_slot_from_the_end, "you wrote the new token into slot 1 of k_buf"),
     ],
 }
 

@@ -326,6 +326,12 @@ _READ_BEFORE_WRITE = Mistake("attended-before-writing",
                              "k_new and v_new into slot t % W first, then attend over the min(t + 1, W) "
                              "written slots.",
                              "attended over the slots before writing the new token into slot t % W")
+_MIN_T_SLOTS = Mistake("attended-min-t-slots",
+                       "the new token's own key and value were not attended before the buffer was "
+                       "full: you attended to min(t, W) slots, 0 .. t - 1, which leaves out slot t "
+                       "where token t was just written. Attend over min(t + 1, W) slots (a token "
+                       "attends to itself).",
+                       "attended to min(t, W) slots, leaving out the new token before the buffer is full")
 _NO_SCALE_74 = Mistake("unscaled-scores",
                        "you did not divide the scores by sqrt(d), d = q.shape[-1].")
 _IS_CAUSAL_74 = Mistake("is_causal-top-left",
@@ -366,12 +372,93 @@ _APPENDED = Mistake("appended-to-buffer",
                     "slot t % W (torch.cat appends, as the unbounded cache of exercise 7.2 does).")
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: bool = True, tiled: bool = False) -> torch.Tensor:
-    """softmax(q k^T / sqrt(d)) v with the H_kv heads of k, v repeated for the H of q (``tiled``: the wrong order)."""
+_SOFTMAX_AXES = {
+    -2: Mistake("softmax-over-query-axis",
+                "your softmax ran over the query axis (dim=-2), which has one query: every weight "
+                "became 1 and o is the sum of the values. Normalise over the keys: softmax(..., dim=-1).",
+                "took the softmax over the query axis (dim=-2) instead of the keys"),
+    1: Mistake("softmax-over-heads",
+               "your softmax ran over the heads (dim=1): each key's weights sum to 1 across the H "
+               "heads. Normalise each head's scores over the keys: softmax(..., dim=-1).",
+               "took the softmax over the heads instead of the keys"),
+    0: Mistake("softmax-over-batch",
+               "your softmax ran over the batch (dim=0): each key's weights sum to 1 across the "
+               "sequences. Normalise each head's scores over the keys: softmax(..., dim=-1).",
+               "took the softmax over the batch instead of the keys"),
+}
+_NO_SOFTMAX_74 = Mistake("no-softmax",
+                         "you used the scaled scores as the weights: apply softmax over the keys "
+                         "(dim=-1) first, o = softmax(q K^T / sqrt(d)) V.",
+                         "used the scores as weights without a softmax")
+_SCALES_74 = {  # the scores were multiplied by this instead of 1/sqrt(d); (words, factor from d, W, n, H)
+    "scale-sqrt-W": ("your scores were divided by sqrt(W), the window (k_buf.shape[2]); divide by "
+                     "sqrt(d), d = q.shape[-1], the size of one head's query and key.",
+                     lambda d, W, n, H: 1 / math.sqrt(W)),
+    "scale-sqrt-n": ("your scores were divided by the square root of the number of slots attended, "
+                     "min(t + 1, W); divide by sqrt(d), d = q.shape[-1], the size of one head's query and key.",
+                     lambda d, W, n, H: 1 / math.sqrt(n)),
+    "scale-d-not-sqrt": ("your scores were divided by d, not by sqrt(d): the scale is 1 / sqrt(d), "
+                         "d = q.shape[-1].", lambda d, W, n, H: 1 / d),
+    "scale-sqrt-H-times-d": ("your scores were divided by sqrt(H * d), the model width; divide by "
+                             "sqrt(d), d = q.shape[-1], one head's size.", lambda d, W, n, H: 1 / math.sqrt(H * d)),
+    "scale-multiplied": ("your scores were multiplied by sqrt(d): divide by it, "
+                         "q @ K^T / sqrt(d).", lambda d, W, n, H: math.sqrt(d)),
+}
+_SCALE_MISTAKES_74 = {slug: Mistake(slug, hint) for slug, (hint, _) in _SCALES_74.items()}
+_FIRST_W_MINUS_1 = Mistake("attended-at-most-W-minus-1-slots",
+                           "once the buffer was full you attended to slots 0 .. W - 2 only (at most "
+                           "W - 1 slots): the window is all W slots, the token in slot W - 1 "
+                           "included. Attend over min(t + 1, W) slots.",
+                           "attended to at most W - 1 slots (slot W - 1 left out once full)")
+_V_NOT_WRITTEN = Mistake("value-not-written",
+                         "you wrote k_new into slot t % W but not v_new: v_buf still holds the old "
+                         "value there. Write both, k_buf[:, :, t % W] = k_new[:, :, 0] and "
+                         "v_buf[:, :, t % W] = v_new[:, :, 0].",
+                         "wrote the new key but not the new value")
+_K_NOT_WRITTEN = Mistake("key-not-written",
+                         "you wrote v_new into slot t % W but not k_new: k_buf still holds the old "
+                         "key there. Write both, k_buf[:, :, t % W] = k_new[:, :, 0] and "
+                         "v_buf[:, :, t % W] = v_new[:, :, 0].",
+                         "wrote the new value but not the new key")
+
+
+def _buffer_diagnosis(name: str, got, given: torch.Tensor, new: torch.Tensor, pos: int) -> str:
+    """How a returned buffer differs from the given one with the new token in slot t % W: the slots
+    it changed and where the new token went, as a fact (a named mistake has been tried first)."""
+    if not (type(got) is torch.Tensor and got.shape == given.shape and got.dtype == given.dtype):
+        return ""
+    W = given.shape[2]
+    same = [bool(torch.equal(got[:, :, s], given[:, :, s])) for s in range(W)]
+    holds_new = [bool(torch.allclose(got[:, :, s], new[:, :, 0])) for s in range(W)]
+    changed = [s for s in range(W) if not same[s]]
+    right = pos % W
+    where = f"at t = {pos} with W = {W}, token t goes to slot t % W = {right}"
+    if not changed:
+        return Mistake("buffer-not-written", f"your {name} is the one you were given, unchanged: {where}; "
+                       "write the new token into that slot of a copy and return the copy.",
+                       "returned a buffer without the new token written")
+    if holds_new.count(True) == 1 and changed == [holds_new.index(True)]:
+        return Mistake("wrote-another-slot", f"you wrote the new token into slot {changed[0]} of {name}: "
+                       f"{where}, and every other slot stays as it is.",
+                       "wrote the new token into another slot than t % W")
+    if holds_new[right] and right in changed:
+        return Mistake("changed-other-slots", f"your {name} has the new token in slot {right} (right), "
+                       f"but slots {', '.join(str(c) for c in changed if c != right)} changed too: a ring "
+                       "buffer writes one slot per step and leaves the others as they are.",
+                       "changed other slots of the buffer than t % W")
+    return ""
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: bool = True, tiled: bool = False,
+            factor: float | None = None, dim: int = -1, weights: str = "softmax") -> torch.Tensor:
+    """softmax(q k^T / sqrt(d)) v with the H_kv heads of k, v repeated for the H of q (``tiled``: the
+    wrong order); ``factor`` multiplies the scores instead of 1/sqrt(d), ``dim`` is the softmax's axis
+    and ``weights`` "scores" uses the scaled scores themselves as the weights (no softmax)."""
     g = q.shape[1] // k.shape[1]
     k, v = ((x.repeat(1, g, 1, 1) if tiled else x.repeat_interleave(g, dim=1)) for x in (k, v))
     s = q @ k.transpose(-2, -1)
-    return torch.softmax(s / math.sqrt(q.shape[-1]) if scale else s, dim=-1) @ v
+    s = s * factor if factor is not None else s / math.sqrt(q.shape[-1]) if scale else s
+    return (s if weights == "scores" else torch.softmax(s, dim=dim)) @ v
 
 
 def _written(buf: torch.Tensor, new: torch.Tensor, slot: int) -> torch.Tensor:
@@ -393,10 +480,11 @@ def _ring_models(q, k_new, v_new, k_buf, v_buf, pos: int) -> dict[str, dict[str,
     if pos >= W - 1 and W > 1:
         keep = [s for s in range(W) if s != (pos + 1) % W]
         o[_W_MINUS_1] = _attend(q, kw[:, :, keep], vw[:, :, keep])
-    if pos >= 1:
+    if pos >= 1:  # the old buffer's min(t, W) slots: before it is full, the slots before t
         o[_NEW_NOT_SEEN] = _attend(q, k_buf[:, :, :min(pos, W)], v_buf[:, :, :min(pos, W)])
-    if n < W:  # (once full, attending before writing is _NEW_NOT_SEEN's output)
-        o[_READ_BEFORE_WRITE] = _attend(q, k_buf[:, :, :n], v_buf[:, :, :n])
+        # min(t, W) slots of the written buffer: the same before it is full, the right output after
+        o[_MIN_T_SLOTS] = _attend(q, kw[:, :, :min(pos, W)], vw[:, :, :min(pos, W)])
+    o[_READ_BEFORE_WRITE] = _attend(q, k_buf[:, :, :n], v_buf[:, :, :n])
     o[_NO_SCALE_74] = _attend(q, kw[:, :, :n], vw[:, :, :n], scale=False)
     if n > 1:
         o[_IS_CAUSAL_74] = _attend(q, kw[:, :, :1], vw[:, :, :1])
@@ -404,8 +492,22 @@ def _ring_models(q, k_new, v_new, k_buf, v_buf, pos: int) -> dict[str, dict[str,
         o[_LAST_N] = _attend(q, kw[:, :, W - n:], vw[:, :, W - n:])
     if g > 1 and k_buf.shape[1] > 1:
         o[_TILED] = _attend(q, kw[:, :, :n], vw[:, :, :n], tiled=True)
-    k_models = {_UNCHANGED: k_buf, _SWAPPED_74: vw}
-    v_models = {_UNCHANGED: v_buf, _SWAPPED_74: kw}
+    K, V = kw[:, :, :n], vw[:, :, :n]
+    for dim, hint in _SOFTMAX_AXES.items():
+        o[hint] = _attend(q, K, V, dim=dim)
+    o[_NO_SOFTMAX_74] = _attend(q, K, V, weights="scores")
+    d, H = q.shape[-1], q.shape[1]
+    for slug, (_, fn) in _SCALES_74.items():
+        o[_SCALE_MISTAKES_74[slug]] = _attend(q, K, V, factor=fn(d, W, n, H))
+    m = min(pos + 1, W - 1) if W > 1 else n
+    o[_FIRST_W_MINUS_1] = _attend(q, kw[:, :, :m], vw[:, :, :m])
+    o[_V_NOT_WRITTEN] = _attend(q, K, v_buf[:, :, :n])
+    o[_K_NOT_WRITTEN] = _attend(q, k_buf[:, :, :n], V)
+    right = _attend(q, K, V)
+    for hint in (_EMPTY_SLOTS, _LAST_N, _IS_CAUSAL_74, _TILED):  # where they change nothing: the right output
+        o.setdefault(hint, right)
+    k_models = {_UNCHANGED: k_buf, _SWAPPED_74: vw, _K_NOT_WRITTEN: k_buf}
+    v_models = {_UNCHANGED: v_buf, _SWAPPED_74: kw, _V_NOT_WRITTEN: v_buf}
     for hint, slot in ((_SLOT_T_MINUS_1, (pos - 1) % W), (_SLOT_T_PLUS_1, (pos + 1) % W), (_SLOT_LAST, min(pos, W - 1))):
         if slot != pos % W:
             ks, vs = _written(k_buf, k_new, slot), _written(v_buf, v_new, slot)
@@ -448,17 +550,21 @@ def _consistent_with_buffers(t: Trial, models: dict, k, v, expected: tuple) -> d
     return kept
 
 
-def _compare_ring(t: Trial, got, expected: tuple, models: dict, W: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _compare_ring(t: Trial, got, expected: tuple, models: dict, W: int, args: tuple) -> tuple[torch.Tensor, torch.Tensor]:
     __tracebackhide__ = True
     o, k, v = t.tuple(got, 3, ["o", "k_buf", "v_buf"])
+    _, k_new, v_new, k_given, v_given, pos = args
+    found = {"k_buf": _buffer_diagnosis("k_buf", k, k_given, k_new, pos),
+             "v_buf": _buffer_diagnosis("v_buf", v, v_given, v_new, pos)}
     models = {**models, "o": _consistent_with_buffers(t, models, k, v, expected)}
     compared = [("o", o, expected[0]), ("k_buf", k, expected[1]), ("v_buf", v, expected[2])]
     grew = [type(g) is torch.Tensor and g.dim() == 4 and g.shape[2] == W + 1 for _, g, _ in compared]
-    if any(grew):  # a buffer that grew explains the output too: name it first
+    if any(grew) or any(found.values()):  # a buffer that grew, or was written wrong, explains the output too: first
         compared = compared[1:] + compared[:1]
         grew = grew[1:] + grew[:1]
     for (name, g, e), appended in zip(compared, grew):
-        t.tensor(g, e, what=name, mistakes=models[name], hint=_RECIPE_74, diagnosis=_APPENDED if appended else "")
+        t.tensor(g, e, what=name, mistakes=models[name], hint=_RECIPE_74,
+                 diagnosis=_APPENDED if appended else found.get(name, ""))
     return k, v
 
 
@@ -514,11 +620,11 @@ def ring_buffer_decode_step(t: Trial) -> None:
 
     for args, expected, models, W_ in planned:
         got = t.call(*args, case=_describe_ring(args))
-        _compare_ring(t, got, expected, models, W_)
+        _compare_ring(t, got, expected, models, W_, args)
     k_b, v_b = torch.zeros(B, H_kv, W, d), torch.zeros(B, H_kv, W, d)
     for i, (expected, models) in enumerate(seq):
-        got = t.call(q_all[:, :, i:i + 1].clone(), k_all[:, :, i:i + 1].clone(), v_all[:, :, i:i + 1].clone(), k_b, v_b,
-                     i, case=f"a generation of {T} tokens with a window of W={W} from zeroed buffers [{B}, {H_kv}, "
+        args = (q_all[:, :, i:i + 1].clone(), k_all[:, :, i:i + 1].clone(), v_all[:, :, i:i + 1].clone(), k_b, v_b, i)
+        got = t.call(*args, case=f"a generation of {T} tokens with a window of W={W} from zeroed buffers [{B}, {H_kv}, "
                              f"{W}, {d}] (H={H} query heads), token t={i}, fed the buffers your function returned "
                              "at the step before")
-        k_b, v_b = _compare_ring(t, got, expected, models, W)
+        k_b, v_b = _compare_ring(t, got, expected, models, W, args)
