@@ -247,6 +247,18 @@ def qkv_heads_reversed(x, w_qkv, n_heads):
     return tuple(t.view(B, T, n_heads, D // n_heads).transpose(1, 2).flip(1) for t in (q, k, v))
 
 
+def qkv_batch_times_heads(x, w_qkv, n_heads):
+    B, T, D = x.shape
+    parts = (x @ w_qkv).split(D, dim=-1)
+    return tuple(p.view(B, T, n_heads, -1).transpose(1, 2).reshape(B * n_heads, T, -1) for p in parts)
+
+
+def qkv_no_projection(x, w_qkv, n_heads):
+    B, T, D = x.shape
+    heads = x.unflatten(-1, (n_heads, D // n_heads)).transpose(1, 2)
+    return heads, heads, heads
+
+
 def qkv_unsplit(x, w_qkv, n_heads):
     return (x @ w_qkv).tensor_split(3, dim=-1)
 
@@ -312,6 +324,10 @@ def merge_heads_rolled(o):
 def merge_wrong_final_shape(o):
     B, H, T, d_k = o.shape
     return o.transpose(1, 2).reshape(B, -1, T)  # sizes from the wrong axes
+
+
+def merge_first_head(o):
+    return o.select(1, 0)
 
 
 def merge_sum_tiled(o):
@@ -437,6 +453,40 @@ def sdpa_int_sqrt(q, k, v):
     return torch.softmax(q @ k.transpose(-2, -1) / int(math.sqrt(q.shape[-1])), dim=-1) @ v
 
 
+def sdpa_log_softmax(q, k, v):
+    return F.log_softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1) @ v
+
+
+def sdpa_output_transposed(q, k, v):
+    return (F.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1) @ v).transpose(-1, -2)
+
+
+def sdpa_d_model(q, k, v):
+    d_model = q.shape[-1] * (q.shape[1] if q.dim() == 4 else 1)  # "the model width"
+    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d_model), dim=-1) @ v
+
+
+def sdpa_column_max(q, k, v):
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    e = (s - s.max(dim=-2, keepdim=True).values).exp()
+    return e / e.sum(-1, keepdim=True) @ v
+
+
+def sdpa_matrix_max(q, k, v):
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    e = torch.exp(s - s.amax(dim=(-2, -1), keepdim=True))  # one max per score matrix
+    return e / e.sum(-1, keepdim=True) @ v
+
+
+def sdpa_round_sqrt(q, k, v):
+    return torch.softmax(q @ k.transpose(-2, -1) / round(q.shape[-1] ** 0.5), dim=-1) @ v
+
+
+def sdpa_bfloat16(q, k, v):
+    s = (q.bfloat16() @ k.bfloat16().transpose(-2, -1)).float() / math.sqrt(q.shape[-1])
+    return torch.softmax(s, dim=-1) @ v
+
+
 def sdpa_fourth_root(q, k, v):
     return torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.25, dim=-1) @ v
 
@@ -456,6 +506,8 @@ WRONG = {
         (qkv_tokens_first, "axes in the order [T, B, H, d_k]"),
         (qkv_heads_reversed, "head 0 of your q is columns [8, 9, 10, 11] of x @ w_qkv, where it should be columns 0..3"),
         (qkv_unsplit, "without splitting it into heads"),
+        (qkv_batch_times_heads, "your q holds the right numbers in the right order, shaped [6, 5, 4]"),
+        (qkv_no_projection, "your q is x itself, split into heads"),
     ],
     "merge_heads": [
         (merge_without_transpose, "transpose(1, 2) first"),
@@ -472,6 +524,7 @@ WRONG = {
         (merge_heads_rolled, "block 0 holds head 2, block 1 holds head 0, block 2 holds head 1"),
         (merge_wrong_final_shape, "the right numbers in the right order, shaped [2, 12, 5]"),
         (merge_sum_tiled, "holds the sum of the heads"),
+        (merge_first_head, "your result is one head's output"),
     ],
     "scaled_dot_product_attention": [
         (sdpa_no_scale, "forgot to divide the scores by sqrt(d_k)"),
@@ -495,11 +548,18 @@ WRONG = {
         (sdpa_softmax_dim1, "softmax runs over axis 1, a batch or head axis"),
         (sdpa_weights_transposed, "Transpose the last two axes of k only, not q, v or the weights"),
         (sdpa_exp_overflows, "your softmax overflows"),
-        (sdpa_global_max, "you subtracted one maximum for all the scores"),
+        (sdpa_global_max, "you subtracted one maximum shared by many rows"),
         (sdpa_scale_by_keys, "the number of keys T_k"),
         (sdpa_softmax_over_matrix, "over the whole [T_q, T_k] score matrix"),
         (sdpa_int_sqrt, "you rounded sqrt(d_k) down"),
         (sdpa_fourth_root, "your output is softmax(q k^T / X) @ v with X = 1.414"),
+        (sdpa_log_softmax, "you used log_softmax as the weights"),
+        (sdpa_output_transposed, "your output is transposed"),
+        (sdpa_d_model, "you divided by sqrt(d_model)"),
+        (sdpa_column_max, "you subtracted the maximum over the queries"),
+        (sdpa_matrix_max, "you subtracted one maximum shared by many rows"),
+        (sdpa_round_sqrt, "you rounded sqrt(d_k) to the nearest whole number"),
+        (sdpa_bfloat16, "ran in a lower precision"),
     ],
 }
 

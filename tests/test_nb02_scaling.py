@@ -262,6 +262,11 @@ def scores_head_axis_as_d_k(q, k):
     return q @ k.transpose(-2, -1) / math.sqrt(q.size(1))  # axis 1, a head axis in the 4-D case
 
 
+def scores_d_model(q, k):
+    width = q.shape[-1] * (q.shape[-3] if q.dim() > 3 else 1)  # H * d_k
+    return q @ k.transpose(-2, -1) * width ** -0.5
+
+
 def scores_sqrt_dk_plus_one(q, k):
     return q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1] + 1)
 
@@ -522,6 +527,10 @@ def entropy_sum_everything(p):
     return torch.special.entr(p).sum()
 
 
+def entropy_mean_over_rows(p):
+    return torch.distributions.Categorical(probs=p).entropy().mean()  # one number for the whole batch
+
+
 def entropy_of_logits(p):
     return torch.distributions.Categorical(logits=p).entropy()  # p taken for logits
 
@@ -545,6 +554,7 @@ WRONG = {
         (scores_round_sqrt, "you rounded sqrt(d_k) to the nearest whole number"),
         (scores_bfloat16, "ran in a lower precision"),
         (scores_head_axis_as_d_k, "square root of q.shape[1], a leading (batch or head) axis"),
+        (scores_d_model, "you divided by sqrt(d_model)"),
         (scores_sqrt_dk_plus_one, "your scores are q @ k^T divided by 2.236, for every entry; the divisor is sqrt(d_k) = 2"),
     ],
     "attention_entropy": [
@@ -567,6 +577,7 @@ WRONG = {
         (entropy_sum_dim_minus2, "sum over dim=-1, not dim=2"),
         (entropy_sum_everything, "you summed over every entry"),
         (entropy_of_logits, "you treated p as logits"),
+        (entropy_mean_over_rows, "you averaged the rows' entropies into one number"),
     ],
     "dot_product_std": [
         (std_returns_variance, "returned the variance"),

@@ -62,6 +62,11 @@ def _qkv_mistakes(x: torch.Tensor, w: torch.Tensor, H: int, expected: tuple, i: 
                 "you returned the projection without splitting it into heads ([B, T, D]): view it as [B, T, H, "
                 "D // H], then transpose(1, 2) to [B, H, T, d_k]."):
             lambda: proj(),
+        Mistake("forgot-the-projection",
+                f"your {name} is x itself, split into heads: project first, x @ w_qkv ([B, T, 3D]), then take "
+                f"{name}'s block of D columns and split that into heads.",
+                "split x into heads without projecting it by w_qkv"):
+            lambda: ref.split_heads(x, H),
         Mistake("transposed-w_qkv",
                 "the projection is x @ w_qkv (w_qkv is [D, 3D]); x @ w_qkv.T or w_qkv @ x mixes "
                 "the wrong axes.",
@@ -97,7 +102,17 @@ def _column_diagnosis(got, x: torch.Tensor, w: torch.Tensor, H: int, i: int) -> 
     try:
         B, T, D = x.shape
         d_k = D // H
-        if type(got) is not torch.Tensor or tuple(got.shape) != (B, H, T, d_k):
+        if type(got) is not torch.Tensor or not got.is_floating_point():
+            return ""
+        if tuple(got.shape) != (B, H, T, d_k):
+            want = ref.qkv_projection(x, w, H)[i]
+            if got.numel() == want.numel() and torch.allclose(got.detach().double().reshape(-1),
+                                                              want.double().reshape(-1), atol=1e-5, rtol=1e-4):
+                return Mistake("right-order-wrong-shape",
+                               f"your {'qkv'[i]} holds the right numbers in the right order, shaped "
+                               f"{list(got.shape)}: the contract is [B, H, T, d_k] = {list(want.shape)}; leave it "
+                               "as .transpose(1, 2) gives it, without a further reshape.",
+                               "gave q, k, v another shape than [B, H, T, d_k] (a further reshape)")
             return ""
         P = (x.double() @ w.double()).reshape(B * T, 3 * D)
         G = got.detach().double().permute(0, 2, 1, 3).reshape(B * T, D)  # column h * d_k + d: head h, feature d
@@ -216,6 +231,16 @@ def _merge_mistakes(o: torch.Tensor) -> dict:
                 "itself, unchanged, in columns h*d_k:(h+1)*d_k (a concatenation, not a sum repeated H times).",
                 "summed the heads (and repeated the sum H times)"):
             lambda: o.sum(dim=1).repeat(1, 1, H),
+        Mistake("kept-one-head",
+                "your result is one head's output ([B, T, d_k]): merging keeps all H heads, head h in columns "
+                "h*d_k:(h+1)*d_k of a [B, T, H * d_k] result.",
+                "kept only one head instead of merging all of them"):
+            lambda: o[:, 0],
+        Mistake("kept-one-head",
+                "your result is the last head's output ([B, T, d_k]): merging keeps all H heads, head h in "
+                "columns h*d_k:(h+1)*d_k of a [B, T, H * d_k] result.",
+                "kept only one head instead of merging all of them"):
+            lambda: o[:, -1],
         Mistake("transposed-T-and-d_k",
                 "you swapped axes 2 and 3 (T and d_k); the axes to swap are 1 and 2 (H and T): "
                 "o.transpose(1, 2).reshape(B, T, H * d_k)."):
@@ -360,6 +385,11 @@ def _sdpa_mistakes(q, k, v):
                 "perfect square that changes the scale. Divide by math.sqrt(d_k) itself.",
                 "divided by int(sqrt(d_k)), sqrt(d_k) rounded down"):
             lambda: torch.softmax(s / math.floor(math.sqrt(d_k)), -1) @ v,
+        Mistake("rounded-sqrt-d_k",
+                "you rounded sqrt(d_k) to the nearest whole number (round()): when d_k is not a perfect square "
+                "that changes the scale. Divide by math.sqrt(d_k) itself.",
+                "divided by round(sqrt(d_k))"):
+            lambda: torch.softmax(s / round(math.sqrt(d_k)), -1) @ v,
         Mistake("softmax-over-queries",
                 "softmax runs over the wrong axis: normalise over the keys, dim=-1 (each query's "
                 "row sums to 1).",
@@ -392,23 +422,28 @@ def _sdpa_mistakes(q, k, v):
                 "you divided the scores by their sum without exp: softmax exponentiates first, "
                 "exp(s) / sum exp(s) (negative scores then still give positive weights)."):
             lambda: (scaled / scaled.sum(-1, keepdim=True)) @ v,
+        Mistake("log-softmax-weights",
+                "you used log_softmax as the weights: the weights are softmax(scores), positive and summing to 1 "
+                "over the keys (log_softmax(s).exp() is the same thing).",
+                "used log_softmax, not softmax, as the weights"):
+            lambda: torch.log_softmax(scaled, -1) @ v,
+        Mistake("transposed-output",
+                "your output is transposed, [..., d_v, T_q]: weights @ v is already [..., T_q, d_v], one row per "
+                "query; return it as it is.",
+                "returned the output transposed ([..., d_v, T_q])"):
+            lambda: (weights() @ v).transpose(-2, -1),
         Mistake("softmax-overflow",
                 "your softmax overflows: exp of a large score (here above 88, in float32) is inf, and inf / inf "
                 "is NaN. Subtract each row's maximum before exp (softmax does not change), or use torch.softmax.",
                 "exponentiated the scores without subtracting the row's maximum (overflow to NaN)"):
             lambda: _naive_softmax(scaled) @ v,
         Mistake("subtracted-global-max",
-                "you subtracted one maximum for all the scores, not each row's own: in a row whose scores are all "
-                "far below it, every exp underflows to 0, and 0 / 0 is NaN. Subtract the row's maximum, "
-                "s.amax(dim=-1, keepdim=True), or use torch.softmax.",
-                "subtracted the maximum of all scores, not of each row, before exp"):
+                "you subtracted one maximum shared by many rows (of all the scores, or of each score matrix), not "
+                "each row's own: in a row whose scores are all far below it, every exp underflows to 0, and 0 / 0 "
+                "is NaN. Subtract the row's maximum, s.amax(dim=-1, keepdim=True), or use torch.softmax.",
+                "subtracted a maximum shared by many rows, not each row's own, before exp"):
+            # every score matrix of the case that shows it holds the largest score: one model for both
             lambda: _naive_softmax(scaled, scaled.max()) @ v,
-        Mistake("subtracted-global-max",
-                "you subtracted one maximum per score matrix, not each row's own: in a row whose scores are all "
-                "far below it, every exp underflows to 0, and 0 / 0 is NaN. Subtract the row's maximum, "
-                "s.amax(dim=-1, keepdim=True), or use torch.softmax.",
-                "subtracted the maximum of each score matrix, not of each row, before exp"):
-            lambda: _naive_softmax(scaled, scaled.amax((-2, -1), keepdim=True)) @ v,
         Mistake("subtracted-column-max",
                 "you subtracted the maximum over the queries (dim=-2) before exp: softmax over the keys is "
                 "unchanged only by subtracting a number per row, the row's maximum, s.amax(dim=-1, keepdim=True).",
@@ -440,6 +475,12 @@ def _sdpa_mistakes(q, k, v):
                              "query/key width, the last axis: q.shape[-1].",
                              "divided by the square root of a batch or head axis instead of sqrt(d_k)")] = (
                 lambda n=n: torch.softmax(s / math.sqrt(n), -1) @ v)
+    if q.dim() >= 4 and q.shape[-3] > 1:  # [B, H, T, d_k]: d_model = H * d_k
+        mistakes[Mistake("scaled-by-sqrt-d_model",
+                         "you divided by sqrt(d_model) = sqrt(H * d_k), the model width; the scale is sqrt(d_k), "
+                         "one head's query/key width, q.shape[-1].",
+                         "divided by sqrt(d_model) instead of sqrt(d_k)")] = (
+            lambda: torch.softmax(s / math.sqrt(q.shape[-3] * d_k), -1) @ v)
     return mistakes
 
 
@@ -463,8 +504,8 @@ def _another_scale(got, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, expec
         x = math.exp(log_x)
         model = torch.softmax(s / x, -1) @ vd
         d_k = q.shape[-1]
-        if abs(x / math.sqrt(d_k) - 1) < 1e-3 or not torch.allclose(g, model, atol=1e-5, rtol=1e-4):
-            return ""
+        if abs(x / math.sqrt(d_k) - 1) < 1e-6 or not torch.allclose(g, model, atol=1e-5, rtol=1e-4):
+            return _lost_precision(g, expected.double())
         return Mistake("divided-by-another-number",
                        f"your output is softmax(q k^T / X) @ v with X = {x:.4g}: the scores were divided by another "
                        f"number than sqrt(d_k) = {math.sqrt(d_k):.4g}, the square root of the query/key width "
@@ -472,6 +513,29 @@ def _another_scale(got, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, expec
                        "divided the scores by another number than sqrt(d_k)")
     except Exception:  # noqa: BLE001 - a diagnosis never breaks a check
         return ""
+
+
+_LOST_PRECISION = Mistake(
+    "lost-precision",
+    "your output agrees with the expected one to only 2 or 3 significant digits: part of the computation ran in a "
+    "lower precision (float16 or bfloat16: .half(), .bfloat16(), autocast) and was cast back. Compute in the "
+    "inputs' own dtype.",
+    "computed in float16/bfloat16 and cast back (precision lost)")
+
+
+def _lost_precision(g: torch.Tensor, e: torch.Tensor) -> str:
+    """Rounding-size errors (at most 1/64 of the output's size) that go both ways and are not one factor per
+    row (as a changed softmax denominator would give): precision lost somewhere."""
+    diff = g - e
+    big = diff.abs().max().item()
+    if not 0 < big <= e.abs().max().item() / 64:
+        return ""
+    if diff.mean().abs().item() > 0.3 * diff.abs().mean().item():  # one-sided: a bias, not rounding
+        return ""
+    per_row = (g * e).sum(-1, keepdim=True) / (e * e).sum(-1, keepdim=True).clamp_min(1e-30)
+    if torch.allclose(g, per_row * e, atol=1e-5, rtol=1e-4):
+        return ""
+    return _LOST_PRECISION
 
 
 def _overflow_case(g: torch.Generator) -> tuple:

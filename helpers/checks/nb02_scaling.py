@@ -73,6 +73,12 @@ def _scale_mistakes(q: torch.Tensor, k: torch.Tensor) -> dict:
                 "divided by round(sqrt(d_k))"):
             lambda: raw() / round(math.sqrt(d_k)),
     }
+    if q.dim() >= 4 and q.shape[-3] > 1:  # [B, H, T, d_k]: d_model = H * d_k
+        mistakes[Mistake("scaled-by-sqrt-d_model",
+                         "you divided by sqrt(d_model) = sqrt(H * d_k), the model width; the scale is sqrt(d_k), "
+                         "one head's query/key width, q.shape[-1].",
+                         "divided by sqrt(d_model) instead of sqrt(d_k)")] = (
+            lambda: raw() / math.sqrt(q.shape[-3] * d_k))
     for axis in range(q.dim() - 2):  # d_k taken from a leading (batch or head) axis, e.g. q.shape[0]
         n = q.shape[axis]
         if n not in (1, d_k, T_q, T_k):
@@ -112,8 +118,10 @@ def _scale_diagnosis(got, q: torch.Tensor, k: torch.Tensor, expected: torch.Tens
                 "divided the scores by another number than sqrt(d_k)")
         # A rounding-size error that differs from entry to entry: a lower precision somewhere.
         size = (q.detach().double().abs() @ k.detach().double().abs().transpose(-2, -1)) / math.sqrt(d_k)
-        rel = ((g - e).abs() / size.clamp_min(1e-12)).max().item()
-        if rel < 2**-4:
+        diff = g - e
+        rel = (diff.abs() / size.clamp_min(1e-12)).max().item()
+        both_ways = diff.mean().abs().item() <= 0.3 * diff.abs().mean().item()  # not a bias (an offset)
+        if rel < 2**-4 and both_ways:
             return _LOST_PRECISION
     except Exception:  # noqa: BLE001 - a diagnosis never breaks a check
         return ""
@@ -185,6 +193,11 @@ def _entropy_mistakes(p: torch.Tensor) -> dict:
         Mistake("summed-all-entries",
                 "you summed over every entry, one number for the whole tensor: sum over the last "
                 "axis only (dim=-1), one entropy per row."): lambda: -plogp().sum(),
+        Mistake("averaged-over-rows",
+                "you averaged the rows' entropies into one number: return one entropy per row, shape [...] "
+                "(p's shape without its last axis), with no mean over the rows.",
+                "returned the mean entropy over the rows, not one per row"):
+            lambda: -plogp().sum(-1).mean(),
         Mistake("p-as-logits",
                 "you treated p as logits (Categorical(logits=p), or a softmax of p): p are already "
                 "probabilities; use Categorical(probs=p), or -sum p log p directly."):
