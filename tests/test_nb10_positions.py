@@ -737,6 +737,71 @@ def llama3_via_yarn_helper(inv_freq, factor, low_freq_factor, high_freq_factor, 
     return positions.yarn_frequencies(inv_freq, factor, original_max_len, low_freq_factor, high_freq_factor)
 
 
+def _llama3_parts(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len):
+    wavelen = 2 * math.pi / inv_freq
+    return wavelen, original_max_len / high_freq_factor, original_max_len / low_freq_factor
+
+
+def llama3_thresholds_multiplied(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len):
+    wavelen = 2 * math.pi / inv_freq
+    short, long = original_max_len * low_freq_factor, original_max_len * high_freq_factor
+    smooth = (original_max_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    out = torch.lerp(inv_freq / factor, inv_freq, smooth)
+    out = torch.where(wavelen > long, inv_freq / factor, out)
+    return torch.where(wavelen < short, inv_freq, out)
+
+
+def _llama3_with_smooth(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len, smooth):
+    wavelen, short, long = _llama3_parts(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len)
+    out = torch.lerp(inv_freq / factor, inv_freq, smooth)
+    return torch.where(wavelen < short, inv_freq, torch.where(wavelen > long, inv_freq / factor, out))
+
+
+def llama3_smooth_upside_down(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len):
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (wavelen / original_max_len - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    return _llama3_with_smooth(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len, smooth)
+
+
+def llama3_smooth_no_offset(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len):
+    turns = original_max_len * inv_freq / (2 * math.pi)
+    return _llama3_with_smooth(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len,
+                               turns / (high_freq_factor - low_freq_factor))
+
+
+def llama3_smooth_over_factor(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len):
+    turns = original_max_len * inv_freq / (2 * math.pi)
+    smooth = (turns - low_freq_factor) / (high_freq_factor - low_freq_factor) / factor
+    return _llama3_with_smooth(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len, smooth)
+
+
+def llama3_smooth_linspace(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len):
+    smooth = torch.linspace(1, 0, inv_freq.shape[0], dtype=inv_freq.dtype)  # "from fast to slow"
+    return _llama3_with_smooth(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len, smooth)
+
+
+def llama3_sorted_slices(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len):
+    wavelen, short, long = _llama3_parts(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len)
+    n, n_keep, n_slow = inv_freq.shape[0], int((wavelen < short).sum()), int((wavelen > long).sum())
+    smooth = (original_max_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    mid = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    return torch.cat([inv_freq[:n_keep], mid[n_keep:n - n_slow], inv_freq[n - n_slow:] / factor])
+
+
+def llama3_slow_band_halved(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len):
+    wavelen, short, long = _llama3_parts(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len)
+    smooth = (original_max_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    out = torch.lerp(inv_freq / factor, inv_freq, smooth)
+    out = torch.where(wavelen > long, inv_freq / (factor / 2), out)  # "half the factor is enough"
+    return torch.where(wavelen < short, inv_freq, out)
+
+
+def llama3_smooth_squared(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len):
+    wavelen, short, long = _llama3_parts(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len)
+    smooth = ((original_max_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)) ** 2
+    return _llama3_with_smooth(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len, smooth)
+
+
 WRONG = {
     "rope": [
         (rope_interleaved, "interleaved convention"),
@@ -784,6 +849,14 @@ WRONG = {
         (llama3_float64_result, "expected dtype torch.float32"),
         (llama3_in_place, "in place"),
         (llama3_if_on_tensor, "torch.where"),
+        (llama3_thresholds_multiplied, "your thresholds are original_max_len * low_freq_factor"),
+        (llama3_smooth_upside_down, "your smooth uses wavelen / original_max_len"),
+        (llama3_smooth_no_offset, "your smooth does not subtract low_freq_factor"),
+        (llama3_smooth_over_factor, "your smooth is divided by factor"),
+        (llama3_smooth_linspace, "your smooth follows the pair's index i"),
+        (llama3_sorted_slices, "you chose the pairs by their place in inv_freq"),
+        (llama3_slow_band_halved, "you divided by 2, not by factor = 4"),
+        (llama3_smooth_squared, "only pairs between the two thresholds"),
     ],
 }
 

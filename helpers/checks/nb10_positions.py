@@ -234,6 +234,16 @@ def _llama3_mistakes(inv_freq: torch.Tensor, factor: float, lf: float, hf: float
         s_ = (L_ / w_ - lf_) / (hf_ - lf_)
         return _bands(w_, L_ / hf_, L_ / lf_, th_, th_ / factor_, (1 - s_) * th_ / factor_ + s_ * th_)
 
+    n = th.shape[0]
+    i = torch.arange(n, dtype=torch.float64)
+
+    def blend(sm: torch.Tensor) -> torch.Tensor:  # the right bands, another smooth in the middle
+        return _bands(w, L / hf, L / lf, th, th / factor, (1 - sm) * th / factor + sm * th)
+
+    n_keep, n_slow = int((w < L / hf).sum()), int((w > L / lf).sum())
+    by_position = right(th, factor, lf, hf, L).clone()  # the right value, but the first n_keep kept, the last n_slow divided
+    by_position[:n_keep], by_position[n - n_slow:] = th[:n_keep], th[n - n_slow:] / factor
+    blended_by_position = torch.cat([th[:n_keep], mix[n_keep:n - n_slow], th[n - n_slow:] / factor])
     return eager_mistakes({
         Mistake("nothing-scaled", "nothing was scaled: your result is inv_freq unchanged. Did you "
                 "compare the frequencies themselves with the thresholds? original_max_len / "
@@ -287,7 +297,121 @@ def _llama3_mistakes(inv_freq: torch.Tensor, factor: float, lf: float, hf: float
                 "1, high_freq_factor 4, original_max_len 8192) instead of the arguments.",
                 "used Llama 3.1's constants instead of the arguments"):
             out(right(th, 8.0, 1.0, 4.0, 8192)),
+        Mistake("thresholds-times-original_max_len", "your thresholds are original_max_len * "
+                "low_freq_factor and original_max_len * high_freq_factor: the thresholds are "
+                "wavelengths in tokens, original_max_len / high_freq_factor (shorter: kept as they "
+                "are) and original_max_len / low_freq_factor (longer: divided by factor).",
+                "computed the thresholds as original_max_len times the factors"):
+            out(_bands(w, L * lf, L * hf, th, th / factor, mix)),
+        Mistake("smooth-from-wavelen-over-original_max_len", "your smooth uses wavelen / "
+                "original_max_len, upside down: smooth = (original_max_len / wavelen - "
+                "low_freq_factor) / (high_freq_factor - low_freq_factor), the turns a pair makes "
+                "within the original context, less low_freq_factor."):
+            out(blend((w / L - lf) / (hf - lf))),
+        Mistake("smooth-without-low_freq_factor", "your smooth does not subtract low_freq_factor: "
+                "smooth = (original_max_len / wavelen - low_freq_factor) / (high_freq_factor - "
+                "low_freq_factor), which is 0 at the longer threshold and 1 at the shorter."):
+            out(blend((L / w) / (hf - lf))),
+        Mistake("smooth-divided-by-factor", "your smooth is divided by factor: smooth = "
+                "(original_max_len / wavelen - low_freq_factor) / (high_freq_factor - "
+                "low_freq_factor), with no factor in it; factor appears only in inv_freq / factor."):
+            out(blend(smooth / factor)),
+        Mistake("smooth-by-pair-index", "your smooth follows the pair's index i, not its "
+                "wavelength: smooth = (original_max_len / wavelen - low_freq_factor) / "
+                "(high_freq_factor - low_freq_factor) for each pair, from its own wavelen = 2π / "
+                "inv_freq (inv_freq need not be sorted).",
+                "ramped smooth by the pair index instead of the wavelength"):
+            out(blend(1 - i / max(1, n - 1))),
+        Mistake("smooth-by-pair-index", "your smooth follows the pair's index i, not its "
+                "wavelength (it grows with i): smooth = (original_max_len / wavelen - "
+                "low_freq_factor) / (high_freq_factor - low_freq_factor) for each pair, from its own "
+                "wavelen = 2π / inv_freq.", "ramped smooth by the pair index instead of the wavelength"):
+            out(blend(i / max(1, n - 1))),
+        Mistake("assumed-sorted", "you chose the pairs by their place in inv_freq (the first ones "
+                "kept, the last ones divided), as if it were sorted from fast to slow: decide each "
+                "pair by its own wavelength, wavelen = 2π / inv_freq, with torch.where (this "
+                "inv_freq is not sorted).", "assumed inv_freq sorted and chose the pairs by position"):
+            out(by_position),
+        Mistake("assumed-sorted", "you chose the pairs by their place in inv_freq (the first ones "
+                "kept, the last ones divided, the ones between blended), as if it were sorted from fast "
+                "to slow: decide each pair by its own wavelength, wavelen = 2π / inv_freq, with "
+                "torch.where (this inv_freq is not sorted).",
+                "assumed inv_freq sorted and chose the pairs by position"):
+            out(blended_by_position),
     })
+
+
+def _llama3_bands(got, inv_freq: torch.Tensor, factor: float, lf: float, hf: float, L: int) -> str:
+    """Which band of pairs is wrong and what the output holds there, as a fact (when no mistake is
+    named): the fast pairs (wavelen < original_max_len / high_freq_factor) stay as they are, the slow
+    ones (wavelen > original_max_len / low_freq_factor) are divided by factor, the middle ones blend."""
+    if not (type(got) is torch.Tensor and got.shape == inv_freq.shape and got.is_floating_point()
+            and bool(torch.isfinite(got).all())):
+        return ""
+    th, g = inv_freq.double(), got.double()
+    w = 2 * math.pi / th
+    short, long = L / hf, L / lf
+    expected = ref.llama3_rope_frequencies(inv_freq, factor, lf, hf, L).double()
+    wrong = ~torch.isclose(g, expected, rtol=1e-5, atol=1e-12)
+    kept = torch.isclose(g, th, rtol=1e-5, atol=1e-12)
+    divided = torch.isclose(g, th / factor, rtol=1e-5, atol=1e-12)
+    fast, slow = w < short, w > long
+    middle = ~fast & ~slow
+
+    def pairs(mask: torch.Tensor) -> str:
+        idx = mask.nonzero().flatten().tolist()
+        shown = ", ".join(f"{k} ({_fmt_w(float(w[k]))})" for k in idx[:4])
+        return shown + (f" and {len(idx) - 4} more" if len(idx) > 4 else "")
+
+    only_divided = divided & ~kept
+    if bool(kept.any()) and bool(only_divided.any()) and float(w[kept].max()) > float(w[only_divided].min()):
+        # a pair kept as it is turns more slowly than a pair divided by factor: not chosen by wavelength
+        return Mistake("bands-not-by-wavelength", "some pairs you kept as they are turn more slowly than "
+                       f"pairs you divided by factor (kept: pair {pairs(kept & (w > float(w[only_divided].min())))}; "
+                       f"divided: pair {pairs(only_divided & (w < float(w[kept].max())))}; wavelengths in "
+                       "tokens): decide each pair by its own wavelength, wavelen = 2π / inv_freq (inv_freq "
+                       "need not be sorted).", "kept and divided pairs that are not ordered by wavelength")
+    band_text = f"original_max_len / high_freq_factor = {_fmt_w(short)} and original_max_len / low_freq_factor = {_fmt_w(long)} tokens"
+    def how(mask: torch.Tensor) -> str:  # what the output did to these pairs, in words
+        if bool(kept[mask].all()):
+            return "kept as they are"
+        if bool(divided[mask].all()):
+            return "divided by factor"
+        by = th[mask] / g[mask]
+        if bool(torch.isclose(by, by[:1], rtol=1e-5).all()):
+            return f"divided by {_fmt_w(float(by[0]))}" if float(by[0]) > 1 else f"multiplied by {_fmt_w(1 / float(by[0]))}"
+        return "changed otherwise"
+
+    if bool((wrong & fast).any()):
+        did = how(wrong & fast)
+        return Mistake("fast-pairs-changed", f"pairs whose wavelength is shorter than original_max_len / "
+                       f"high_freq_factor = {_fmt_w(short)} tokens stay as they are; you {did} pair "
+                       f"{pairs(wrong & fast)} (wavelengths in tokens). Check that threshold and its "
+                       "comparison (wavelen = 2π / inv_freq, in tokens).",
+                       "changed pairs shorter than the short threshold, which stay as they are")
+    if bool((wrong & slow).any()):
+        did = how(wrong & slow)
+        return Mistake("slow-pairs-not-divided", f"pairs whose wavelength is longer than original_max_len / "
+                       f"low_freq_factor = {_fmt_w(long)} tokens are divided by factor; pair "
+                       f"{pairs(wrong & slow)} (wavelengths in tokens) you {did}" +
+                       (f", not by factor = {factor:g}." if did.startswith(("divided by ", "multiplied")) else
+                        ". Check that threshold and its comparison (wavelen = 2π / inv_freq, in tokens)."),
+                       "did not divide the pairs longer than the long threshold by factor")
+    if bool((wrong & middle).any()):
+        sm_got = (g / th - 1 / factor) / (1 - 1 / factor)
+        sm_right = (L / w - lf) / (hf - lf)
+        idx = (wrong & middle).nonzero().flatten().tolist()[:4]
+        return Mistake("middle-smooth-wrong", f"only pairs between the two thresholds ({band_text}) differ: "
+                       "written as (1 - smooth) * inv_freq / factor + smooth * inv_freq, your smooth is "
+                       f"{', '.join(_fmt_w(float(sm_got[k])) for k in idx)} at pair {', '.join(str(k) for k in idx)}, "
+                       "where smooth = (original_max_len / wavelen - low_freq_factor) / (high_freq_factor - "
+                       f"low_freq_factor) gives {', '.join(_fmt_w(float(sm_right[k])) for k in idx)}.",
+                       "the blend of the middle band is wrong (another smooth)")
+    return ""
+
+
+def _fmt_w(x: float) -> str:
+    return f"{x:.4g}"
 
 
 _LLAMA3_RECIPE = ("wavelen = 2 * math.pi / inv_freq; smooth = (original_max_len / wavelen - low_freq_factor) / "
@@ -338,4 +462,4 @@ def llama3_rope_frequencies(t: Trial) -> None:
         got = t.call(inv_freq, factor, lf, hf, L, case=describe_case(
             inv_freq=inv_freq, factor=factor, low_freq_factor=lf, high_freq_factor=hf, original_max_len=L))
         t.tensor(got, expected, what="scaled inverse frequencies", mistakes=mistakes, hint=_LLAMA3_RECIPE,
-                 atol=1e-12, rtol=1e-5)
+                 atol=1e-12, rtol=1e-5, diagnosis=_llama3_bands(got, inv_freq, factor, lf, hf, L))
