@@ -793,6 +793,21 @@ def tm_total_counts_activations_twice(cfg, batch, seq_len, attention):
     return out
 
 
+def tm_one_layer_too_many(cfg, batch, seq_len, attention):
+    return _parts(_params(cfg), _acts(cfg, batch, seq_len, attention, layers=cfg.n_layers + 1))  # "+ the embedding"
+
+
+def tm_recompute_like_flash(cfg, batch, seq_len, attention):
+    kind = "flash" if attention == "recompute" else attention  # "recompute is flash attention"
+    return _parts(_params(cfg), _acts(cfg, batch, seq_len, kind))
+
+
+def tm_no_q(cfg, batch, seq_len, attention):
+    per_layer_less = cfg.n_heads * cfg.head_dim  # q is "recomputed from x", not saved
+    layers = 1 if attention == "recompute" else cfg.n_layers
+    return _parts(_params(cfg), _acts(cfg, batch, seq_len, attention) - 2 * batch * seq_len * layers * per_layer_less)
+
+
 def tm_total_gib(cfg, batch, seq_len, attention):
     out = _parts(_params(cfg), _acts(cfg, batch, seq_len, attention))
     out["total"] = out["total"] / 2**30
@@ -950,6 +965,9 @@ WRONG = {
         (tm_optimizer_10_bytes, "you counted the optimizer at 10 bytes per parameter"),
         (tm_params_without_norms, "leaves out the norms' weights"),
         (tm_total_counts_activations_twice, "your total counts the activations twice"),
+        (tm_one_layer_too_many, "you counted n_layers + 1 layers"),
+        (tm_recompute_like_flash, "with recompute you counted every layer's activations, as with flash"),
+        (tm_no_q, "a n_heads*head_dim-wide tensor left out in every layer"),
     ],
 }
 

@@ -458,6 +458,18 @@ def _training_mistakes(cfg, B: int, T: int, attention: str) -> dict[str, dict[st
               "well as the final norm's input and output (d each): 2d + vocab per token. You left "
               "out the vocab.", "left out the log-probabilities (vocab per token) in the head")] = (
         acts - 2 * B * T * cfg.vocab)
+    for sign, word in ((1, "+ 1"), (-1, "- 1")):
+        a[Mistake("layers-off-by-one", f"you counted n_layers {word} layers: the model has n_layers "
+                  "layers, each saving its own activations (the embedding saves no activations, "
+                  "the head is counted once).", "counted one layer too many or too few")] = (
+            acts + sign * 2 * B * T * (per_layer if full else d))
+    if attention == "recompute":
+        a[Mistake("recompute-as-flash",
+                  "with recompute you counted every layer's activations, as with flash: under full "
+                  "recomputation each layer keeps only its input (d per token), and backward "
+                  "recomputes one layer at a time, adding that layer's flash activations less d.",
+                  "counted recompute's activations as flash's")] = (
+            2 * B * T * (L * flash_layer + head))
     a |= _per_token_family(cfg, B, T, attention, acts, full)
     total = right["total"]
     sum_of = "total is the sum of weights, gradients, optimizer and activations."
@@ -522,12 +534,11 @@ def _per_token_family(cfg, B: int, T: int, attention: str, acts: int, full: bool
     out: dict[str, int] = {}
     for c in (1, 2, 3, 4):
         for sign, word in ((-1, "fewer"), (1, "more")):
-            times = "once" if c == 1 else f"{c} times"
             for name, w in width.items():
+                tensors = f"a {name}-wide tensor" if c == 1 else f"{c} {name}-wide tensors"
                 hint = (f"each layer of yours counts {c} x {name} {word} numbers per token than it "
-                        f"saves: a {name}-wide tensor {'left out' if sign < 0 else 'counted too'} "
-                        f"{times if sign > 0 else ('' if c == 1 else f'({c} of them)')}".rstrip() +
-                        f" in every layer. Compare your list with section 10's: {_LAYER_LIST}.")
+                        f"saves: {tensors} {'left out' if sign < 0 else 'too many'} in every layer. "
+                        f"Compare your list with section 10's: {_LAYER_LIST}.")
                 slug = f"layer-{c}-{_WIDTHS[name]}-{word}"
                 # in every stored layer; with recomputation only the recomputed layer has them
                 layers = cfg.n_layers if full else 1
