@@ -582,7 +582,7 @@ WRONG = {
     "dot_product_std": [
         (std_returns_variance, "returned the variance"),
         (std_sqrt_of_std, "square root too many"),
-        (std_of_products, "single products"),
+        (std_of_products, "a single product q_i * k_i"),
         (std_of_mean, "averaging q_i * k_i over the features"),
         (std_sum_over_samples, "summed over the samples axis"),
         (std_q_dot_q, "independent draws"),

@@ -396,16 +396,15 @@ def _std_mistakes(d_k: int, n: int) -> dict:
                 "you took a square root too many: .std() is already the square root of the "
                 "variance."): d_k ** 0.25,
         Mistake("sqrt-d_k-times-too-small",
-                "your result is about 1, sqrt(d_k) times smaller than the std of q·k: a division by sqrt(d_k) too "
-                "many, as the std of the single products q_i * k_i or of the scaled scores q·k / sqrt(d_k) gives. "
-                "Measure the raw dot product: N(0, 1) entries, q_i * k_i summed over the d_k features (no scaling), "
-                "then the std across the n_samples pairs.",
-                "returned about 1 (the std of single products q_i k_i, or of q·k / sqrt(d_k))"): 1.0,
+                "your result is about 1, sqrt(d_k) times smaller than the std of q·k: the spread of a number of "
+                "size 1 (an entry of q, a single product q_i * k_i, or a scaled score q·k / sqrt(d_k)), not of the "
+                "dot product. Measure the raw dot product: N(0, 1) entries, q_i * k_i summed over the d_k features "
+                "(no scaling), then the std across the n_samples pairs.",
+                "returned about 1 (the std of an entry, of single products q_i k_i, or of q·k / sqrt(d_k))"): 1.0,
         Mistake("d_k-times-too-small",
-                "your result is about 1/sqrt(d_k), d_k times smaller than the std of q·k: a division by d_k too "
-                "many, as averaging q_i * k_i over the features (instead of summing) or drawing the entries with std "
-                "1/sqrt(d_k) gives. Draw plain N(0, 1) entries (torch.randn, not rescaled) and sum q_i * k_i over "
-                "the d_k features.",
+                "your result is about 1/sqrt(d_k), d_k times smaller than the std of q·k: what averaging q_i * k_i "
+                "over the features (instead of summing) gives, or entries drawn with std 1/sqrt(d_k). Draw plain "
+                "N(0, 1) entries (torch.randn, not rescaled) and sum q_i * k_i over the d_k features.",
                 "returned about 1/sqrt(d_k) (the mean over features, or entries of std 1/sqrt(d_k))"):
             1 / math.sqrt(d_k),
         Mistake("summed-over-samples",
