@@ -740,6 +740,19 @@ def kcomp_q_composition_unnormalised(w_qk, w_ov):
     return float(torch.linalg.norm(w_ov @ w_qk))
 
 
+def kcomp_rms(w_qk, w_ov):
+    rms = lambda m: m.pow(2).mean().sqrt()  # noqa: E731 - "the norm, per entry"
+    return (rms(w_qk @ w_ov.T) / (rms(w_qk) * rms(w_ov))).item()
+
+
+def kcomp_sum_of_entries(w_qk, w_ov):
+    return abs(float((w_qk @ w_ov.T).sum())) / (w_qk.norm().item() * w_ov.norm().item())
+
+
+def kcomp_spectral_product_only(w_qk, w_ov):
+    return (torch.linalg.svdvals(w_qk @ w_ov.T).max() / (w_qk.norm() * w_ov.norm())).item()
+
+
 def kcomp_via_course_helper(w_qk, w_ov):
     return model.composition_score(w_qk, w_ov.T).item()  # the notebook's batched helper
 
@@ -812,6 +825,9 @@ WRONG = {
         (kcomp_no_transpose_spectral, "spectral norm"),
         (kcomp_q_composition_unnormalised, "your product is w_ov @ w_qk (Q-composition)"),
         (kcomp_q_composition_unnormalised, "you did not divide by the norms"),
+        (kcomp_rms, "a root mean square"),
+        (kcomp_sum_of_entries, "the sum of the product's entries"),
+        (kcomp_spectral_product_only, "spectral norm (ord=2) of w_qk @ w_ov.T but the Frobenius norms"),
     ],
 }
 

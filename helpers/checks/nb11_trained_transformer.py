@@ -346,6 +346,11 @@ _KC_PRODUCTS = {  # option -> (slug, clause, numerator from (q, o, norm))
                 "your numerator is |trace(w_qk @ w_ov.T)| (the two matrices' inner product), not "
                 "the norm ||w_qk @ w_ov.T||_F",
                 lambda q, o, n: torch.trace(q @ o.T).abs()),
+    "|sum|": ("sum-of-entries-not-norm", "your numerator is |(w_qk @ w_ov.T).sum()|, the sum of the "
+              "product's entries: the score takes its Frobenius norm, the square root of the sum of "
+              "their squares, torch.linalg.matrix_norm(w_qk @ w_ov.T).",
+              "your numerator is the sum of the entries of w_qk @ w_ov.T, not its Frobenius norm",
+              lambda q, o, n: (q @ o.T).sum().abs()),
     "trace": ("trace-not-norm-signed", "your numerator is trace(w_qk @ w_ov.T) = (w_qk * w_ov).sum(), "
               "the inner product of the two matrices (divided by their norms, their cosine): the score "
               "takes the Frobenius norm of the whole product matrix, ||w_qk @ w_ov.T||_F.",
@@ -443,6 +448,12 @@ _KC_AFTER = {  # option -> (slug, clause, what was done to the score with D)
             "(||w_qk||_F * ||w_ov||_F), already scale-free, with no 1/D.",
             "you divided the score by D as well",
             lambda s, D: s / D),
+    "* D": ("multiplied-by-D", "your score is D times ||w_qk @ w_ov.T||_F / (||w_qk||_F * "
+            "||w_ov||_F): a root mean square (the square root of the mean of the squares) in place of "
+            "each Frobenius norm gives this. The Frobenius norm is the square root of the sum of the "
+            "squares, torch.linalg.matrix_norm(m).",
+            "your score is D times the right one (root mean squares instead of Frobenius norms?)",
+            lambda s, D: s * D),
     "* sqrt(D)": ("multiplied-by-sqrt-D", "you multiplied the score by sqrt(D): the score is "
                   "||w_qk @ w_ov.T||_F / (||w_qk||_F * ||w_ov||_F), with no sqrt(D).",
                   "you multiplied the score by sqrt(D)",
@@ -452,6 +463,10 @@ _KC_AFTER = {  # option -> (slug, clause, what was done to the score with D)
 _KC_FRO_NUMERATOR_SPECTRAL_DENOMINATOR = Mistake(
     "spectral-norms-in-denominator", "you divided by the spectral norms (ord=2) of w_qk and w_ov; use "
     "their Frobenius norms, like the numerator's.")
+_KC_SPECTRAL_NUMERATOR = Mistake(
+    "spectral-norm-in-numerator", "you took the spectral norm (ord=2) of w_qk @ w_ov.T but the "
+    "Frobenius norms of w_qk and w_ov: use the Frobenius norm throughout, torch.linalg.matrix_norm(m).",
+    "used the spectral norm for the product only")
 _KC_SINGLES = {name: {opt: (Mistake(s[0], s[1]) if s else None) for opt, s in part.items()}
                for name, part in (("product", _KC_PRODUCTS), ("norm", _KC_NORMS), ("denominator", _KC_DENOMINATORS),
                                   ("after", _KC_AFTER))}
@@ -477,12 +492,14 @@ _KC_SHORT = {  # the short name of an option in the slug of a two-part mistake (
     ("product", "w_ov @ w_qk"): "Q-composition", ("product", "w_qk @ w_ov"): "no-transpose",
     ("product", "w_qk.T @ w_ov"): "column-vector", ("product", "w_qk * w_ov.T"): "elementwise",
     ("product", "w_qk * w_ov"): "elementwise-no-transpose", ("product", "|trace|"): "abs-trace",
+    ("product", "|sum|"): "abs-sum",
     ("norm", "max-row"): "max-row-norm", ("norm", "max-column"): "max-column-norm", ("norm", "inf"): "inf-norm",
     ("norm", "one"): "1-norm", ("denominator", "sum"): "sum-of-norms", ("denominator", "w_qk only"): "w_qk-norm-only",
     ("denominator", "w_ov only"): "w_ov-norm-only", ("denominator", "none"): "no-norms",
     ("denominator", "squared"): "squared-norms", ("denominator", "sqrt"): "sqrt-of-norms",
     ("after", "squared"): "squared-score", ("after", "sqrt"): "sqrt-of-score", ("after", "/ sqrt(D)"): "over-sqrt-D",
     ("after", "/ D"): "over-D", ("after", "* sqrt(D)"): "times-sqrt-D",
+    ("after", "* D"): "times-D",
 }
 _KC_RIGHT = {"product": "w_qk @ w_ov.T", "norm": _FRO, "denominator": "product", "after": "nothing"}
 _KC_DOUBLE_NORMS = ("spectral", "nuclear", "l1", "max-row", "max-column")  # norms combined with another change
@@ -502,7 +519,7 @@ def _kc_family() -> list[tuple[Mistake, dict[str, str]]]:
                         continue
                     if p1 == "product" and o1 == "trace":
                         continue  # as |trace| but for its sign: that one's pairs cover it
-                    if p1 == "product" and o1 == "|trace|" and p2 == "norm":
+                    if p1 == "product" and o1 in ("|trace|", "|sum|") and p2 == "norm":
                         continue  # a trace has no norm in its numerator: that pair is the denominator's norm alone
                     out.append((_kc_double((p1, o1), (p2, o2)), {**_KC_RIGHT, p1: o1, p2: o2}))
     return out
@@ -517,6 +534,7 @@ def _k_composition_mistakes(w_qk: torch.Tensor, w_ov: torch.Tensor) -> dict[str,
     spec = torch.linalg.matrix_norm
     models = {m: _kc_score(q, o, **choice) for m, choice in _KC_FAMILY}
     models[_KC_FRO_NUMERATOR_SPECTRAL_DENOMINATOR] = float(_fro(q @ o.T) / (spec(q, ord=2) * spec(o, ord=2)))
+    models[_KC_SPECTRAL_NUMERATOR] = float(spec(q @ o.T, ord=2) / (_fro(q) * _fro(o)))
     signed, absolute = _KC_SINGLES["product"]["trace"], _KC_SINGLES["product"]["|trace|"]
     if math.isclose(models[signed], models[absolute], rel_tol=1e-9):
         del models[signed]  # a positive trace: one mistake, named once
