@@ -506,7 +506,7 @@ WRONG = {
         (qkv_tokens_first, "axes in the order [T, B, H, d_k]"),
         (qkv_heads_reversed, "head 0 of your q is columns [8, 9, 10, 11] of x @ w_qkv, where it should be columns 0..3"),
         (qkv_unsplit, "without splitting it into heads"),
-        (qkv_batch_times_heads, "your q holds the right numbers in the right order, shaped [6, 5, 4]"),
+        (qkv_batch_times_heads, "the expected values in the expected order, in the shape [6, 5, 4]"),
         (qkv_no_projection, "your q is x itself, split into heads"),
     ],
     "merge_heads": [
@@ -522,7 +522,7 @@ WRONG = {
         (merge_swaps_T_and_dk, "you swapped axes 2 and 3"),
         (merge_batch_moved, "your rows mix the batch elements"),
         (merge_heads_rolled, "block 0 holds head 2, block 1 holds head 0, block 2 holds head 1"),
-        (merge_wrong_final_shape, "the right numbers in the right order, shaped [2, 12, 5]"),
+        (merge_wrong_final_shape, "the expected values in the expected order, in the shape [2, 12, 5]"),
         (merge_sum_tiled, "holds the sum of the heads"),
         (merge_first_head, "your result is one head's output"),
     ],
