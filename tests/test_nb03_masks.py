@@ -3,6 +3,8 @@ the checks of exercises 3.1-3.6: learner-style wrong implementations each check 
 its hint (WRONG), correct ones in other styles than the reference it must accept (RIGHT), the
 attention functions check 3.6 probes, and hints that name only what they recognise."""
 
+import itertools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -10,6 +12,8 @@ import torch.nn.functional as F
 from helpers import checks, reference
 from helpers import nb03_masks as masks
 from helpers.checks import CheckFailed
+from helpers.checks import EXERCISES
+from helpers.checks import nb03_masks as c3
 from helpers.checks.nb03_masks import _leak_cases, toy_attention
 from helpers.nb01_qkv_shapes import scaled_dot_product_attention
 from tests.exercise_cases import assert_accepted, assert_rejected, right_cases, wrong_cases
@@ -168,6 +172,8 @@ def test_leak_cases_of_the_check():
     tool = found["a tool block hidden after the softmax, plus an off-by-one causal mask"]
     assert tool == sorted([(i, i + 1) for i in range(8)] + [(i, j) for i in range(5, 9) for j in range(2, 5)])
     assert found["two correctly masked layers"] == [(i, j) for i in range(6, 9) for j in (2, 3)]
+    assert found["a padded encoder whose real positions read the padding"] == [(i, j) for i in range(4) for j in range(4, 7)]
+    assert found["three leaks of graded strength (about 1e-1, 1e-2 and 1e-3 of the output)"] == [(1, 3), (2, 6), (5, 0)]
 
 
 def test_a_finite_fill_is_not_told_that_exp_overflowed():
@@ -486,6 +492,393 @@ def masked_softmax_times_mask(scores, allowed):
 def masked_softmax_sigmoid(scores, allowed):
     return torch.sigmoid(scores).masked_fill(~allowed, 0.0)
 
+
+# ----------------------------------------------------------------- issue 32: more mistakes, named by property
+
+
+def causal_two_ahead(T):
+    i = torch.arange(T)
+    return i[None, :] <= i[:, None] + 2
+
+
+def causal_nothing_blocked(T):
+    return torch.full((T, T), True)
+
+
+def causal_nothing_allowed(T):
+    return torch.zeros(T, T, dtype=torch.bool)
+
+
+def causal_eye(T):
+    return torch.eye(T) > 0
+
+
+def causal_fliplr(T):
+    return torch.fliplr(torch.ones(T, T, dtype=torch.bool).tril())
+
+
+def causal_flipud(T):
+    return torch.flipud(torch.ones(T, T, dtype=torch.bool).tril())
+
+
+def causal_while_last_row(T):
+    m = torch.zeros(T, T, dtype=torch.bool)
+    i = 0
+    while i < T - 1:
+        m[i, : i + 1] = True
+        i += 1
+    return m
+
+
+def causal_first_row_skipped(T):
+    m = torch.zeros(T, T, dtype=torch.bool)
+    for i in range(1, T):
+        m[i, : i + 1] = True
+    return m
+
+
+def causal_one_too_big(T):
+    return torch.ones(T + 1, T + 1, dtype=torch.bool).tril()
+
+
+def padding_three_axes(lengths, T):
+    return (torch.arange(T) < lengths.unsqueeze(-1)).unsqueeze(1)  # [B, 1, T]
+
+
+def padding_keys_second(lengths, T):
+    return (torch.arange(T) < lengths.unsqueeze(-1))[..., None, None]  # [B, T, 1, 1]
+
+
+def padding_axes_in_front(lengths, T):
+    return (torch.arange(T) < lengths.unsqueeze(-1)).view(1, 1, len(lengths), T)
+
+
+def padding_slice_minus_one(lengths, T):
+    rows = [torch.zeros(T, dtype=torch.bool) for _ in lengths]
+    for row, n in zip(rows, lengths.tolist()):
+        row[: n - 1] = True
+    return torch.stack(rows)[:, None, None, :]
+
+
+def padding_first_length_for_all(lengths, T):
+    return (torch.arange(T) < lengths[0]).repeat(len(lengths), 1)[:, None, None, :]
+
+
+def padding_view_of_transpose(lengths, T):
+    table = torch.arange(T).unsqueeze(1) < lengths.unsqueeze(0)  # [T, B]
+    return table.contiguous().view(len(lengths), 1, 1, T)
+
+
+def padding_width_of_longest(lengths, T):
+    width = int(lengths.max())
+    return (torch.arange(width)[None, :] < lengths[:, None])[:, None, None, :]
+
+
+def softmax_no_max_nan_to_num(scores, allowed):
+    e = torch.exp(scores).masked_fill(~allowed, 0.0)
+    return (e / e.sum(-1, keepdim=True)).nan_to_num(0.0)
+
+
+def softmax_in_float32(scores, allowed):
+    s = scores.to(torch.float32).masked_fill(~allowed, float("-inf"))
+    return torch.softmax(s, dim=-1).nan_to_num(0.0)
+
+
+def softmax_float32_cast_back(scores, allowed):
+    s = scores.to(torch.float32).masked_fill(~allowed, float("-inf"))
+    return torch.softmax(s, dim=-1).nan_to_num(0.0).to(scores.dtype)
+
+
+def softmax_reshaped_mask(scores, allowed):
+    a = allowed.reshape(scores.shape)
+    return torch.softmax(scores.masked_fill(~a, float("-inf")), dim=-1).nan_to_num(0.0)
+
+
+def softmax_fill_minus_5e4(scores, allowed):
+    return torch.softmax(torch.where(allowed, scores, torch.full_like(scores, -5e4)), dim=-1)
+
+
+def softmax_fill_zero_rows_zeroed(scores, allowed):
+    p = torch.softmax(torch.where(allowed, scores, torch.zeros_like(scores)), dim=-1)
+    return torch.where(allowed.any(-1, keepdim=True), p, torch.zeros_like(p))
+
+
+def softmax_global_max(scores, allowed):
+    e = torch.exp(scores - scores.max()) * allowed
+    total = e.sum(-1, keepdim=True)
+    return torch.where(total > 0, e / total, torch.zeros_like(e))
+
+
+def softmax_max_over_queries(scores, allowed):
+    s = scores.masked_fill(~allowed, float("-inf"))
+    m = s.amax(-2, keepdim=True)
+    e = torch.exp(s - torch.where(torch.isfinite(m), m, torch.zeros_like(m)))
+    total = e.sum(-1, keepdim=True)
+    return torch.where(total > 0, e / total, torch.zeros_like(e))
+
+
+def prefix_suffix_rows_open(T, prefix_len):
+    m = torch.ones(T, T, dtype=torch.bool).tril()
+    m[:prefix_len, :prefix_len] = True
+    m[prefix_len:] = True
+    return m
+
+
+def prefix_strict_after(T, prefix_len):
+    m = torch.ones(T, T, dtype=torch.bool).tril(-1)
+    m[:prefix_len, :prefix_len] = True
+    return m
+
+
+def prefix_no_self(T, prefix_len):
+    m = torch.ones(T, T, dtype=torch.bool).tril()
+    m[:prefix_len, :prefix_len] = True
+    return m & ~torch.eye(T, dtype=torch.bool)
+
+
+def prefix_rows_are_keys(T, prefix_len):
+    m = torch.ones(T, T, dtype=torch.bool).triu()
+    m[:prefix_len, :prefix_len] = True
+    return m
+
+
+def prefix_block_last(T, prefix_len):
+    m = torch.ones(T, T, dtype=torch.bool).tril()
+    m[T - prefix_len:, T - prefix_len:] = True
+    return m
+
+
+def prefix_block_and_self(T, prefix_len):
+    m = torch.eye(T, dtype=torch.bool)
+    m[:prefix_len, :prefix_len] = True
+    return m
+
+
+def prefix_tril_offset(T, prefix_len):
+    return torch.ones(T, T, dtype=torch.bool).tril(prefix_len)
+
+
+def prefix_with_batch_axes(T, prefix_len):
+    return prefix_block_assign(T, prefix_len).unsqueeze(0).unsqueeze(0)
+
+
+def prefix_slice_one_short(T, prefix_len):
+    m = torch.ones(T, T, dtype=torch.bool).tril()
+    m[: prefix_len - 1, : prefix_len - 1] = True
+    return m
+
+
+def _ids(seq_lens):
+    return torch.cat([torch.full((n,), s) for s, n in enumerate(seq_lens)])
+
+
+def packed_last_token_joins_next(seq_lens):
+    ids = _ids(seq_lens)
+    ids = torch.cat([ids[1:], ids[-1:]])  # each position takes the id of the next one
+    pos = torch.arange(len(ids))
+    return (ids[:, None] == ids[None, :]) & (pos[None, :] <= pos[:, None])
+
+
+def packed_upper_blocks(seq_lens):
+    return torch.block_diag(*[torch.ones(n, n, dtype=torch.bool).triu() for n in seq_lens])
+
+
+def packed_no_self(seq_lens):
+    ids = _ids(seq_lens)
+    pos = torch.arange(len(ids))
+    return (ids[:, None] == ids[None, :]) & (pos[None, :] < pos[:, None])
+
+
+def packed_singletons_dropped(seq_lens):
+    return torch.block_diag(*[torch.ones(n, n, dtype=torch.bool).tril() & (n > 1) for n in seq_lens])
+
+
+def packed_from_ends(seq_lens):
+    ends = list(itertools.accumulate(seq_lens))  # no leading 0
+    N = ends[-1]
+    m = torch.zeros(N, N, dtype=torch.bool)
+    for a, b in zip(ends[:-1], ends[1:]):
+        m[a:b, a:b] = torch.ones(b - a, b - a, dtype=torch.bool).tril()
+    return m
+
+
+def packed_last_dropped(seq_lens):
+    N = sum(seq_lens)
+    m = torch.zeros(N, N, dtype=torch.bool)
+    start = 0
+    for n in seq_lens[:-1]:
+        m[start:start + n, start:start + n] = torch.ones(n, n, dtype=torch.bool).tril()
+        start += n
+    return m
+
+
+def packed_every_other_sequence(seq_lens):
+    blocks = [torch.ones(n, n, dtype=torch.bool).tril() & (s % 2 == 0) for s, n in enumerate(seq_lens)]
+    return torch.block_diag(*blocks)
+
+
+def packed_all_at_origin(seq_lens):
+    N = sum(seq_lens)
+    m = torch.zeros(N, N, dtype=torch.bool)
+    for n in seq_lens:
+        m[:n, :n] |= torch.ones(n, n, dtype=torch.bool).tril()
+    return m
+
+
+def packed_offset_first(seq_lens):
+    N = sum(seq_lens)
+    m = torch.zeros(N, N, dtype=torch.bool)
+    offset = 0
+    for n in seq_lens:
+        offset += n
+        end = min(offset + n, N)
+        m[offset:end, offset:end] = torch.ones(end - offset, end - offset, dtype=torch.bool).tril()
+    return m
+
+
+def packed_reversed(seq_lens):
+    return torch.block_diag(*[torch.ones(n, n, dtype=torch.bool).tril() for n in reversed(seq_lens)])
+
+
+def packed_longest_first(seq_lens):
+    return torch.block_diag(*[torch.ones(n, n, dtype=torch.bool).tril() for n in sorted(seq_lens, reverse=True)])
+
+
+def packed_shortest_first(seq_lens):
+    lens = sorted(seq_lens)
+    return torch.block_diag(*[torch.ones(n, n, dtype=torch.bool).tril() for n in lens])
+
+
+def prefix_last_row_left(T, prefix_len):
+    m = prefix_block_assign(T, prefix_len)
+    m[-1] = False
+    return m
+
+
+def leaks_last_query_skipped(attention_fn, allowed, d_model):
+    moved = _perturbation_matrix(attention_fn, allowed, d_model)
+    T = allowed.shape[-1]
+    return [(i, j) for i, j in moved.nonzero().tolist() if i < T - 1]
+
+
+def packed_sees_previous(seq_lens):
+    ids = _ids(seq_lens)
+    pos = torch.arange(len(ids))
+    own = (ids[:, None] == ids[None, :]) & (pos[None, :] <= pos[:, None])
+    return own | (ids[None, :] + 1 == ids[:, None])
+
+
+def packed_first_token_visible(seq_lens):
+    m = torch.block_diag(*[torch.ones(n, n, dtype=torch.bool).tril() for n in seq_lens])
+    m[:, 0] = True  # every token also reads position 0 (a BOS shared by the pack)
+    return m
+
+
+def _moved(attention_fn, x, j, base, bump=1.0, dtype=torch.float64):
+    x2 = x.clone()
+    x2[0, j] += bump * torch.randn(x.shape[-1], generator=torch.Generator().manual_seed(j), dtype=dtype)
+    return (attention_fn(x2) - base).abs().amax(-1)[0]
+
+
+def _base(allowed, d_model, dtype=torch.float64):
+    x = torch.randn(1, allowed.shape[-1], d_model, dtype=dtype, generator=torch.Generator().manual_seed(3))
+    return x
+
+
+def leaks_mask_read_by_column(attention_fn, allowed, d_model):
+    x = _base(allowed, d_model)
+    base = attention_fn(x)
+    T = allowed.shape[-1]
+    found = []
+    for j in range(T):
+        moved = _moved(attention_fn, x, j, base) > 1e-7 * (1 + base.abs().max())
+        found += [(i, j) for i in range(T) if moved[i] and not allowed.T[i, j]]
+    return sorted(found)
+
+
+def leaks_row_of_perturbed(attention_fn, allowed, d_model):
+    x = _base(allowed, d_model)
+    base = attention_fn(x)
+    T = allowed.shape[-1]
+    found = []
+    for j in range(T):
+        moved = _moved(attention_fn, x, j, base) > 1e-7 * (1 + base.abs().max())
+        found += [(i, j) for i in range(T) if moved[j] and not allowed[i, j]]
+    return sorted(found)
+
+
+def leaks_never_reset(attention_fn, allowed, d_model):
+    x = _base(allowed, d_model)
+    base = attention_fn(x)
+    T = allowed.shape[-1]
+    found = []
+    for j in range(T):
+        x[0, j] += torch.randn(d_model, dtype=torch.float64)  # never restored
+        moved = (attention_fn(x) - base).abs().amax(-1)[0] > 1e-7 * (1 + base.abs().max())
+        found += [(i, j) for i in range(T) if moved[i] and not allowed[i, j]]
+    return sorted(found)
+
+
+def leaks_kept_unmoved(attention_fn, allowed, d_model):
+    x = _base(allowed, d_model)
+    base = attention_fn(x)
+    T = allowed.shape[-1]
+    found = []
+    for j in range(T):
+        still = _moved(attention_fn, x, j, base) <= 1e-7 * (1 + base.abs().max())
+        found += [(i, j) for i in range(T) if still[i] and not allowed[i, j]]
+    return sorted(found)
+
+
+def _region_finder(keep):
+    def finder(attention_fn, allowed, d_model):
+        moved = _perturbation_matrix(attention_fn, allowed, d_model)
+        return [(i, j) for i, j in moved.nonzero().tolist() if keep(i, j)]
+    return finder
+
+
+leaks_no_diagonal = _region_finder(lambda i, j: i != j)
+leaks_no_diagonal.__name__ = "leaks_no_diagonal"
+leaks_only_future = _region_finder(lambda i, j: j > i)
+leaks_only_future.__name__ = "leaks_only_future"
+leaks_not_past = _region_finder(lambda i, j: j >= i)
+leaks_not_past.__name__ = "leaks_not_past"
+leaks_key_0_skipped = _region_finder(lambda i, j: j > 0)
+leaks_key_0_skipped.__name__ = "leaks_key_0_skipped"
+
+
+def leaks_last_position_skipped(attention_fn, allowed, d_model):
+    moved = _perturbation_matrix(attention_fn, allowed, d_model)
+    T = allowed.shape[-1]
+    return [(i, j) for i, j in moved.nonzero().tolist() if j < T - 1]
+
+
+def leaks_query_0_skipped(attention_fn, allowed, d_model):
+    moved = _perturbation_matrix(attention_fn, allowed, d_model)
+    return [(i, j) for i, j in moved.nonzero().tolist() if i > 0]
+
+
+def leaks_one_based(attention_fn, allowed, d_model):
+    moved = _perturbation_matrix(attention_fn, allowed, d_model)
+    return [(i + 1, j + 1) for i, j in moved.nonzero().tolist()]
+
+
+def leaks_relative_tolerance_too_big(attention_fn, allowed, d_model):
+    moved = _perturbation_matrix(attention_fn, allowed, d_model, tol=5e-3)
+    return [tuple(p) for p in moved.nonzero().tolist()]
+
+
+def leaks_step_too_small(attention_fn, allowed, d_model):
+    x = _base(allowed, d_model, dtype=torch.float32)
+    base = attention_fn(x)
+    T = allowed.shape[-1]
+    found = []
+    for j in range(T):
+        moved = _moved(attention_fn, x, j, base, bump=1e-10, dtype=torch.float32) > 1e-6 * (1 + base.abs().max())
+        found += [(i, j) for i in range(T) if moved[i] and not allowed[i, j]]
+    return sorted(found)
+
+
 WRONG = {
     "causal_mask": [
         (causal_inverted, "the mask is inverted"),
@@ -496,6 +889,15 @@ WRONG = {
         (causal_additive, "an additive (0 / -inf) mask"),
         (causal_with_batch_axes, "return the [T, T] mask itself"),
         (causal_numpy, "expected a torch.Tensor"),
+        (causal_two_ahead, "its edge is not on the diagonal"),
+        (causal_nothing_blocked, "your mask is all True"),
+        (causal_nothing_allowed, "your mask is all False"),
+        (causal_eye, "allows only the diagonal"),
+        (causal_fliplr, "mirrored left-right"),
+        (causal_flipud, "mirrored top-bottom"),
+        (causal_while_last_row, "the last row (query T-1) is all False"),
+        (causal_first_row_skipped, "some rows of your mask are all False"),
+        (causal_one_too_big, "[T + 1, T + 1]"),
     ],
     "padding_mask": [
         (padding_flat, "not [B, T]"),
@@ -507,6 +909,13 @@ WRONG = {
         (padding_float, "return a bool tensor"),
         (padding_additive, "additive (0 / -inf) mask"),
         (padding_last_index_in_place, "modified one of its input tensors in place"),
+        (padding_three_axes, "not [B, 1, T]"),
+        (padding_keys_second, "your key axis is the second one"),
+        (padding_axes_in_front, "your singleton axes are in front"),
+        (padding_slice_minus_one, "not [:L - 1]"),
+        (padding_first_length_for_all, "every sequence got the same mask"),
+        (padding_view_of_transpose, "a reshape does not transpose"),
+        (padding_width_of_longest, "not lengths.max()"),
     ],
     "masked_softmax": [
         (softmax_nan_rows, "rows with nothing allowed came out NaN"),
@@ -515,13 +924,21 @@ WRONG = {
         (softmax_no_max_subtraction, "exp overflowed"),
         (softmax_big_negative, "finite number instead of -inf: a row with nothing allowed"),
         (softmax_fill_minus_1e4, "finite number instead of -inf: a row with nothing allowed"),
-        (softmax_fill_minus_1e4_empty_rows_zeroed, "you filled blocked scores with -1e4, but here allowed scores go down to"),
+        (softmax_fill_minus_1e4_empty_rows_zeroed, "some allowed scores here lie below it"),
         (softmax_in_place, "modified one of its input tensors in place"),
         (softmax_inverted, "the mask is inverted"),
         (softmax_boolean_index, "allowed only *broadcasts* to scores"),
         (softmax_float64, "expected dtype torch.float32"),
-        (masked_softmax_times_mask, "you multiplied the scores by the mask"),
+        (masked_softmax_times_mask, "the scores multiplied by the mask"),
         (masked_softmax_sigmoid, "you used a sigmoid"),
+        (softmax_no_max_nan_to_num, "exp overflowed"),
+        (softmax_in_float32, "expected dtype torch.float64 (the dtype of scores), got torch.float32"),
+        (softmax_float32_cast_back, "your weights have only float32 precision"),
+        (softmax_reshaped_mask, "reshape/view cannot make it the scores' shape"),
+        (softmax_fill_minus_5e4, "finite number instead of -inf: a row with nothing allowed"),
+        (softmax_fill_zero_rows_zeroed, "some allowed scores here lie below it"),
+        (softmax_global_max, "one maximum for the whole tensor"),
+        (softmax_max_over_queries, "the maximum you subtract is not each row's"),
     ],
     "prefix_lm_mask": [
         (prefix_sees_future, "the prefix sees the future"),
@@ -530,6 +947,16 @@ WRONG = {
         (prefix_plain_causal, "plain causal mask"),
         (prefix_inverted, "the mask is inverted"),
         (prefix_float, "return a bool tensor"),
+        (prefix_suffix_rows_open, "your suffix rows are all True"),
+        (prefix_strict_after, "suffix positions must see themselves too"),
+        (prefix_no_self, "the diagonal is missing"),
+        (prefix_rows_are_keys, "your mask is transposed"),
+        (prefix_block_last, "your bidirectional block is at the end"),
+        (prefix_block_and_self, "not only itself"),
+        (prefix_tril_offset, "you shifted the causal diagonal"),
+        (prefix_with_batch_axes, "return the [T, T] mask itself"),
+        (prefix_slice_one_short, "one too small"),
+        (prefix_last_row_left, "the whole prefix for a prefix row"),
     ],
     "packed_causal_mask": [
         (packed_plain_causal, "across sequence boundaries"),
@@ -538,10 +965,24 @@ WRONG = {
         (packed_float, "return a bool tensor"),
         (packed_additive, "additive (0 / -inf) mask"),
         (packed_reverses_seq_lens, "modified its argument `seq_lens` (list) in place"),
+        (packed_last_token_joins_next, "the last token of each sequence is grouped with the next"),
+        (packed_upper_blocks, "your blocks are upper triangles"),
+        (packed_no_self, "the diagonal is missing"),
+        (packed_singletons_dropped, "the sequences of length 1 have no block"),
+        (packed_from_ends, "the first sequence has no block"),
+        (packed_last_dropped, "the last sequence has no block"),
+        (packed_every_other_sequence, "some sequences have no block"),
+        (packed_all_at_origin, "every block starts at position 0"),
+        (packed_offset_first, "each block is placed where the *next* sequence starts"),
+        (packed_reversed, "reverse order of seq_lens"),
+        (packed_longest_first, "its blocks do not have the sizes of seq_lens"),
+        (packed_shortest_first, "your blocks are in order of size"),
+        (packed_sees_previous, "also reads the whole previous sequence"),
+        (packed_first_token_visible, "some tokens read keys of another sequence"),
     ],
     "find_mask_leaks": [
-        (leaks_report_everything, "every disallowed pair without testing"),
-        (leaks_report_nothing, "you found no leaks"),
+        (leaks_report_everything, "you reported every disallowed pair, on every case"),
+        (leaks_report_nothing, "reported no pair on any case"),
         (leaks_zero_probe, "softmax denominator"),
         (leaks_no_tolerance, "float round-off"),
         (leaks_key_major, "sorted(pairs)"),
@@ -550,7 +991,21 @@ WRONG = {
         (leaks_as_lists, "tuple (i, j) of two ints"),
         (leaks_as_tensor, "got a tensor"),
         (leaks_unbatched_input, "shape [1, T, d_model]"),
-        (leaks_include_allowed, "are allowed pairs"),
+        (leaks_include_allowed, "every dependency, the allowed ones too"),
+        (leaks_mask_read_by_column, "you read the mask as allowed[j, i]"),
+        (leaks_row_of_perturbed, "you decide from output row j"),
+        (leaks_never_reset, "your perturbations accumulate"),
+        (leaks_kept_unmoved, "did NOT move"),
+        (leaks_no_diagonal, "you never report a pair with i == j"),
+        (leaks_only_future, "you only report future keys"),
+        (leaks_not_past, "you never report a key before its query"),
+        (leaks_key_0_skipped, "you never report key j = 0"),
+        (leaks_last_position_skipped, "you never report key j = T - 1"),
+        (leaks_query_0_skipped, "you never report query i = 0"),
+        (leaks_last_query_skipped, "you never report query i = T - 1"),
+        (leaks_one_based, "your pairs are off by one position"),
+        (leaks_relative_tolerance_too_big, "missed the weak ones"),
+        (leaks_step_too_small, "reported no pair on any case"),
     ],
 }
 
@@ -711,3 +1166,100 @@ def test_check_rejects_wrong(name, wrong, hint):
 @pytest.mark.parametrize(("name", "right"), right_cases(RIGHT))
 def test_check_accepts_right(name, right):
     assert_accepted(name, right)
+
+
+# --------------------------------------------------------------- every modelled mistake is named as itself
+
+EXERCISES_BY_NAME = EXERCISES
+
+
+def _mask_cases():
+    from helpers.checks.core import draw, seeded
+
+    g = seeded(350)
+    causal = [(T,) for T in (5, 1, 8, draw(g, 2, 65))]
+    pad = [(torch.tensor([3, 6, 1, 0]), 6), (torch.tensor([2, 5], dtype=torch.int32), 7), (torch.tensor([4, 4, 1]), 4)]
+    g = seeded(351)
+    T, B = draw(g, 6, 33), draw(g, 2, 6)
+    pad.append((torch.randint(0, T + 1, (B,), generator=g), T))
+    g = seeded(352)
+    T = draw(g, 2, 33)
+    prefix = [(7, 3), (6, 0), (5, 5), (9, 4), (T, draw(g, 0, T + 1))]
+    g = seeded(353)
+    packed = [((3, 2, 4),), ((5,),), ((1, 4, 2, 3),), ((2, 1, 1),), (tuple(draw(g, 1, 6) for _ in range(draw(g, 1, 5))),)]
+    return {"causal_mask": (causal, lambda a, got: c3._causal_models(a[0], got)),
+            "padding_mask": (pad, lambda a, got: c3._padding_models(a[0], a[1], got)),
+            "prefix_lm_mask": (prefix, lambda a, got: c3._prefix_models(a[0], a[1], got)),
+            "packed_causal_mask": (packed, lambda a, got: c3._packed_models(a[0], got))}
+
+
+def _key(args):
+    return tuple(tuple(a.tolist()) if isinstance(a, torch.Tensor) else tuple(a) if isinstance(a, list) else a for a in args)
+
+
+# mistakes found by a property of the output: their plain model (what they give when the output is none of
+# their family) is another mistake's, named first
+_PROPERTY_SLUGS = {"rows-missing", "sequences-missing", "blocks-of-wrong-sizes"}
+
+
+@pytest.mark.parametrize("name", ["causal_mask", "padding_mask", "prefix_lm_mask", "packed_causal_mask"])
+def test_every_mask_mistake_model_is_named_as_itself(name):
+    """A learner whose mask is a mistake's model on every case is told that mistake, in its words: no two
+    mistakes coincide on all the cases, and each one shows on some case."""
+    cases, models = _mask_cases()[name]
+    per_case = [c3.eager_mistakes(models(a, None)) for a in cases]
+    for hint in per_case[0]:
+        if hint.slug in _PROPERTY_SLUGS or (name == "packed_causal_mask" and hint.slug == "attends-across-sequences"
+                                            and "every extra True" in hint):
+            continue
+        table = {_key(a): per_case[k][hint] for k, a in enumerate(cases)}
+
+        def learner(*args, _table=table):
+            return _table[_key(args)].clone()
+
+        result = getattr(checks, name).evaluate(learner)
+        assert not result.passed, f"{hint.slug} never shows"
+        assert result.mistake_id == f"{EXERCISES_BY_NAME[name].id}/{hint.slug}", (hint.slug, result.message)
+        assert str(hint) in result.message, (hint.slug, result.message)
+
+
+def test_every_softmax_mistake_model_is_named_as_itself():
+    cases = c3._softmax_cases()
+    per_case = [c3.eager_mistakes(c3._softmax_models(s, a, masks.masked_softmax(s, a), None)) for s, a in cases]
+    for hint in per_case[0]:
+        if hint.slug == "finite-fill-uniform-empty-rows":  # its plain model is a fill of 0: the scores times the mask
+            continue
+        table = [p[hint] for p in per_case]
+
+        def learner(scores, allowed, _table=table):
+            k = next(k for k, (s, a) in enumerate(cases) if s.shape == scores.shape and torch.equal(s, scores)
+                     and torch.equal(a, allowed))
+            return _table[k].clone()
+
+        result = checks.masked_softmax.evaluate(learner)
+        assert result.mistake_id == f"3.3/{hint.slug}", (hint.slug, result.message)
+
+
+def test_every_leak_mistake_is_named_as_itself():
+    """3.6: a learner whose pairs are a mistake's prediction on every case is told that mistake."""
+    cases = [(fn, allowed, d, masks.find_mask_leaks(fn, allowed, d), den, roundoff)
+             for _, fn, allowed, d, den, roundoff in _leak_cases()]
+    infos = [c3._leak_info(fn, allowed, d, den, roundoff, e) for fn, allowed, d, e, den, roundoff in cases]
+    seen = set()
+    for mistake, _, prediction in c3._leak_hypotheses():
+        if prediction is None:
+            continue
+        table = [sorted(prediction(info)) for info in infos]
+        key = tuple(map(tuple, table))
+        assert key not in seen, f"{mistake.slug} coincides with an earlier mistake on every case"
+        seen.add(key)
+        assert any(t != e for t, (_, _, _, e, _, _) in zip(table, cases)), f"{mistake.slug} never shows"
+
+        def learner(attention_fn, allowed, d_model, _table=table):
+            k = next(k for k, (fn, *_) in enumerate(cases) if len(fn.weights) == len(attention_fn.weights)
+                     and all(torch.equal(w, v) for w, v in zip(fn.weights, attention_fn.weights)))
+            return list(_table[k])
+
+        result = checks.find_mask_leaks.evaluate(learner)
+        assert result.mistake_id == f"3.6/{mistake.slug}", (mistake.slug, result.message)
+        assert str(mistake) in result.message

@@ -45,19 +45,20 @@ def _is_mask(got, shape) -> bool:
 
 
 def _if(holds: bool, got: torch.Tensor, otherwise: torch.Tensor) -> torch.Tensor:
-    """A mistake found by a property of the output: its model is the output itself where the property
-    holds, else ``otherwise`` (the expected output, or the mistake's plain model), so that a case that
-    does not show the property refutes it."""
+    """A mistake found by a property of the output (a family of outputs): its model is the output itself
+    where the output is one of the family (which may include the expected output: then a case the learner
+    passed does not refute it), else ``otherwise``, one member, so that a case where the output is none of
+    the family refutes it."""
     return got if holds else otherwise
 
 
 def _rows_missing(got, expected: torch.Tensor) -> bool:
-    """Every row of ``got`` [..., T, T] is the expected row or all False, and some expected row is lost."""
+    """Every row of ``got`` [..., T, T] is the expected row or all False (some rows lost, or none)."""
     if not _is_mask(got, expected.shape) or expected.dim() < 2:
         return False
     empty = ~got.any(-1)
     right = (got == expected).all(-1)
-    return bool((right | empty).all()) and bool((~right).any())
+    return bool((right | empty).all())
 
 
 def _mask(t: Trial, got, expected: torch.Tensor, mistakes: dict, hint: str) -> None:
@@ -276,7 +277,7 @@ def _padding_models(lengths: torch.Tensor, T: int, got) -> dict:
         if _is_mask(got, expected.shape) and B > 1:
             rows = got[:, 0, 0, :]
             holds = bool((rows == rows[:1]).all()) and torch.equal(rows[0], j < int(rows[0].sum()))
-        return _if(holds and not torch.equal(got, expected), got, (j < lengths.max())[None, None, None, :].expand(B, 1, 1, T))
+        return _if(holds, got, (j < lengths.max())[None, None, None, :].expand(B, 1, 1, T))
 
     return {
         _PAD_FLAT: lambda: keys,
@@ -637,6 +638,13 @@ _PREFIX_TRIL_P = Mistake(
     "shifted the diagonal instead of opening the prefix block")
 
 
+_PREFIX_ROWS_MISSING = Mistake(
+    "rows-missing",
+    "some rows of your mask are all False (that position sees nothing, not even itself) while the other "
+    "rows are right: every row needs its keys, the whole prefix for a prefix row, the keys j <= i after it.",
+    "left some rows all False")
+
+
 def _prefix_models(T: int, p: int, got) -> dict:
     i, j = _ij(T)
     causal = j <= i
@@ -665,7 +673,7 @@ def _prefix_models(T: int, p: int, got) -> dict:
         _PREFIX_ONLY_BLOCK: lambda: (i < p) & (j < p),
         _PREFIX_TRIL_P: shifted,
         _BATCH_AXES: lambda: expected[None, None],
-        _ROWS_MISSING: lambda: _if(_rows_missing(got, expected), got, expected & (i < T - 1)),
+        _PREFIX_ROWS_MISSING: lambda: _if(_rows_missing(got, expected), got, expected & (i < T - 1)),
     }
 
 
@@ -813,20 +821,19 @@ def _packed_models(seq_lens: tuple, got) -> dict:
             m[start:start + size, start:start + size] = _tril(size)
         return m
 
-    def across():
-        holds = (_is_mask(got, (N, N)) and not torch.equal(got, expected) and bool((got | ~expected).all())
-                 and not bool((got & ~expected & same).any()) and bool((got & ~expected).any()))
+    def across():  # the expected mask and some pairs of two different sequences (or none)
+        holds = _is_mask(got, (N, N)) and bool((got | ~expected).all()) and not bool((got & ~expected & same).any())
         return _if(holds, got, causal)
 
-    def missing():
-        holds = _rows_missing(got, expected) and bool((got == expected).all() or all(
+    def missing():  # each sequence's rows are right or all False
+        holds = _rows_missing(got, expected) and all(
             bool((got[int(cu[s]):int(cu[s + 1])] == expected[int(cu[s]):int(cu[s + 1])]).all()) or
-            not bool(got[int(cu[s]):int(cu[s + 1])].any()) for s in range(len(seq_lens))))
+            not bool(got[int(cu[s]):int(cu[s + 1])].any()) for s in range(len(seq_lens)))
         return _if(holds, got, without([0]))
 
-    def other_sizes():
+    def other_sizes():  # a packed causal mask of some lengths (those of seq_lens, or others)
         sizes = _block_sizes(got) if _is_mask(got, (N, N)) else None
-        return _if(sizes is not None and sizes != list(seq_lens), got, ref.packed_causal_mask(sorted(seq_lens)))
+        return _if(sizes is not None, got, ref.packed_causal_mask(sorted(seq_lens)))
 
     return {
         _PACKED_CAUSAL: lambda: causal,
@@ -1079,37 +1086,39 @@ def _region(a: int, b: int) -> str:
 
 
 def _leak_hypotheses():
-    """(mistake, test) pairs: ``test(case, got)`` says whether ``got`` (a set of pairs) is what the mistake
-    gives on ``case`` (a dict with the allowed mask, the dependencies found by perturbation, the leaks
-    expected, and what the case is built to show). A mistake is named only if its test holds on every case
-    (and the output is wrong somewhere)."""
+    """(mistake, test, prediction) triples: ``test(case, got)`` says whether ``got`` (a set of pairs) is what
+    the mistake gives on ``case`` (a dict with the allowed mask, the dependencies found by perturbation, the
+    leaks expected, and what the case is built to show); ``prediction(case)`` is that set, for the mistakes
+    that give one set (None for those told by a property). A mistake is named only if its test holds on
+    every case (and the output is wrong somewhere)."""
     def pairs(m: torch.Tensor) -> set:
         return {(a, b) for a, b in m.nonzero().tolist()}
 
     def exactly(prediction):
         return lambda c, g: g == prediction(c)
 
-    out = [
-        (_KEY_QUERY, exactly(lambda c: {(b, a) for a, b in c["expected"]})),
-        (_MASK_TRANSPOSED, exactly(lambda c: pairs(c["dep"] & ~c["allowed"].T))),
-        (_ALL_DEPENDENCIES, exactly(lambda c: pairs(c["dep"]))),
-        (_EVERY_BLOCKED, exactly(lambda c: pairs(~c["allowed"]))),
-        (_ROW_OF_KEY, exactly(lambda c: pairs(~c["allowed"] & c["dep"].diagonal()[None, :]))),
-        (_ACCUMULATED, exactly(lambda c: pairs(~c["allowed"] & (c["dep"].cumsum(-1) > 0)))),
-        (_INVERTED_TEST, exactly(lambda c: pairs(~c["allowed"] & ~c["dep"]))),
-        (_MISSED_DENOMINATOR, exactly(lambda c: c["expected"] - c["denominator"])),
+    predictions = [  # (mistake, prediction), in the order they are tried
+        (_KEY_QUERY, lambda c: {(b, a) for a, b in c["expected"]}),
+        (_MASK_TRANSPOSED, lambda c: pairs(c["dep"] & ~c["allowed"].T)),
+        (_ALL_DEPENDENCIES, lambda c: pairs(c["dep"])),
+        (_EVERY_BLOCKED, lambda c: pairs(~c["allowed"])),
+        (_ROW_OF_KEY, lambda c: pairs(~c["allowed"] & c["dep"].diagonal()[None, :])),
+        (_ACCUMULATED, lambda c: pairs(~c["allowed"] & (c["dep"].cumsum(-1) > 0))),
+        (_INVERTED_TEST, lambda c: pairs(~c["allowed"] & ~c["dep"])),
+        (_MISSED_DENOMINATOR, lambda c: c["expected"] - c["denominator"]),
     ]
     for missing, mistake in _REGION_MISTAKES.items():
-        out.append((mistake, exactly(lambda c, missing=missing: {
-            p for p in c["expected"] if _region(*p) not in missing})))
+        predictions.append((mistake, lambda c, missing=missing: {
+            p for p in c["expected"] if _region(*p) not in missing}))
     for (axis, edge), mistake in _EDGE_MISTAKES.items():
         def keep(c, axis=axis, edge=edge):
             at = c["T"] - 1 if edge == "last" else 0
             return {p for p in c["expected"] if p[1 if axis == "key" else 0] != at}
-        out.append((mistake, exactly(keep)))
+        predictions.append((mistake, keep))
     for di, dj in ((1, 1), (-1, -1), (0, 1), (1, 0), (0, -1), (-1, 0)):
-        out.append((_SHIFTED_PAIRS, exactly(lambda c, di=di, dj=dj: {(a + di, b + dj) for a, b in c["expected"]})))
-    out.append((_NO_LEAKS, exactly(lambda c: set())))
+        predictions.append((_SHIFTED_PAIRS, lambda c, di=di, dj=dj: {(a + di, b + dj) for a, b in c["expected"]}))
+    predictions.append((_NO_LEAKS, lambda c: set()))
+    out = [(mistake, exactly(prediction), prediction) for mistake, prediction in predictions]
 
     def roundoff(c, g):
         if not c["roundoff"]:
@@ -1121,11 +1130,11 @@ def _leak_hypotheses():
             return False
         if not c["strengths"]:
             return True
-        missed = [c["strengths"][p] for p in c["expected"] - g]
-        found = [c["strengths"][p] for p in g]
+        missed = [c["strengths"][p] for p in c["expected"] - g if p in c["strengths"]]
+        found = [c["strengths"][p] for p in g if p in c["strengths"]]
         return bool(missed) and (not found or max(missed) < min(found))
 
-    out += [(_NO_TOLERANCE, roundoff), (_TOLERANCE_LOOSE, loose)]
+    out += [(_NO_TOLERANCE, roundoff, None), (_TOLERANCE_LOOSE, loose, None)]
     return out
 
 
@@ -1184,7 +1193,7 @@ def find_mask_leaks(t: Trial) -> None:
         if len(g) != len(got):
             t.fail(head, _DUPLICATES)
         t.fail(head, _UNSORTED)
-    for mistake, holds in _leak_hypotheses():
+    for mistake, holds, _ in _leak_hypotheses():
         if all(holds(case[5], sets[k]) for k, case in enumerate(cases)):
             detail = ""
             if g - e:
