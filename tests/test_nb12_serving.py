@@ -329,6 +329,10 @@ def gather_permute_then_reshape(pages, block_table, seq_len):  # [d, H_kv, seq_l
     return x.permute(2, 1, 0).reshape(H_kv, seq_len, d)
 
 
+def gather_heads_features_positions(pages, block_table, seq_len):  # [H_kv, d, seq_len]
+    return gather_loop(pages, block_table, seq_len).transpose(1, 2)
+
+
 def gather_next_slot(pages, block_table, seq_len):  # slot (p + 1) % bs: no model, a fact
     bs = pages.shape[1]
     return torch.stack([pages[int(block_table[p // bs]), (p + 1) % bs] for p in range(seq_len)], dim=1)
@@ -827,6 +831,7 @@ WRONG = {
         (gather_flat_slot_major, "block and slot are swapped"),
         (gather_permute_then_reshape, "you had the axes in the order [d, H_kv, seq_len]"),
         (gather_next_slot, "but position 0 holds block 7, slot 1"),
+        (gather_heads_features_positions, "you returned [H_kv, d, seq_len]"),
     ],
     "merge_partials": [
         (merge_naive, "Subtract the largest lse of the row first"),
@@ -885,6 +890,23 @@ def test_check_rejects_wrong(name, wrong, hint):
 @pytest.mark.parametrize(("name", "right"), right_cases(RIGHT))
 def test_check_accepts_right(name, right):
     assert_accepted(name, right)
+
+
+def test_blocks_models_tell_every_mistake_apart():
+    """12.3 names a mistake when one of its models gives the learner's count after every prefix of
+    every stream: the right model is the reference there, and no model of one mistake gives the
+    counts of another's, or the right ones."""
+    from helpers.checks.nb12_serving import _BLOCK_MODELS, _blocks_cases, _trace
+
+    cases = _blocks_cases()
+    right = [[blocks_in_use(events[:k], bs) for k in range(1, len(events) + 1)] for events, bs in cases]
+    assert [_trace(events, bs) for events, bs in cases] == right
+    seen: dict[str, str] = {}
+    for mistake, models in _BLOCK_MODELS.items():
+        for model in models:
+            counts = str([_trace(events, bs, **model) for events, bs in cases])
+            assert counts != str(right), (mistake.slug, model)
+            assert seen.setdefault(counts, mistake.slug) == mistake.slug, (mistake.slug, model, seen[counts])
 
 
 def test_blocks_check_refuses_the_notebooks_allocator():

@@ -239,7 +239,9 @@ if td is not None:
         stride_tb, H, GROUP, N_SPLITS, MAX_BLOCKS,
         HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, SCALE: tl.constexpr, TABLE: tl.constexpr,
         END_OFF: tl.constexpr, KV_MOD: tl.constexpr, NORMALISE: tl.constexpr,
-        GUARD_EMPTY: tl.constexpr, GRID: tl.constexpr,
+        GUARD_EMPTY: tl.constexpr, GRID: tl.constexpr, EXP2: tl.constexpr = False,
+        RESCALE: tl.constexpr = True, FLOOR: tl.constexpr = False, LSE_M: tl.constexpr = False,
+        UNMASKED: tl.constexpr = False,
     ):
         """A learner's split kernel: one program per (split, query head), one page per
         iteration, exp (not exp2), a broadcast product; mistakes switched on by the flags."""
@@ -257,7 +259,7 @@ if td is not None:
         offs_s = tl.arange(0, PAGE)
         offs_d = tl.arange(0, HEAD_DIM)
         seq_len = tl.load(SL + b)
-        n_pages = tl.cdiv(seq_len, PAGE)
+        n_pages = seq_len // PAGE if FLOOR else tl.cdiv(seq_len, PAGE)
         per = tl.cdiv(n_pages, N_SPLITS)
         first = split * per
         last = tl.minimum(first + per, n_pages)
@@ -273,23 +275,38 @@ if td is not None:
             pos = p * PAGE + offs_s
             ok = pos < seq_len + END_OFF
             rows = blk * stride_kb + offs_s[:, None] * stride_ks + kvh * stride_kh + offs_d[None, :]
-            k = tl.load(K + rows, mask=ok[:, None], other=0.0).to(tl.float32)
-            v = tl.load(V + rows, mask=ok[:, None], other=0.0).to(tl.float32)
+            if UNMASKED:  # every slot of the page, its score kept
+                k = tl.load(K + rows).to(tl.float32)
+                v = tl.load(V + rows).to(tl.float32)
+            else:
+                k = tl.load(K + rows, mask=ok[:, None], other=0.0).to(tl.float32)
+                v = tl.load(V + rows, mask=ok[:, None], other=0.0).to(tl.float32)
             s = tl.sum(q[None, :] * k, 1)
             if SCALE:
                 s = s * sm_scale
-            s = tl.where(ok, s, float("-inf"))
+            if not UNMASKED:
+                s = tl.where(ok, s, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, 0))
-            w = tl.exp(s - m_new)
-            alpha = tl.exp(m - m_new)
+            if EXP2:
+                w = tl.exp2(s - m_new)
+                alpha = tl.exp2(m - m_new)
+            else:
+                w = tl.exp(s - m_new)
+                alpha = tl.exp(m - m_new)
+            if not RESCALE:
+                alpha = tl.full([1], 1.0, tl.float32)
             l_sum = l_sum * alpha + tl.sum(w, 0)
             acc = acc * alpha + tl.sum(w[:, None] * v, 0)
             m = m_new
+        if UNMASKED:
+            acc = tl.where(l_sum > 0, acc, 0.0)  # NaN > 0 is False too: the NaN read becomes 0
         if GUARD_EMPTY:
             lse = tl.where(l_sum > 0, m + tl.log(tl.where(l_sum > 0, l_sum, 1.0)), float("-inf"))
             l_sum = tl.where(l_sum > 0, l_sum, 1.0)
         else:
             lse = m + tl.log(l_sum)
+        if LSE_M:
+            lse = m
         if NORMALISE:
             acc = acc / l_sum
         out_at = (split * tl.num_programs(1 - GRID) + bh) * HEAD_DIM
@@ -325,7 +342,7 @@ if td is not None:
         w = torch.exp(lse - top)
         return (w[..., None] * parts).sum(0) / w.sum(0).clamp_min(1e-30)[..., None]
 
-    def _learner(name, merge="course", out_fp32=False, grid=0, ignore_splits=False, **flags):
+    def _learner(name, merge="course", out_fp32=False, grid=0, ignore_splits=False, scale_of_d=None, **flags):
         """A learner's launcher: the split kernel, then a merge in PyTorch or in Triton
         (``ignore_splits``: always one chunk, one program per (sequence, query head); grid 1: the
         axes swapped, the grid given as a function of the launch's arguments)."""
@@ -339,6 +356,8 @@ if td is not None:
             page, H_kv = k_pages.shape[1], k_pages.shape[2]
             n_splits = 1 if ignore_splits else n_splits or 2
             scale = sm_scale if sm_scale is not None else 1 / math.sqrt(d)
+            if scale_of_d is not None:
+                scale = scale_of_d(d, scale)
             parts = torch.empty((n_splits, B, H, d), dtype=torch.float32, device=q.device)
             lse = torch.empty((n_splits, B, H), dtype=torch.float32, device=q.device)
             k_pages, v_pages = k_pages.contiguous(), v_pages.contiguous()
@@ -384,6 +403,14 @@ if td is not None:
         (_learner("decode_out_float32", out_fp32=True), "expected dtype torch.float16"),
         (_learner("decode_ignores_n_splits", ignore_splits=True),
          "must split each sequence's keys"),
+        (_learner("decode_unmasked_last_page", UNMASKED=True), "your output is 0 for exactly the sequences"),
+        (_learner("decode_scale_one_over_d", scale_of_d=lambda d, s: 1 / d), "your scores are scaled by 1 / d"),
+        (_learner("decode_log2e_then_exp", scale_of_d=lambda d, s: s * 1.4426950408889634),
+         "but took tl.exp"),
+        (_learner("decode_exp2_natural", EXP2=True), "2^(s - m) is the softmax of s * ln 2"),
+        (_learner("decode_no_rescale", RESCALE=False), "must be rescaled by alpha = exp(m - m_new)"),
+        (_learner("decode_floor_pages", FLOOR=True), "skipped the partly filled last page"),
+        (_learner("decode_lse_is_m", LSE_M=True), "you stored m (the chunk's max score)"),
         (decode_in_pytorch, "no Triton kernel ran"),
         (decode_gathers_in_pytorch, "gathered the cache through the block table in PyTorch"),
     ]

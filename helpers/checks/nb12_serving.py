@@ -7,11 +7,14 @@ not a multiple of block_size (except in one case, where floor and ceil agree and
 can go wrong); block ids are neither contiguous nor sorted; tables carry padding (-1, a valid id
 that must still be ignored, or ids beyond the pool: n_blocks + 5, and 2**31 - 1 in an int32 table);
 two int32 tables. 12.2: chunks with lse -inf (their outs hold finite garbage), rows where every
-chunk is empty, lses near 200 (exp overflows float32), one chunk only. 12.3: streams of events
-where each modelled mistake gives another count: forks of a partly filled and of a full last
-block, appends that must copy and appends that must not, frees of shared blocks. (A needless copy
-of a block no other sequence holds cannot change the count, so it is not detected: see
-:func:`blocks_in_use`.)
+chunk is empty, rows whose lses lie far apart (near 130, 0 and -130: exp overflows in some,
+underflows in others, and one max for the whole tensor empties the rows far below it), lses near
+200, one chunk only; mistakes that show in some rows only are recognised row by row. 12.3: streams
+of events where each modelled mistake gives another count: forks of a partly filled and of a full
+last block, appends that must copy and appends that must not, frees of shared blocks; the
+learner's function runs on every prefix of every stream, and a mistake is named only when one of
+its allocator models gives every one of those counts. (A needless copy of a block no other
+sequence holds cannot change the count, so it is not detected: see :func:`blocks_in_use`.)
 """
 
 from __future__ import annotations
@@ -116,6 +119,15 @@ def _reshaped_mistake(order: tuple[str, ...]) -> Mistake:
                    "reshaped an array with other axes into [H_kv, seq_len, d] instead of permuting")
 
 
+def _axes_mistake(order: tuple[str, ...]) -> Mistake:
+    """The mistake of returning the right numbers with the axes in ``order``."""
+    return Mistake("axes-in-another-order", f"you returned [{', '.join(order)}]: the layout is [H_kv, seq_len, d] "
+                   "(notebook 07's cache, one sequence of it). Move the axes with .permute / .transpose: the "
+                   "gathered blocks are [seq_len, H_kv, d] after reshape(-1, H_kv, d), and .transpose(0, 1) "
+                   "makes them [H_kv, seq_len, d].",
+                   "returned the keys with their axes in another order")
+
+
 def _unambiguous(models: dict[str, Any]) -> dict[str, Any]:
     """``models`` without those whose output another mistake's model also gives on this case (a
     match there could not say which mistake it was)."""
@@ -186,6 +198,9 @@ def _gather_mistakes(pages: torch.Tensor, table: torch.Tensor, seq_len: int) -> 
         _FLAT_NOT_SCALED: lambda: at_rows(tbl[blk] + slot),
         _FLAT_SWAPPED: lambda: at_rows(slot * bs + tbl[blk]),
     }
+    for perm in ((0, 2, 1), (2, 1, 0), (1, 2, 0), (2, 0, 1)):  # the right numbers, the axes in another order
+        order = tuple(_AXES_H[i] for i in perm)
+        models[_axes_mistake(order)] = lambda p=perm: right.permute(p)
     for source, names in ((right, _AXES_H), (right.transpose(0, 1), _AXES_T)):
         for perm in ((0, 2, 1), (1, 0, 2), (1, 2, 0), (2, 0, 1), (2, 1, 0), (0, 1, 2)):
             order = tuple(names[i] for i in perm)
@@ -854,9 +869,9 @@ def _event_fact(events: list[tuple], bs: int, before: int, expected: int, got: i
         state = (f"sequence {seq} had {length} tokens in {len(t)} block{'s' if len(t) != 1 else ''}, its last "
                  + ("full" if not used else f"holding {used} of {bs} slots")
                  + (", shared with another sequence" if shared else ""))
-        parts = ([f"a copy of the shared, partly filled last block"] if copy else []) + (
+        parts = (["a copy of the shared, partly filled last block"] if copy else []) + (
             [f"{new} fresh block{'s' if new != 1 else ''} for positions past the last block"] if new else [])
-        why = (f"{state}; {n} more token{'s' if n != 1 else ''} take "
+        why = (f"{state}; {n} more token{'s take' if n != 1 else ' takes'} "
                + (" and ".join(parts) if parts else "no block (they fit in the last block's free slots)"))
     return (f"your count was right after every event before the last one, {event}, and wrong after it: "
             f"{why}, so the count goes from {before} to {expected}; {yours}.")

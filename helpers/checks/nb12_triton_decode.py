@@ -86,12 +86,18 @@ def paged_case(B: int, H: int, H_kv: int, d: int, lens: list[int], page: int, se
 
 def decode64(q, k_pages, v_pages, block_tables, seq_lens, scale: float | None = None, *,
              tables: str = "right", kv_map: str = "right", normalise: bool = True,
-             chunks: tuple[int, int] | None = None, combine: str = "lse") -> torch.Tensor:
+             chunks: tuple[int, int] | None = None, combine: str = "lse", base: str = "e",
+             rescale: int | None = None, lse: str = "right", floor_pages: bool = False) -> torch.Tensor:
     """Paged decoding in float64 on the CPU -> ``[B, H, d]``, with one mistake switched on:
     ``tables`` "in-order" (block j for every sequence) or "flat" (block b * max_blocks + j);
     ``kv_map`` "mod" (kv head h % H_kv) or "div" (h // H_kv); ``normalise=False`` (out not divided
-    by the sum of weights); ``chunks=(n_splits, tile)`` with ``combine`` "mean", "mean-all" or
-    "sum" (chunks of cdiv(cdiv(n, n_splits), tile) * tile keys merged without the lse weights)."""
+    by the sum of weights); ``chunks=(n_splits, tile)``: chunks of cdiv(cdiv(n, n_splits), tile) *
+    tile keys, each normalised by its own sum and merged by ``combine``: "lse" (weights
+    exp(lse_c - max lse), right), "mean", "mean-all" (the sum over n_splits) or "sum"; within a
+    chunk ``base`` "2" (weights 2^(s - m), lse m + ln l), ``rescale=T`` (an online softmax over tiles
+    of T keys that never rescales what it summed before the max grew), ``lse="m"`` (each chunk's
+    lse is its max score; "log2": in base-2 units, lse / ln 2; "ln2": lse * ln 2, what a merge with
+    exp2 of natural lses amounts to); ``floor_pages`` (only the seq_len // page full pages are read)."""
     q, k_pages, v_pages = (x.detach().to("cpu", torch.float64) for x in (q, k_pages, v_pages))
     block_tables, seq_lens = block_tables.cpu(), seq_lens.cpu()
     B, H, d = q.shape
@@ -100,7 +106,10 @@ def decode64(q, k_pages, v_pages, block_tables, seq_lens, scale: float | None = 
     heads = torch.arange(H)
     kv = {"right": heads // (H // H_kv), "mod": heads % H_kv, "div": heads // H_kv}[kv_map]
     out = torch.zeros(B, H, d, dtype=torch.float64)
+    exp = torch.exp2 if base == "2" else torch.exp
     for b, n in enumerate(seq_lens.tolist()):
+        if floor_pages:
+            n = n // page * page
         if n == 0:
             continue
         j = torch.arange(math.ceil(n / page))
@@ -111,17 +120,32 @@ def decode64(q, k_pages, v_pages, block_tables, seq_lens, scale: float | None = 
         keys = k_pages[blocks].flatten(0, 1)[:n][:, kv]  # [n, H, d]
         vals = v_pages[blocks].flatten(0, 1)[:n][:, kv]
         s = torch.einsum("hd,nhd->hn", q[b], keys) * scale  # [H, n]
-        if chunks is None:
-            w = torch.exp(s - s.amax(-1, keepdim=True))
-            o = torch.einsum("hn,nhd->hd", w, vals)
-            out[b] = o / w.sum(-1, keepdim=True) if normalise else o
-            continue
-        n_splits, tile = chunks
+        n_splits, tile = chunks if chunks is not None else (1, 1)
         per = math.ceil(math.ceil(n / n_splits) / tile) * tile
-        parts = [torch.einsum("hn,nhd->hd", torch.softmax(s[:, lo:lo + per], -1), vals[lo:lo + per])
-                 for lo in range(0, n, per)]
-        total = torch.stack(parts).sum(0)
-        out[b] = {"mean": total / len(parts), "mean-all": total / n_splits, "sum": total}[combine]
+        parts, lses = [], []
+        for lo in range(0, n, per):
+            sc, vc = s[:, lo:lo + per], vals[lo:lo + per]
+            if rescale:
+                m = torch.full((H,), -math.inf, dtype=torch.float64)
+                w = torch.empty_like(sc)
+                for t0 in range(0, sc.shape[1], rescale):
+                    m = torch.maximum(m, sc[:, t0:t0 + rescale].amax(-1))
+                    w[:, t0:t0 + rescale] = exp(sc[:, t0:t0 + rescale] - m[:, None])
+            else:
+                m = sc.amax(-1)
+                w = exp(sc - m[:, None])
+            l = w.sum(-1)
+            o = torch.einsum("hn,nhd->hd", w, vc)
+            parts.append(o / l[:, None] if normalise else o)
+            lses.append({"m": m, "log2": (m + torch.log(l)) / math.log(2), "ln2": (m + torch.log(l)) * math.log(2)}
+                        .get(lse, m + torch.log(l)))
+        total, lse_c = torch.stack(parts), torch.stack(lses)
+        if combine == "lse":
+            wc = torch.exp(lse_c - lse_c.amax(0))
+            out[b] = (wc[..., None] * total).sum(0) / wc.sum(0)[:, None]
+        else:
+            out[b] = {"mean": total.sum(0) / len(parts), "mean-all": total.sum(0) / n_splits,
+                      "sum": total.sum(0)}[combine]
     return out
 
 
@@ -160,6 +184,39 @@ _M = {
                                      "their log-sum-exp weights (averaged or added): out = sum_c "
                                      "exp(lse_c - lse) * out_c with lse = logsumexp_c(lse_c).",
                                      "the chunks are merged without the lse weights"),
+    "scale-one-over-d": Mistake("scale-one-over-d", "your scores are scaled by 1 / d: the softmax's "
+                                "scale is 1 / sqrt(d) (when sm_scale is None), sm_scale itself "
+                                "otherwise.", "scaled the scores by 1/d instead of 1/sqrt(d)"),
+    "exp2-of-natural-scores": Mistake("exp2-of-natural-scores", "you took tl.exp2 of scores in "
+                                      "natural-log units: 2^(s - m) is the softmax of s * ln 2, too "
+                                      "flat. Use tl.exp, or multiply the scores by log2(e) = 1.4427 "
+                                      "(fold it into the scale) before tl.exp2, and then store the "
+                                      "chunk's lse in natural units, (m + log2(l)) * ln 2.",
+                                      "used exp2 on scores that are not multiplied by log2(e)"),
+    "log2e-with-exp": Mistake("log2e-with-exp", "you multiplied the scores by log2(e) = 1.4427 (as "
+                              "for tl.exp2) but took tl.exp: use tl.exp2 with that factor, or "
+                              "tl.exp without it.",
+                              "scaled the scores by log2(e) for exp2, then used exp"),
+    "online-softmax-without-rescale": Mistake("online-softmax-without-rescale", "when the running "
+                                              "max grows from m to m_new, what was summed before "
+                                              "must be rescaled by alpha = exp(m - m_new): l = l * "
+                                              "alpha + sum(p), acc = acc * alpha + p @ v. Without "
+                                              "it, earlier tiles keep weights relative to the old "
+                                              "max.", "the online softmax never rescales l and acc"),
+    "floor-page-count": Mistake("floor-page-count", "your kernel read seq_len // PAGE pages and "
+                                "skipped the partly filled last page: a sequence of seq_len keys "
+                                "spans cdiv(seq_len, PAGE) pages; read the last one too, with the "
+                                "slots past seq_len masked.",
+                                "walked seq_len // PAGE pages (the last, partly filled page skipped)"),
+    "lse-base-mismatch": Mistake("lse-base-mismatch", "your chunks' lse and your merge use different "
+                                 "log bases: an lse in base 2 (m + log2(l), from exp2 scores) merged "
+                                 "with exp, or a natural lse merged with exp2. Convert once: lse_natural "
+                                 "= lse_base2 * ln 2, and merge with exp(lse_c - max lse).",
+                                 "merged chunk lses in one log base with the exp of another"),
+    "lse-without-log-l": Mistake("lse-without-log-l", "each chunk's lse must be m + log(l), the log of "
+                                 "its softmax denominator: you stored m (the chunk's max score), so "
+                                 "the merge weighs the chunks by their largest score only.",
+                                 "stored lse = m for each chunk (forgot + log(l))"),
 }
 
 
@@ -168,16 +225,31 @@ def _mistake_models(c: dict) -> list[tuple[Mistake, torch.Tensor]]:
     args = [c[name] for name in _ARGS]
     n_splits, scale = c["n_splits"], c["sm_scale"]
     dev, dtype = kernel_device(), c["q"].dtype
+    d, page = c["q"].shape[-1], c["k_pages"].shape[1]
+    used = 1 / math.sqrt(d) if scale is None else scale  # the right scale
+    tiles = sorted({1, page, 16, 32})
     variants = [("no-sm-scale", dict(scale=1.0))] if scale is None else [
         ("ignored-sm-scale", dict(scale=None))]
+    if scale is None:
+        variants.append(("scale-one-over-d", dict(scale=1 / d)))
+    variants.append(("log2e-with-exp", dict(scale=used * math.log2(math.e))))
     variants += [("ignores-block-table", dict(tables=m)) for m in ("in-order", "flat")]
     variants += [("gqa-head-mapping", dict(kv_map=m)) for m in ("mod", "div")]
+    variants.append(("floor-page-count", dict(floor_pages=True)))
+    # the online softmax over tiles of T keys (T = one page, or a BLOCK of 16, 32 or 64 keys), in
+    # chunks rounded to the same tiles: what the chunks are matters where a mistake is inside them
+    splits = [(1, t) for t in sorted({page, 16, 32, 64})] if n_splits == 1 else (
+        [(n_splits, t) for t in sorted({page, 16, 32, 64})] if n_splits is not None else [])
+    variants += [("online-softmax-without-rescale", dict(chunks=ch, rescale=ch[1])) for ch in splits]
+    variants += [("exp2-of-natural-scores", dict(chunks=ch, base="2")) for ch in splits[:1 if n_splits == 1 else None]]
     if n_splits == 1:
         variants.append(("unnormalised-output", dict(normalise=False)))
     elif n_splits is not None:  # None: the learner's split count, unknown here
         variants += [("merge-without-rescale", dict(chunks=(n_splits, tile), combine=combine))
-                     for tile in sorted({1, c["k_pages"].shape[1], 16, 32})
-                     for combine in ("mean", "mean-all", "sum")]
+                     for tile in tiles for combine in ("mean", "mean-all", "sum")]
+        variants += [("lse-without-log-l", dict(chunks=(n_splits, tile), lse="m")) for tile in tiles]
+        variants += [("lse-base-mismatch", dict(chunks=(n_splits, tile), lse=unit))
+                     for tile in tiles for unit in ("log2", "ln2")]
     models = []
     for slug, kw in variants:
         kw.setdefault("scale", scale)
@@ -189,13 +261,16 @@ def _mistake_models(c: dict) -> list[tuple[Mistake, torch.Tensor]]:
     return models
 
 
-def _matched(got: torch.Tensor, models: list, tol: dict) -> str:
-    """The first mistake whose output ``got`` equals (within ``tol``, NaN equal to NaN), or ''."""
+def _matched(got: torch.Tensor, models: list, tol: dict, expected: torch.Tensor | None = None) -> str:
+    """The mistake whose output ``got`` equals (within ``tol``, NaN equal to NaN), or '': none
+    when models of two different mistakes both match, or a matching model equals ``expected``."""
     g = got.detach().to(_float64)
-    for mistake, out in models:
-        if _allclose(g, out.detach().to(_float64), equal_nan=True, **tol):
-            return mistake
-    return ""
+    hits = [mistake for mistake, out in models if _allclose(g, out.detach().to(_float64), equal_nan=True, **tol)]
+    if expected is not None:
+        e = expected.detach().to(_float64)
+        hits = [h for h, out in models if h in hits and not _allclose(e, out.detach().to(_float64), equal_nan=True,
+                                                                        **tol)]
+    return hits[0] if hits and all(h.slug == hits[0].slug for h in hits) else ""
 
 
 def _cases(dev: torch.device) -> list[dict]:
@@ -239,12 +314,29 @@ _WATCHED = {m.slug: m for m in (
 )}
 
 
-def _nan_hint(c: dict, got: torch.Tensor, passed: list[int]) -> str:
-    """Name the cause of NaN in ``got``, from where it is and which cases passed, or ''."""
+def _nan_hint(c: dict, got: torch.Tensor, expected: torch.Tensor, passed: list[int]) -> str:
+    """Name the cause of NaN in ``got``, from where it is and which cases passed, or ''. With one
+    chunk, sequences whose last page is partly filled that come out all 0 (a kernel that guards
+    l > 0 turns the NaN it read into 0) while every other sequence is right are a read past seq_len
+    too: the check's cache holds NaN there."""
     nan_b = [b for b in range(got.shape[0]) if bool(torch.isnan(got[b]).any())]
+    lens = c["seq_lens"].tolist()
+    page = c["k_pages"].shape[1]
+    if not nan_b and c["n_splits"] == 1:
+        tol = _tol(c["dtype"], torch.device("cpu"), "fwd")
+        right = [bool(torch.isclose(got[b].double(), expected[b].double(), **tol).all()) for b in range(len(lens))]
+        zero = [bool((got[b] == 0).all()) for b in range(len(lens))]
+        ragged = [n % page != 0 for n in lens]
+        if (any(ragged) and all(z for z, r in zip(zero, ragged) if r) and all(ok for ok, r in zip(right, ragged) if not r)
+                and any(n > page for n, r in zip(lens, ragged) if r)):
+            return Mistake("read-past-seq-len", "your output is 0 for exactly the sequences whose last page is "
+                           "partly filled (lengths " + ", ".join(str(n) for n, r in zip(lens, ragged) if r) + "): "
+                           "your kernel read keys or values that are not part of the sequence (past seq_len) there, "
+                           "which hold NaN in this check's cache, and your guard on l > 0 turned the NaN into 0. Load only keys j < seq_len "
+                           "(tl.load(..., mask=offs < seq_len, other=0.0)) and give the others the score -inf.",
+                           "read keys or values past the sequence's end (padding slots)")
     if not nan_b:
         return ""
-    lens = c["seq_lens"].tolist()
     if all(lens[b] == 0 for b in nan_b) and 1 in passed:
         return Mistake("nan-for-empty-sequence", "a sequence of length 0 gave NaN: every chunk "
                        "of it "
@@ -259,7 +351,8 @@ def _nan_hint(c: dict, got: torch.Tensor, passed: list[int]) -> str:
                        "merge.")
     return Mistake("read-past-seq-len", "NaN: your kernel read keys or values that are not part of "
                    "the sequence (here the slots after a sequence's last key, and the block that "
-                   "the tables' padding entries point to, hold NaN). Load only keys j < seq_len: "
+                   "the tables' padding entries point to, hold NaN; a guard on l > 0 turns it into "
+                   "0). Load only keys j < seq_len, and give the others the score -inf: "
                    "tl.load(..., mask=offs < seq_len, other=0.0), the block table entry too.",
                    "read keys or values past the sequence's end (padding slots)")
 
@@ -323,7 +416,8 @@ def paged_decode_triton(t: Trial) -> None:
                            "returned the output in another dtype than q's"))
         if (_type(got) is _Tensor and got.shape == expected.shape and got.device.type == dev.type
                 and got.dtype == dtype):
-            diagnosis = _matched(got, c["models"], tol) or _nan_hint(c, got.detach().cpu(), passed)
+            diagnosis = (_matched(got, c["models"], tol, expected)
+                         or _nan_hint(c, got.detach().cpu(), expected.detach().cpu(), passed))
             close = torch.isclose(got.detach().double().cpu(), expected.double().cpu(), **tol)
             if not diagnosis and not bool(close.all()) and i == 2 and 1 in passed:
                 diagnosis = Mistake("split-or-merge", "the same inputs gave the right output with "
