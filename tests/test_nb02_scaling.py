@@ -580,7 +580,7 @@ WRONG = {
         (entropy_mean_over_rows, "you averaged the rows' entropies into one number"),
     ],
     "dot_product_std": [
-        (std_returns_variance, "returned the variance"),
+        (std_returns_variance, "the variance of q·k"),
         (std_sqrt_of_std, "square root too many"),
         (std_of_products, "a single product q_i * k_i"),
         (std_of_mean, "averaging q_i * k_i over the features"),

@@ -390,8 +390,9 @@ def _std_mistakes(d_k: int, n: int) -> dict:
     several ways of computing it is named by what it is, with those ways as examples."""
     return {
         Mistake("returned-variance",
-                "you returned the variance (about d_k); the standard deviation is its square root: "
-                "use .std(), or .var() ** 0.5."): d_k,
+                "your result is about d_k, the variance of q·k; the standard deviation is its square root: "
+                "use .std(), or .var() ** 0.5.",
+                "returned the variance (about d_k), not the std"): d_k,
         Mistake("sqrt-of-std",
                 "you took a square root too many: .std() is already the square root of the "
                 "variance."): d_k ** 0.25,
@@ -411,7 +412,8 @@ def _std_mistakes(d_k: int, n: int) -> dict:
                 "you summed over the samples axis: each dot product sums over the d_k features of "
                 "one (q, k) pair, and the std is taken across the n_samples pairs."): math.sqrt(n),
         Mistake("q-dot-q",
-                "q and k must be independent draws: q . q has std sqrt(2 d_k).",
+                "your result is about sqrt(2 d_k), the std of q · q: q and k must be independent draws, each "
+                "its own torch.randn(..., generator=generator).",
                 "used the same draw for q and k (q . q)"): math.sqrt(2 * d_k),
         Mistake("uniform-0-1-entries",
                 "the entries must be N(0, 1): torch.randn, not torch.rand (uniform on [0, 1)).",
