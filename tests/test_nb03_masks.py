@@ -1244,7 +1244,8 @@ def test_every_leak_mistake_is_named_as_itself():
     """3.6: a learner whose pairs are a mistake's prediction on every case is told that mistake."""
     cases = [(fn, allowed, d, masks.find_mask_leaks(fn, allowed, d), den, roundoff)
              for _, fn, allowed, d, den, roundoff in _leak_cases()]
-    infos = [c3._leak_info(fn, allowed, d, den, roundoff, e) for fn, allowed, d, e, den, roundoff in cases]
+    infos = [c3._leak_info(fn, allowed, d, den, roundoff) for fn, allowed, d, e, den, roundoff in cases]
+    assert [info["leaks"] for info in infos] == [e for _, _, _, e, _, _ in cases]  # the reference's leaks
     seen = set()
     for mistake, _, prediction in c3._leak_hypotheses():
         if prediction is None:
