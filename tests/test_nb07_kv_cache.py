@@ -754,6 +754,30 @@ def ring_slot_from_the_end(q, k_new, v_new, k_buf, v_buf, t):
     return _softmax_attend(q, k_buf, v_buf), k_buf, v_buf
 
 
+def ring_mask_one_ahead(q, k_new, v_new, k_buf, v_buf, t):
+    W = k_buf.shape[2]
+    k_buf, v_buf = _write(k_buf, v_buf, k_new, v_new, t % W)
+    k, v = _heads(q, k_buf, v_buf)
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    s = s.masked_fill(torch.arange(W) > t + 1, float("-inf"))  # should be > t
+    return torch.softmax(s, dim=-1) @ v, k_buf, v_buf
+
+
+def ring_temperature(q, k_new, v_new, k_buf, v_buf, t):
+    s, v, k_buf, v_buf = _ring_scores(q, k_new, v_new, k_buf, v_buf, t)
+    return torch.softmax(s / (2 * math.sqrt(q.shape[-1])), dim=-1) @ v, k_buf, v_buf  # a "temperature" of 2
+
+
+def ring_clears_next_slot(q, k_new, v_new, k_buf, v_buf, t):
+    W = k_buf.shape[2]
+    k_buf, v_buf = _write(k_buf, v_buf, k_new, v_new, t % W)
+    n = min(t + 1, W)
+    o = _softmax_attend(q, k_buf[:, :, :n], v_buf[:, :, :n])
+    if W > 1:  # "free the slot the next token will use"
+        k_buf[:, :, (t + 1) % W], v_buf[:, :, (t + 1) % W] = 0.0, 0.0
+    return o, k_buf, v_buf
+
+
 def ring_no_scale(q, k_new, v_new, k_buf, v_buf, t):
     W = k_buf.shape[2]
     k_buf, v_buf = _write(k_buf, v_buf, k_new, v_new, t % W)
@@ -986,6 +1010,9 @@ WRONG = {
         (ring_key_kept, "you wrote v_new into slot t % W but not k_new"),
         (ring_window_w_minus_1_slots, "slots 0 .. W - 2 only"),
         (ring_slot_from_the_end, "you wrote the new token into slot 1 of k_buf"),
+        (ring_mask_one_ahead, "your o attends to slots 0, 1, 2, 3 of the buffers with the new token written"),
+        (ring_temperature, "your scores were multiplied by 0.2236"),
+        (ring_clears_next_slot, "but slot 3 changed too"),
     ],
 }
 

@@ -428,6 +428,8 @@ def _buffer_diagnosis(name: str, got, given: torch.Tensor, new: torch.Tensor, po
     if not (type(got) is torch.Tensor and got.shape == given.shape and got.dtype == given.dtype):
         return ""
     W = given.shape[2]
+    if torch.allclose(got.double(), _written(given, new, pos % W).double(), atol=1e-5, rtol=1e-4):
+        return ""  # the right buffer
     same = [bool(torch.equal(got[:, :, s], given[:, :, s])) for s in range(W)]
     holds_new = [bool(torch.allclose(got[:, :, s], new[:, :, 0])) for s in range(W)]
     changed = [s for s in range(W) if not same[s]]
@@ -437,16 +439,72 @@ def _buffer_diagnosis(name: str, got, given: torch.Tensor, new: torch.Tensor, po
         return Mistake("buffer-not-written", f"your {name} is the one you were given, unchanged: {where}; "
                        "write the new token into that slot of a copy and return the copy.",
                        "returned a buffer without the new token written")
-    if holds_new.count(True) == 1 and changed == [holds_new.index(True)]:
+    if holds_new.count(True) == 1 and changed == [holds_new.index(True)] and changed != [right]:
         return Mistake("wrote-another-slot", f"you wrote the new token into slot {changed[0]} of {name}: "
                        f"{where}, and every other slot stays as it is.",
                        "wrote the new token into another slot than t % W")
-    if holds_new[right] and right in changed:
+    if holds_new[right] and right in changed and len(changed) > 1:
+        others = [c for c in changed if c != right]
         return Mistake("changed-other-slots", f"your {name} has the new token in slot {right} (right), "
-                       f"but slots {', '.join(str(c) for c in changed if c != right)} changed too: a ring "
+                       f"but slot{'s' if len(others) > 1 else ''} {_slots(others)} changed too: a ring "
                        "buffer writes one slot per step and leaves the others as they are.",
                        "changed other slots of the buffer than t % W")
     return ""
+
+
+def _ring_output_diagnosis(o, args: tuple, expected: torch.Tensor) -> str:
+    """When no mistake explains o: is it attention over other slots than the window (of the buffers
+    with the new token written, or before), or attention with another scale of the scores? A fact
+    about the output, found by trying every set of slots and fitting the scale."""
+    q, k_new, v_new, k_buf, v_buf, pos = args
+    if not (type(o) is torch.Tensor and o.shape == expected.shape and o.dtype == expected.dtype
+            and bool(torch.isfinite(o).all())) or torch.allclose(o.double(), expected.double(), atol=1e-5, rtol=1e-4):
+        return ""
+    W, d = k_buf.shape[2], q.shape[-1]
+    g = o.double()
+    q64 = q.double()
+    kw, vw = _written(k_buf, k_new, pos % W).double(), _written(v_buf, v_new, pos % W).double()
+    close = lambda x: bool(torch.allclose(x, g, atol=1e-5, rtol=1e-4))  # noqa: E731 - as a mistake is matched
+    n = min(pos + 1, W)
+    window = f"at t = {pos} with W = {W}, the window is slot{'s' if n > 1 else ''} {_slots(list(range(n)) if pos < W else list(range(W)))}"
+    group = q.shape[1] // k_buf.shape[1]
+    if W <= 8:
+        masks = torch.tensor([[m >> s_ & 1 for s_ in range(W)] for m in range(1, 2 ** W)], dtype=torch.bool)
+        for written, (K, V) in (("with the new token written", (kw, vw)),
+                                ("before the new token was written", (k_buf.double(), v_buf.double()))):
+            Kr, Vr = K.repeat_interleave(group, dim=1), V.repeat_interleave(group, dim=1)
+            sc = (q64 @ Kr.transpose(-2, -1)) / math.sqrt(d)  # [B, H, 1, W]
+            every = torch.softmax(sc.unsqueeze(0).masked_fill(~masks[:, None, None, None, :], -math.inf), dim=-1) @ Vr
+            fits = ((every - g).abs() <= 1e-5 + 1e-4 * g.abs()).flatten(1).all(1).nonzero().flatten().tolist()
+            for m in fits:
+                slots = [s_ for s_ in range(W) if masks[m, s_]]
+                if written.startswith("with") and len(slots) == n and (pos >= W or slots == list(range(n))):
+                    continue  # the right window
+                return Mistake("attended-other-slots", f"your o attends to slot{'s' if len(slots) > 1 else ''} "
+                               f"{_slots(slots)} of the buffers {written}: {window} (the min(t + 1, W) "
+                               "written slots, tokens t - W + 1 .. t), after writing k_new, v_new into "
+                               "slot t % W.", "attended to other slots than the window")
+    K, V = kw[:, :, :n], vw[:, :, :n]
+    s = (q64 @ K.repeat_interleave(group, dim=1).transpose(-2, -1))
+    Vr = V.repeat_interleave(group, dim=1)
+    err = lambda c: float((torch.softmax(s * c, dim=-1) @ Vr - g).abs().max())  # noqa: E731
+    grid = torch.tensor([10 ** (k / 40) for k in range(-160, 121)], dtype=torch.float64)
+    errs = (torch.softmax(s.unsqueeze(0) * grid[:, None, None, None, None], dim=-1) @ Vr - g).abs().flatten(1).amax(1)
+    best = float(grid[int(errs.argmin())])
+    lo, hi = best / 10 ** (1 / 40), best * 10 ** (1 / 40)
+    for _ in range(40):  # golden-section search around the best point of the grid
+        a, b = hi - (hi - lo) / 1.618, lo + (hi - lo) / 1.618
+        lo, hi = (lo, b) if err(a) < err(b) else (a, hi)
+    c = (lo + hi) / 2
+    if close(torch.softmax(s * c, dim=-1) @ Vr) and abs(c * math.sqrt(d) - 1) > 1e-3:
+        return Mistake("other-score-scale", f"your scores were multiplied by {c:.4g} (that is, divided by "
+                       f"{1 / c:.4g}); the scale is 1 / sqrt(d) = {1 / math.sqrt(d):.4g}, with d = q.shape[-1] "
+                       f"= {d}, the size of one head's query and key.", "scaled the scores by another factor")
+    return ""
+
+
+def _slots(slots: list[int]) -> str:
+    return ", ".join(str(x) for x in slots)
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: bool = True, tiled: bool = False,
@@ -550,22 +608,37 @@ def _consistent_with_buffers(t: Trial, models: dict, k, v, expected: tuple) -> d
     return kept
 
 
-def _compare_ring(t: Trial, got, expected: tuple, models: dict, W: int, args: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+def _compare_ring(t: Trial, got, expected: tuple, models: dict, W: int, args: tuple,
+                  state: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Compare one step's output and buffers. ``state["failed"]``: an earlier step failed (its
+    failure is the one reported, so the facts about this step's are not worked out)."""
     __tracebackhide__ = True
     o, k, v = t.tuple(got, 3, ["o", "k_buf", "v_buf"])
     _, k_new, v_new, k_given, v_given, pos = args
-    found = {"k_buf": _buffer_diagnosis("k_buf", k, k_given, k_new, pos),
-             "v_buf": _buffer_diagnosis("v_buf", v, v_given, v_new, pos)}
+    found = {"k_buf": "", "v_buf": ""}
+    buffers_right = _buffers_right(k, v, expected)
+    if not state["failed"]:
+        found = {"k_buf": _buffer_diagnosis("k_buf", k, k_given, k_new, pos),
+                 "v_buf": _buffer_diagnosis("v_buf", v, v_given, v_new, pos)}
+        if not any(found.values()) and buffers_right:
+            found["o"] = _ring_output_diagnosis(o, args, expected[0])
+    state["failed"] = state["failed"] or not buffers_right or not _buffers_right(o, o, (None, expected[0], expected[0]))
     models = {**models, "o": _consistent_with_buffers(t, models, k, v, expected)}
     compared = [("o", o, expected[0]), ("k_buf", k, expected[1]), ("v_buf", v, expected[2])]
     grew = [type(g) is torch.Tensor and g.dim() == 4 and g.shape[2] == W + 1 for _, g, _ in compared]
-    if any(grew) or any(found.values()):  # a buffer that grew, or was written wrong, explains the output too: first
+    if any(grew) or found["k_buf"] or found["v_buf"]:  # a buffer that grew, or was written wrong, explains the output too: first
         compared = compared[1:] + compared[:1]
         grew = grew[1:] + grew[:1]
     for (name, g, e), appended in zip(compared, grew):
         t.tensor(g, e, what=name, mistakes=models[name], hint=_RECIPE_74,
                  diagnosis=_APPENDED if appended else found.get(name, ""))
     return k, v
+
+
+def _buffers_right(k, v, expected: tuple) -> bool:
+    return all(type(g) is torch.Tensor and g.shape == e.shape and g.dtype == e.dtype
+               and bool(torch.allclose(g.double(), e.double(), atol=1e-5, rtol=1e-4))
+               for g, e in ((k, expected[1]), (v, expected[2])))
 
 
 def _describe_ring(args: tuple) -> str:
@@ -618,13 +691,14 @@ def ring_buffer_decode_step(t: Trial) -> None:
         _, k_b, v_b = ref.ring_buffer_decode_step(*args)
         seq.append(((o_full[:, :, i:i + 1], k_b, v_b), _ring_models(*args)))
 
+    state = {"failed": False}
     for args, expected, models, W_ in planned:
         got = t.call(*args, case=_describe_ring(args))
-        _compare_ring(t, got, expected, models, W_, args)
+        _compare_ring(t, got, expected, models, W_, args, state)
     k_b, v_b = torch.zeros(B, H_kv, W, d), torch.zeros(B, H_kv, W, d)
     for i, (expected, models) in enumerate(seq):
         args = (q_all[:, :, i:i + 1].clone(), k_all[:, :, i:i + 1].clone(), v_all[:, :, i:i + 1].clone(), k_b, v_b, i)
         got = t.call(*args, case=f"a generation of {T} tokens with a window of W={W} from zeroed buffers [{B}, {H_kv}, "
                              f"{W}, {d}] (H={H} query heads), token t={i}, fed the buffers your function returned "
                              "at the step before")
-        k_b, v_b = _compare_ring(t, got, expected, models, W, args)
+        k_b, v_b = _compare_ring(t, got, expected, models, W, args, state)
