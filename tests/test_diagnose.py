@@ -64,7 +64,7 @@ CASES = [  # (what the wrong answer did, got, expected, words the fact must cont
      "sum to 1 over axis 2 (size 5) (the queries)"),
     ("softmax over the heads", lambda: torch.softmax(_weights().log(), 1), _weights, "sum to 1 over axis 1 (size 3)"),
     ("computed in float16", lambda: _o().to(torch.float16).to(torch.float64), _o,
-     "the precision of float16 or bfloat16"),
+     "the size of float16 or bfloat16 rounding"),
     ("sign flipped", lambda: -_o(), _o, "sign flipped"),
     ("a constant added", lambda: _o() + 0.5, _o, "off by the same amount, 0.5"),
 ]
@@ -201,3 +201,12 @@ def test_a_call_fed_with_a_wrong_returned_state_weighs_no_mistake():
     t.tensor(t.call(torch.zeros(2)), torch.zeros(2), mistakes={A: torch.ones(2)})
     t.tensor(t.call(torch.ones(2)), torch.zeros(2), mistakes={A: torch.full((2,), 5.0)})  # a fresh input refutes
     assert "you did A" not in str(_concluded(t))
+
+
+def test_a_small_bias_of_one_sign_is_not_called_precision():
+    """An epsilon in a denominator moves every weight the same way: no rounding fact is stated."""
+    w = _weights()
+    logits = w.log()
+    eps = torch.exp(logits) / (torch.exp(logits).sum(-1, keepdim=True) + 1e-3)
+    fact = tensor_facts(eps, w, 1e-5, 1e-4, dtype=torch.float32)
+    assert "rounding" not in fact and "float16" not in fact, fact

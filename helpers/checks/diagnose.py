@@ -206,17 +206,25 @@ def name_factor(value: float, factors: Mapping[str, float] | None) -> str:
 
 
 def _precision(g: torch.Tensor, e: torch.Tensor, dtype: torch.dtype | None) -> str:
-    """Right to a lower precision than the expected dtype's: computed in float16/bfloat16 (or float32)."""
+    """Right to a lower precision than the expected dtype's, with rounding-like errors: small, of
+    both signs, and not one factor (for the whole output or per row); a fact, not a cause."""
     err = ((g - e).abs() / (e.abs() + 1e-3 * float(e.abs().max()))).max().item()
-    if dtype in (torch.float32, torch.float64) and 0 < err < 1.5e-2:
-        if err > 2e-5:
-            return (f"your values agree with the expected ones only to about {max(1, round(-math.log10(err)))} "
-                    f"significant digits (relative error up to {_g(err)}), the precision of float16 or bfloat16: "
-                    f"compute in the inputs' dtype ({str(dtype).removeprefix('torch.')}), without casting down.")
-        if dtype is torch.float64 and err > 1e-13:
-            return (f"your values agree with the expected ones to about {round(-math.log10(err))} significant "
-                    f"digits (relative error up to {_g(err)}), the precision of float32: compute in float64, "
-                    "the inputs' dtype, without casting down.")
+    if dtype not in (torch.float32, torch.float64) or not 0 < err < 1.5e-2 or (dtype is torch.float32 and err < 2e-5):
+        return ""
+    diff = g - e
+    off = diff.abs() > 0.1 * diff.abs().max()
+    up, down = int((off & (diff > 0)).sum()), int((off & (diff < 0)).sum())
+    if min(up, down) < max(2, (up + down) // 5):  # errors of one sign: a bias (an epsilon, a factor), not rounding
+        return ""
+    digits = max(1, round(-math.log10(err)))
+    if err > 2e-5:
+        return (f"your values agree with the expected ones only to about {digits} significant digits, with errors of "
+                f"both signs up to {_g(err)} (relative): the size of float16 or bfloat16 rounding. If you cast to a "
+                f"smaller dtype anywhere, compute in the inputs' dtype ({str(dtype).removeprefix('torch.')}) instead.")
+    if dtype is torch.float64 and err > 1e-13:
+        return (f"your values agree with the expected ones to about {digits} significant digits, with errors of both "
+                f"signs up to {_g(err)} (relative): the size of float32 rounding. If you cast to float32 anywhere, "
+                "compute in float64, the inputs' dtype, instead.")
     return ""
 
 
@@ -237,9 +245,6 @@ def tensor_facts(got: torch.Tensor, expected: torch.Tensor, atol: float, rtol: f
     if bool(e.any()) and abs(scale - 1) > 1e-3 and _close(g, scale * e, atol, rtol):
         return (f"every entry is {_g(scale)}{name_factor(scale, factors)} times the expected one (one factor for "
                 "the whole output).")
-    precision = _precision(g, e, dtype)
-    if precision:
-        return precision
     rearranged = _rearranged(g, e, atol, rtol)
     if rearranged:
         return rearranged
@@ -285,6 +290,9 @@ def tensor_facts(got: torch.Tensor, expected: torch.Tensor, atol: float, rtol: f
         if not zero_one and _close(g, per_row * e, atol, rtol) and not _close(per_row, torch.ones_like(per_row), 1e-3, 0):
             return (f"each row (last axis) is the expected row times a factor of its own, from "
                     f"{_g(float(per_row.min()))} to {_g(float(per_row.max()))}.")
+    precision = _precision(g, e, dtype)
+    if precision:
+        return precision
     shifted = _shifted(g, e, atol, rtol)
     if shifted:
         return shifted
