@@ -802,6 +802,20 @@ def llama3_smooth_squared(inv_freq, factor, low_freq_factor, high_freq_factor, o
     return _llama3_with_smooth(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len, smooth)
 
 
+def llama3_blend_everywhere(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len):
+    turns = original_max_len * inv_freq / (2 * math.pi)  # no bands: the blend for every pair
+    smooth = (turns - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    return inv_freq / factor * (1 - smooth) + inv_freq * smooth
+
+
+def llama3_short_threshold_times_2pi(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len):
+    wavelen, short, long = _llama3_parts(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len)
+    smooth = (original_max_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    out = torch.lerp(inv_freq / factor, inv_freq, smooth)
+    out = torch.where(wavelen > long, inv_freq / factor, out)
+    return torch.where(wavelen < 2 * math.pi * short, inv_freq, out)  # the 2π on the wrong side
+
+
 WRONG = {
     "rope": [
         (rope_interleaved, "interleaved convention"),
@@ -857,6 +871,8 @@ WRONG = {
         (llama3_sorted_slices, "you chose the pairs by their place in inv_freq"),
         (llama3_slow_band_halved, "you divided by 2, not by factor = 4"),
         (llama3_smooth_squared, "only pairs between the two thresholds"),
+        (llama3_blend_everywhere, "you blended as if they lay between the thresholds"),
+        (llama3_short_threshold_times_2pi, "you kept as they are. Check the thresholds"),
     ],
 }
 

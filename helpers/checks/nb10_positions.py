@@ -380,14 +380,17 @@ def _llama3_bands(got, inv_freq: torch.Tensor, factor: float, lf: float, hf: flo
         by = th[mask] / g[mask]
         if bool(torch.isclose(by, by[:1], rtol=1e-5).all()):
             return f"divided by {_fmt_w(float(by[0]))}" if float(by[0]) > 1 else f"multiplied by {_fmt_w(1 / float(by[0]))}"
-        return "changed otherwise"
+        sm = (L / w - lf) / (hf - lf)
+        if bool(torch.isclose(g[mask], ((1 - sm) * th / factor + sm * th)[mask], rtol=1e-5, atol=1e-12).all()):
+            return "blended as if they lay between the thresholds (with smooth outside 0 .. 1 there)"
+        return "changed"
 
     if bool((wrong & fast).any()):
         did = how(wrong & fast)
         return Mistake("fast-pairs-changed", f"pairs whose wavelength is shorter than original_max_len / "
-                       f"high_freq_factor = {_fmt_w(short)} tokens stay as they are; you {did} pair "
-                       f"{pairs(wrong & fast)} (wavelengths in tokens). Check that threshold and its "
-                       "comparison (wavelen = 2π / inv_freq, in tokens).",
+                       f"high_freq_factor = {_fmt_w(short)} tokens stay as they are; pair "
+                       f"{pairs(wrong & fast)} (wavelengths in tokens) you {did}. Check that threshold, "
+                       "its comparison and the order of your tests (wavelen = 2π / inv_freq, in tokens).",
                        "changed pairs shorter than the short threshold, which stay as they are")
     if bool((wrong & slow).any()):
         did = how(wrong & slow)
@@ -395,7 +398,9 @@ def _llama3_bands(got, inv_freq: torch.Tensor, factor: float, lf: float, hf: flo
                        f"low_freq_factor = {_fmt_w(long)} tokens are divided by factor; pair "
                        f"{pairs(wrong & slow)} (wavelengths in tokens) you {did}" +
                        (f", not by factor = {factor:g}." if did.startswith(("divided by ", "multiplied")) else
-                        ". Check that threshold and its comparison (wavelen = 2π / inv_freq, in tokens)."),
+                        ". Check the thresholds, their comparisons and the order of your tests (a pair is kept "
+                        "only when wavelen < original_max_len / high_freq_factor; wavelen = 2π / inv_freq, in "
+                        "tokens)."),
                        "did not divide the pairs longer than the long threshold by factor")
     if bool((wrong & middle).any()):
         sm_got = (g / th - 1 / factor) / (1 - 1 / factor)
