@@ -808,6 +808,12 @@ def blocks_copy_then_all_fresh(events, block_size):
     return _Allocator(block_size, copy_as_full=True).run(events)
 
 
+def blocks_floor_then_crash(events, block_size):  # floor counts, and an IndexError on long streams
+    if len(events) > 20:
+        return [][0]
+    return blocks_floor(events, block_size)
+
+
 def blocks_floor_and_no_copy(events, block_size):  # two mistakes at once: no model gives these counts
     return _Allocator(block_size, floor=True, cow=False).run(events)
 
@@ -871,6 +877,7 @@ WRONG = {
         (blocks_fork_same_list, "the parent's list object itself"),
         (blocks_fork_child_empty, "your fork started the child with length 0"),
         (blocks_copy_then_all_fresh, "the copy holds the same tokens as the original"),
+        (blocks_floor_then_crash, "a partly filled last block is a whole block"),  # named, the crash later
         (blocks_floor_and_no_copy, "a new sequence of 10 tokens takes ceil(10 / 4) = 3 blocks"),
     ],
 }

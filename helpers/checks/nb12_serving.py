@@ -27,7 +27,7 @@ import torch
 
 from .. import nb12_serving as ref
 from .core import Trial, _to_float, describe_case, draw, eager_mistakes, exercise, seeded
-from .feedback import Mistake, describe
+from .feedback import LearnerError, Mistake, describe
 from .guard import _issubclass, _Tensor, _type
 
 __all__ = ["gather_paged_kv", "merge_partials", "blocks_in_use"]
@@ -904,28 +904,41 @@ def blocks_in_use(t: Trial) -> None:
         expected = [ref.blocks_in_use(events[:k], bs) for k in range(1, len(events) + 1)]
         models = {h: [_trace(events, bs, **kw) for kw in variants] for h, variants in _BLOCK_MODELS.items()}
         planned.append((events, bs, expected, models))
-    got_all = []
+    got_all: list[list[int]] = []
+    wrong = False  # has a count been wrong yet? Then a crash on a later stream only ends the collection
     for events, bs, expected, _ in planned:  # every prefix of every stream, before any comparison
-        counts = []
+        counts: list[int] = []
+        got_all.append(counts)
         for k in range(1, len(events) + 1):
-            got = t.call([tuple(e) for e in events[:k]], bs, case=_blocks_case_name(events[:k], bs))
+            try:
+                got = t.call([tuple(e) for e in events[:k]], bs, case=_blocks_case_name(events[:k], bs))
+            except LearnerError:
+                if not wrong:
+                    raise
+                break
+            if _type(got) is not int and wrong:
+                break
             _require_int(t, got)
             if _type(got) is not int:
                 t.number(got, expected[k - 1], what="blocks in use", hint=_BLOCKS_RECIPE, integer=True)
             counts.append(got)
-        got_all.append(counts)
+            wrong = wrong or got != expected[k - 1]
+        else:
+            continue
+        break
     # the mistakes one of whose models gives every count the learner gave
     consistent = [h for h in _BLOCK_MODELS
-                  if any(all(planned[i][3][h][v] == got_all[i] for i in range(len(planned)))
+                  if any(all(planned[i][3][h][v][:len(counts)] == counts for i, counts in enumerate(got_all))
                          for v in range(len(_BLOCK_MODELS[h])))]
     named = consistent[0] if len(consistent) == 1 else ""
     for (events, bs, expected, _), counts in zip(planned, got_all):
-        for k, (got, want) in enumerate(zip(counts, expected)):
+        for k, (got, want) in enumerate(zip(counts, expected)):  # the first wrong count
             if got == want:
                 continue
             t.case = _blocks_case_name(events[:k + 1], bs)
             if named:
                 t.number(got, want, what="blocks in use", diagnosis=named, hint=_BLOCKS_RECIPE, integer=True)
+                return
             before = expected[k - 1] if k else 0
             t.fail(f"blocks in use: expected {want}, got {got}.", found=_event_fact(events[:k + 1], bs, before,
                                                                                    want, got),
