@@ -390,21 +390,22 @@ _NO_SOFTMAX_74 = Mistake("no-softmax",
                          "you used the scaled scores as the weights: apply softmax over the keys "
                          "(dim=-1) first, o = softmax(q K^T / sqrt(d)) V.",
                          "used the scores as weights without a softmax")
-_SCALES_74 = {  # the scores were multiplied by this instead of 1/sqrt(d); (words, factor from d, W, n, H)
-    "scale-sqrt-W": ("your scores were divided by sqrt(W), the window (k_buf.shape[2]); divide by "
-                     "sqrt(d), d = q.shape[-1], the size of one head's query and key.",
-                     lambda d, W, n, H: 1 / math.sqrt(W)),
-    "scale-sqrt-n": ("your scores were divided by the square root of the number of slots attended, "
-                     "min(t + 1, W); divide by sqrt(d), d = q.shape[-1], the size of one head's query and key.",
-                     lambda d, W, n, H: 1 / math.sqrt(n)),
-    "scale-d-not-sqrt": ("your scores were divided by d, not by sqrt(d): the scale is 1 / sqrt(d), "
-                         "d = q.shape[-1].", lambda d, W, n, H: 1 / d),
-    "scale-sqrt-H-times-d": ("your scores were divided by sqrt(H * d), the model width; divide by "
-                             "sqrt(d), d = q.shape[-1], one head's size.", lambda d, W, n, H: 1 / math.sqrt(H * d)),
-    "scale-multiplied": ("your scores were multiplied by sqrt(d): divide by it, "
-                         "q @ K^T / sqrt(d).", lambda d, W, n, H: math.sqrt(d)),
+_SCALES_74 = {  # the mistake of multiplying the scores by another factor than 1/sqrt(d): that factor from d, W, n, H
+    Mistake("scale-sqrt-W", "your scores were divided by sqrt(W), the window (k_buf.shape[2]); divide by "
+            "sqrt(d), d = q.shape[-1], the size of one head's query and key."):
+        lambda d, W, n, H: 1 / math.sqrt(W),
+    Mistake("scale-sqrt-n", "your scores were divided by the square root of the number of slots attended, "
+            "min(t + 1, W); divide by sqrt(d), d = q.shape[-1], the size of one head's query and key."):
+        lambda d, W, n, H: 1 / math.sqrt(n),
+    Mistake("scale-d-not-sqrt", "your scores were divided by d, not by sqrt(d): the scale is 1 / sqrt(d), "
+            "d = q.shape[-1]."):
+        lambda d, W, n, H: 1 / d,
+    Mistake("scale-sqrt-H-times-d", "your scores were divided by sqrt(H * d), the model width; divide by "
+            "sqrt(d), d = q.shape[-1], one head's size."):
+        lambda d, W, n, H: 1 / math.sqrt(H * d),
+    Mistake("scale-multiplied", "your scores were multiplied by sqrt(d): divide by it, q @ K^T / sqrt(d)."):
+        lambda d, W, n, H: math.sqrt(d),
 }
-_SCALE_MISTAKES_74 = {slug: Mistake(slug, hint) for slug, (hint, _) in _SCALES_74.items()}
 _FIRST_W_MINUS_1 = Mistake("attended-at-most-W-minus-1-slots",
                            "once the buffer was full you attended to slots 0 .. W - 2 only (at most "
                            "W - 1 slots): the window is all W slots, the token in slot W - 1 "
@@ -555,8 +556,8 @@ def _ring_models(q, k_new, v_new, k_buf, v_buf, pos: int) -> dict[str, dict[str,
         o[hint] = _attend(q, K, V, dim=dim)
     o[_NO_SOFTMAX_74] = _attend(q, K, V, weights="scores")
     d, H = q.shape[-1], q.shape[1]
-    for slug, (_, fn) in _SCALES_74.items():
-        o[_SCALE_MISTAKES_74[slug]] = _attend(q, K, V, factor=fn(d, W, n, H))
+    for hint, fn in _SCALES_74.items():
+        o[hint] = _attend(q, K, V, factor=fn(d, W, n, H))
     m = min(pos + 1, W - 1) if W > 1 else n
     o[_FIRST_W_MINUS_1] = _attend(q, kw[:, :, :m], vw[:, :, :m])
     o[_V_NOT_WRITTEN] = _attend(q, K, v_buf[:, :, :n])

@@ -314,148 +314,148 @@ def _fro(m: torch.Tensor) -> torch.Tensor:
 # afterwards. A learner's number is explained by the family of scores with one or two of these
 # parts changed: each part's option has the clause that says what the learner did, in their terms.
 _FRO = "Frobenius"
-_KC_PRODUCTS = {  # option -> (slug, clause, numerator from (q, o, norm))
+_KC_PRODUCTS = {  # option -> (its mistake, the clause for two-part mistakes, numerator from (q, o, norm))
     "w_qk @ w_ov.T": None,
-    "w_ov @ w_qk": ("Q-composition", "you computed Q-composition, ||w_ov @ w_qk||: the earlier head "
+    "w_ov @ w_qk": (Mistake("Q-composition", "you computed Q-composition, ||w_ov @ w_qk||: the earlier head "
                     "feeding the later head's *queries*. K-composition puts it on the keys' side: the "
-                    "score is x_i @ w_qk @ (x_src @ w_ov).T, so the product is w_qk @ w_ov.T.",
+                    "score is x_i @ w_qk @ (x_src @ w_ov).T, so the product is w_qk @ w_ov.T."),
                     "your product is w_ov @ w_qk (Q-composition), not w_qk @ w_ov.T",
                     lambda q, o, n: n(o @ q)),
-    "w_qk @ w_ov": ("w_ov-not-transposed", "w_ov is missing its transpose (you used ||w_qk @ w_ov||): "
+    "w_qk @ w_ov": (Mistake("w_ov-not-transposed", "w_ov is missing its transpose (you used ||w_qk @ w_ov||): "
                     "the keys read x_src @ w_ov, which enters the score x_i @ w_qk @ x_j.T as (x_src @ "
-                    "w_ov).T = w_ov.T @ x_src.T, so the product is w_qk @ w_ov.T.",
+                    "w_ov).T = w_ov.T @ x_src.T, so the product is w_qk @ w_ov.T."),
                     "your product is w_qk @ w_ov, without w_ov's transpose (w_qk @ w_ov.T)",
                     lambda q, o, n: n(q @ o)),
-    "w_qk.T @ w_ov": ("column-vector-formula", "you computed ||w_qk.T @ w_ov||, the formula W_QK^T W_OV "
+    "w_qk.T @ w_ov": (Mistake("column-vector-formula", "you computed ||w_qk.T @ w_ov||, the formula W_QK^T W_OV "
                       "of column-vector notation (where it is Q-composition), on this exercise's "
                       "row-vector matrices; with score = x_i @ w_qk @ x_j.T and output x @ w_ov, "
-                      "K-composition is ||w_qk @ w_ov.T||.",
+                      "K-composition is ||w_qk @ w_ov.T||."),
                       "your product is w_qk.T @ w_ov (the column-vector formula), not w_qk @ w_ov.T",
                       lambda q, o, n: n(q.T @ o)),
-    "w_qk * w_ov.T": ("elementwise-product", "you multiplied elementwise (*); composition is the matrix "
-                      "product w_qk @ w_ov.T (@).",
+    "w_qk * w_ov.T": (Mistake("elementwise-product", "you multiplied elementwise (*); composition is the matrix "
+                      "product w_qk @ w_ov.T (@)."),
                       "you multiplied elementwise (w_qk * w_ov.T), not with the matrix product @",
                       lambda q, o, n: n(q * o.T)),
-    "w_qk * w_ov": ("elementwise-product-no-transpose", "you multiplied elementwise (w_qk * w_ov); "
-                    "composition is the matrix product w_qk @ w_ov.T (@, and w_ov transposed).",
+    "w_qk * w_ov": (Mistake("elementwise-product-no-transpose", "you multiplied elementwise (w_qk * w_ov); "
+                    "composition is the matrix product w_qk @ w_ov.T (@, and w_ov transposed)."),
                     "you multiplied elementwise (w_qk * w_ov), not w_qk @ w_ov.T",
                     lambda q, o, n: n(q * o)),
-    "|trace|": ("trace-not-norm", "your numerator is |trace(w_qk @ w_ov.T)| = |(w_qk * w_ov).sum()|, "
+    "|trace|": (Mistake("trace-not-norm", "your numerator is |trace(w_qk @ w_ov.T)| = |(w_qk * w_ov).sum()|, "
                 "the inner product of the two matrices (divided by their norms, their cosine): the "
-                "score takes the Frobenius norm of the whole product matrix, ||w_qk @ w_ov.T||_F.",
+                "score takes the Frobenius norm of the whole product matrix, ||w_qk @ w_ov.T||_F."),
                 "your numerator is |trace(w_qk @ w_ov.T)| (the two matrices' inner product), not "
                 "the norm ||w_qk @ w_ov.T||_F",
                 lambda q, o, n: torch.trace(q @ o.T).abs()),
-    "|sum|": ("sum-of-entries-not-norm", "your numerator is |(w_qk @ w_ov.T).sum()|, the sum of the "
+    "|sum|": (Mistake("sum-of-entries-not-norm", "your numerator is |(w_qk @ w_ov.T).sum()|, the sum of the "
               "product's entries: the score takes its Frobenius norm, the square root of the sum of "
-              "their squares, torch.linalg.matrix_norm(w_qk @ w_ov.T).",
+              "their squares, torch.linalg.matrix_norm(w_qk @ w_ov.T)."),
               "your numerator is the sum of the entries of w_qk @ w_ov.T, not its Frobenius norm",
               lambda q, o, n: (q @ o.T).sum().abs()),
-    "trace": ("trace-not-norm-signed", "your numerator is trace(w_qk @ w_ov.T) = (w_qk * w_ov).sum(), "
+    "trace": (Mistake("trace-not-norm-signed", "your numerator is trace(w_qk @ w_ov.T) = (w_qk * w_ov).sum(), "
               "the inner product of the two matrices (divided by their norms, their cosine): the score "
-              "takes the Frobenius norm of the whole product matrix, ||w_qk @ w_ov.T||_F.",
+              "takes the Frobenius norm of the whole product matrix, ||w_qk @ w_ov.T||_F."),
               "your numerator is trace(w_qk @ w_ov.T) (the two matrices' inner product), not the norm "
               "||w_qk @ w_ov.T||_F",
               lambda q, o, n: torch.trace(q @ o.T)),
 }
-_KC_NORMS = {  # option -> (slug, clause, norm of a matrix)
+_KC_NORMS = {  # option -> (its mistake, clause, norm of a matrix)
     _FRO: None,
-    "spectral": ("spectral-norm", "you used the spectral norm (the largest singular value, ord=2); "
+    "spectral": (Mistake("spectral-norm", "you used the spectral norm (the largest singular value, ord=2); "
                  "the score uses the Frobenius norm (the square root of the sum of squares), "
-                 "torch.linalg.matrix_norm(m) with its default ord='fro'.",
+                 "torch.linalg.matrix_norm(m) with its default ord='fro'."),
                  "you used the spectral norm (ord=2, the largest singular value), not the Frobenius norm",
                  lambda m: torch.linalg.matrix_norm(m, ord=2)),
-    "nuclear": ("nuclear-norm", "you used the nuclear norm (the sum of singular values); the score "
-                "uses the Frobenius norm.",
+    "nuclear": (Mistake("nuclear-norm", "you used the nuclear norm (the sum of singular values); the score "
+                "uses the Frobenius norm."),
                 "you used the nuclear norm (the sum of the singular values), not the Frobenius norm",
                 lambda m: torch.linalg.matrix_norm(m, ord="nuc")),
-    "l1": ("entrywise-l1-norm", "you used the sum of the absolute values (an entrywise L1 norm); the "
+    "l1": (Mistake("entrywise-l1-norm", "you used the sum of the absolute values (an entrywise L1 norm); the "
            "score uses the Frobenius norm, the square root of the sum of squares: "
-           "torch.linalg.matrix_norm(m).",
+           "torch.linalg.matrix_norm(m)."),
            "you used the sum of the absolute values (entrywise L1), not the Frobenius norm (sqrt of the "
            "sum of squares)",
            lambda m: m.abs().sum()),
-    "max-abs": ("max-abs-entry", "you used the largest absolute entry (an entrywise max norm); the "
+    "max-abs": (Mistake("max-abs-entry", "you used the largest absolute entry (an entrywise max norm); the "
                 "score uses the Frobenius norm of the whole matrix, the square root of the sum of "
-                "squares: torch.linalg.matrix_norm(m).",
+                "squares: torch.linalg.matrix_norm(m)."),
                 "you used the largest absolute entry, not the Frobenius norm of the whole matrix",
                 lambda m: m.abs().max()),
-    "max-row": ("max-row-norm", "you used the largest row norm (a norm over one axis, then its max); "
+    "max-row": (Mistake("max-row-norm", "you used the largest row norm (a norm over one axis, then its max); "
                 "the score uses the Frobenius norm of the whole matrix: torch.linalg.matrix_norm(m) "
-                "(or m.norm()), over both axes.",
+                "(or m.norm()), over both axes."),
                 "you used the largest row norm (a norm over dim=-1, then max), not the Frobenius norm "
                 "of the whole matrix",
                 lambda m: m.norm(dim=-1).max()),
-    "max-column": ("max-column-norm", "you used the largest column norm (a norm over dim=0, then its "
+    "max-column": (Mistake("max-column-norm", "you used the largest column norm (a norm over dim=0, then its "
                    "max); the score uses the Frobenius norm of the whole matrix: "
-                   "torch.linalg.matrix_norm(m) (or m.norm()), over both axes.",
+                   "torch.linalg.matrix_norm(m) (or m.norm()), over both axes."),
                    "you used the largest column norm (a norm over dim=0, then max), not the Frobenius "
                    "norm of the whole matrix",
                    lambda m: m.norm(dim=0).max()),
-    "inf": ("max-row-sum-norm", "you used the largest row sum of absolute values (ord=inf); the score "
-            "uses the Frobenius norm, torch.linalg.matrix_norm(m) with its default ord='fro'.",
+    "inf": (Mistake("max-row-sum-norm", "you used the largest row sum of absolute values (ord=inf); the score "
+            "uses the Frobenius norm, torch.linalg.matrix_norm(m) with its default ord='fro'."),
             "you used the infinity norm (ord=inf, the largest row sum of |entries|), not the Frobenius norm",
             lambda m: torch.linalg.matrix_norm(m, ord=math.inf)),
-    "one": ("max-column-sum-norm", "you used the largest column sum of absolute values (ord=1); the "
-            "score uses the Frobenius norm, torch.linalg.matrix_norm(m) with its default ord='fro'.",
+    "one": (Mistake("max-column-sum-norm", "you used the largest column sum of absolute values (ord=1); the "
+            "score uses the Frobenius norm, torch.linalg.matrix_norm(m) with its default ord='fro'."),
             "you used the 1-norm (ord=1, the largest column sum of |entries|), not the Frobenius norm",
             lambda m: torch.linalg.matrix_norm(m, ord=1)),
 }
-_KC_DENOMINATORS = {  # option -> (slug, clause, denominator from the two norms and D)
+_KC_DENOMINATORS = {  # option -> (its mistake, clause, denominator from the two norms)
     "product": None,
-    "sum": ("divided-by-sum-of-norms", "you divided by the sum of the norms, ||w_qk|| + ||w_ov||; "
-            "divide by their product, ||w_qk||_F * ||w_ov||_F.",
+    "sum": (Mistake("divided-by-sum-of-norms", "you divided by the sum of the norms, ||w_qk|| + ||w_ov||; "
+            "divide by their product, ||w_qk||_F * ||w_ov||_F."),
             "you divided by the sum of the norms ||w_qk|| + ||w_ov||, not their product",
             lambda a, b: a + b),
-    "w_qk only": ("divided-by-w_qk-norm-only", "you divided by ||w_qk||_F only; divide by the "
-                  "product of both norms, ||w_qk||_F * ||w_ov||_F.",
+    "w_qk only": (Mistake("divided-by-w_qk-norm-only", "you divided by ||w_qk||_F only; divide by the "
+                  "product of both norms, ||w_qk||_F * ||w_ov||_F."),
                   "you divided by ||w_qk|| only, not by ||w_qk|| * ||w_ov||",
                   lambda a, b: a),
-    "w_ov only": ("divided-by-w_ov-norm-only", "you divided by ||w_ov||_F only; divide by the "
-                  "product of both norms, ||w_qk||_F * ||w_ov||_F.",
+    "w_ov only": (Mistake("divided-by-w_ov-norm-only", "you divided by ||w_ov||_F only; divide by the "
+                  "product of both norms, ||w_qk||_F * ||w_ov||_F."),
                   "you divided by ||w_ov|| only, not by ||w_qk|| * ||w_ov||",
                   lambda a, b: b),
-    "none": ("not-normalised", "you did not normalise: divide ||w_qk @ w_ov.T||_F by ||w_qk||_F "
-             "* ||w_ov||_F, so that the score does not depend on the matrices' scale.",
+    "none": (Mistake("not-normalised", "you did not normalise: divide ||w_qk @ w_ov.T||_F by ||w_qk||_F "
+             "* ||w_ov||_F, so that the score does not depend on the matrices' scale."),
              "you did not divide by the norms ||w_qk|| * ||w_ov||",
              lambda a, b: torch.ones_like(a)),
-    "squared": ("divided-by-squared-norms", "you divided by the squared norms; divide by "
-                "||w_qk||_F * ||w_ov||_F (each the square root of a sum of squares).",
+    "squared": (Mistake("divided-by-squared-norms", "you divided by the squared norms; divide by "
+                "||w_qk||_F * ||w_ov||_F (each the square root of a sum of squares)."),
                 "you divided by the squared norms (||w_qk|| * ||w_ov||)^2",
                 lambda a, b: (a * b) ** 2),
-    "sqrt": ("divided-by-sqrt-of-norms", "you divided by the square root of ||w_qk|| * ||w_ov||; "
-             "divide by the product of the norms itself, ||w_qk||_F * ||w_ov||_F.",
+    "sqrt": (Mistake("divided-by-sqrt-of-norms", "you divided by the square root of ||w_qk|| * ||w_ov||; "
+             "divide by the product of the norms itself, ||w_qk||_F * ||w_ov||_F."),
              "you divided by sqrt(||w_qk|| * ||w_ov||), not by ||w_qk|| * ||w_ov||",
              lambda a, b: (a * b).sqrt()),
 }
-_KC_AFTER = {  # option -> (slug, clause, what was done to the score with D)
+_KC_AFTER = {  # option -> (its mistake, clause, what was done to the score with D)
     "nothing": None,
-    "squared": ("squared-score", "you squared the score (sums of squares without the square "
+    "squared": (Mistake("squared-score", "you squared the score (sums of squares without the square "
                 "roots): the Frobenius norm is sqrt((m ** 2).sum()), in the numerator and in both "
-                "norms of the denominator.",
+                "norms of the denominator."),
                 "your score is squared (sums of squares without their square roots)",
                 lambda s, D: s ** 2),
-    "sqrt": ("square-root-of-score", "your number is the square root of the score: the score is "
-             "||w_qk @ w_ov.T||_F / (||w_qk||_F * ||w_ov||_F) itself, with no further square root.",
+    "sqrt": (Mistake("square-root-of-score", "your number is the square root of the score: the score is "
+             "||w_qk @ w_ov.T||_F / (||w_qk||_F * ||w_ov||_F) itself, with no further square root."),
              "you took the square root of the score",
              lambda s, D: s.sqrt()),
-    "/ sqrt(D)": ("divided-by-sqrt-D", "you divided the score by sqrt(D) as well: the score is "
+    "/ sqrt(D)": (Mistake("divided-by-sqrt-D", "you divided the score by sqrt(D) as well: the score is "
                   "||w_qk @ w_ov.T||_F / (||w_qk||_F * ||w_ov||_F), with no 1/sqrt(D) (that scale "
-                  "belongs to attention's scores, not to this ratio).",
+                  "belongs to attention's scores, not to this ratio)."),
                   "you divided the score by sqrt(D) as well",
                   lambda s, D: s / math.sqrt(D)),
-    "/ D": ("divided-by-D", "you divided the score by D as well: the score is ||w_qk @ w_ov.T||_F / "
-            "(||w_qk||_F * ||w_ov||_F), already scale-free, with no 1/D.",
+    "/ D": (Mistake("divided-by-D", "you divided the score by D as well: the score is ||w_qk @ w_ov.T||_F / "
+            "(||w_qk||_F * ||w_ov||_F), already scale-free, with no 1/D."),
             "you divided the score by D as well",
             lambda s, D: s / D),
-    "* D": ("multiplied-by-D", "your score is D times ||w_qk @ w_ov.T||_F / (||w_qk||_F * "
+    "* D": (Mistake("multiplied-by-D", "your score is D times ||w_qk @ w_ov.T||_F / (||w_qk||_F * "
             "||w_ov||_F): a root mean square (the square root of the mean of the squares) in place of "
             "each Frobenius norm gives this. The Frobenius norm is the square root of the sum of the "
-            "squares, torch.linalg.matrix_norm(m).",
+            "squares, torch.linalg.matrix_norm(m)."),
             "your score is D times the right one (root mean squares instead of Frobenius norms?)",
             lambda s, D: s * D),
-    "* sqrt(D)": ("multiplied-by-sqrt-D", "you multiplied the score by sqrt(D): the score is "
-                  "||w_qk @ w_ov.T||_F / (||w_qk||_F * ||w_ov||_F), with no sqrt(D).",
+    "* sqrt(D)": (Mistake("multiplied-by-sqrt-D", "you multiplied the score by sqrt(D): the score is "
+                  "||w_qk @ w_ov.T||_F / (||w_qk||_F * ||w_ov||_F), with no sqrt(D)."),
                   "you multiplied the score by sqrt(D)",
                   lambda s, D: s * math.sqrt(D)),
 }
@@ -467,23 +467,23 @@ _KC_SPECTRAL_NUMERATOR = Mistake(
     "spectral-norm-in-numerator", "you took the spectral norm (ord=2) of w_qk @ w_ov.T but the "
     "Frobenius norms of w_qk and w_ov: use the Frobenius norm throughout, torch.linalg.matrix_norm(m).",
     "used the spectral norm for the product only")
-_KC_SINGLES = {name: {opt: (Mistake(s[0], s[1]) if s else None) for opt, s in part.items()}
+_KC_SINGLES = {name: {opt: (s[0] if s else None) for opt, s in part.items()}
                for name, part in (("product", _KC_PRODUCTS), ("norm", _KC_NORMS), ("denominator", _KC_DENOMINATORS),
                                   ("after", _KC_AFTER))}
 
 
 def _kc_score(q: torch.Tensor, o: torch.Tensor, product: str, norm: str, denominator: str, after: str) -> float:
-    n = (lambda m: torch.linalg.matrix_norm(m)) if norm == _FRO else _KC_NORMS[norm][3]
-    num = (lambda q_, o_, n_: n_(q_ @ o_.T)) if product == "w_qk @ w_ov.T" else _KC_PRODUCTS[product][3]
-    den = (lambda a, b: a * b) if denominator == "product" else _KC_DENOMINATORS[denominator][3]
-    post = (lambda s, D: s) if after == "nothing" else _KC_AFTER[after][3]
+    n = (lambda m: torch.linalg.matrix_norm(m)) if norm == _FRO else _KC_NORMS[norm][2]
+    num = (lambda q_, o_, n_: n_(q_ @ o_.T)) if product == "w_qk @ w_ov.T" else _KC_PRODUCTS[product][2]
+    den = (lambda a, b: a * b) if denominator == "product" else _KC_DENOMINATORS[denominator][2]
+    post = (lambda s, D: s) if after == "nothing" else _KC_AFTER[after][2]
     return float(post(num(q, o, n) / den(n(q), n(o)), q.shape[0]))
 
 
 def _kc_double(a: tuple[str, str], b: tuple[str, str]) -> Mistake:
     """The mistake of two parts changed at once: both clauses, in the learner's terms."""
     parts = {"product": _KC_PRODUCTS, "norm": _KC_NORMS, "denominator": _KC_DENOMINATORS, "after": _KC_AFTER}
-    (_, _, ca, _), (_, _, cb, _) = parts[a[0]][a[1]], parts[b[0]][b[1]]
+    (_, ca, _), (_, cb, _) = parts[a[0]][a[1]], parts[b[0]][b[1]]
     return Mistake(f"{_KC_SHORT.get(a, a[1])}-and-{_KC_SHORT.get(b, b[1])}", f"two things differ from ||w_qk @ w_ov.T||_F / (||w_qk||_F * "
                    f"||w_ov||_F): {ca}; and {cb}.", f"{ca}; and {cb}")
 
