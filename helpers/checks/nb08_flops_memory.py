@@ -568,8 +568,9 @@ def _parameter_family(cfg, key: str, right_bytes: int, n: int) -> dict[str, int]
     """``key`` at another number of bytes per parameter, or with a parameter count that left a part out."""
     d, L, f = cfg.d_model, cfg.n_layers, cfg.d_ff
     out: dict[str, int] = {}
+    named = {"weights": (1, 4), "gradients": (0, 4), "optimizer": (4, 8, 16)}[key]  # these have mistakes of their own
     for c in range(0, 25):
-        if c != right_bytes:
+        if c != right_bytes and c not in named:
             out[Mistake(f"{key}-{c}-bytes-per-parameter",
                         f"you counted the {key} at {c} bytes per parameter (N = dense_param_count(cfg)); "
                         f"under this convention they take {right_bytes}: {_WHY_BYTES[key]}.",
