@@ -447,6 +447,14 @@ def merge_empty_as_zero(outs, lses):  # -inf replaced by 0: empty chunks weigh i
     return (torch.softmax(filled, dim=0)[..., None] * outs).sum(dim=0), lse
 
 
+def merge_zero_over_zero(outs, lses):  # the max guarded, the division not: 0 / 0 in all-empty rows
+    m = lses.amax(dim=0)
+    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    w = torch.exp(lses - m)
+    s = w.sum(dim=0)
+    return (w[..., None] * outs).sum(dim=0) / s[..., None], m + torch.log(s)
+
+
 def merge_max_over_rows(outs, lses):  # amax(dim=-1): a shape error between two row sizes
     m = lses.amax(dim=-1)
     w = torch.exp(lses - m[..., None])
@@ -856,6 +864,7 @@ WRONG = {
         (merge_lse_base2, "your merged lse is a base-2 log-sum-exp"),
         (merge_lse_max_not_added, "must be added back"),
         (merge_empty_as_zero, "you replaced the empty chunks' lse -inf by 0"),
+        (merge_zero_over_zero, "weights that are all 0 give 0 / 0 = NaN"),
         (merge_max_over_rows, "are both sizes of the rows of lses"),
         (merge_weights_no_axis, "the error pairs d with a size of lses"),
     ],

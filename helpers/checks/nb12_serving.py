@@ -443,8 +443,16 @@ def _merge_mistakes(outs: torch.Tensor, lses: torch.Tensor) -> dict[str, dict[st
             for k, v in (("out", out_models), ("lse", lse_models))}
 
 
+_EMPTY_NAN_OUT = Mistake(
+    "nan-out-for-all-empty-rows", "a row whose chunks are all empty gave NaN in out: there every lse is -inf, "
+    "so subtracting the row's max (or its lse), -inf, gives -inf - (-inf) = NaN, and weights that are all 0 "
+    "give 0 / 0 = NaN. Subtract a finite stand-in (torch.where(torch.isfinite(m), m, 0)) and divide by "
+    "where(s > 0, s, 1): out is then 0 there, and lse = log(0) = -inf.",
+    "out is NaN in rows where every chunk is empty")
+
+
 def _merge_diagnosis(got: Any, expected: torch.Tensor, outs: torch.Tensor, lses: torch.Tensor,
-                     what: str) -> str:
+                     what: str, lse_got: Any = None) -> str:
     """A mistake recognised row by row, or '': which rows are right and which are wrong says it.
     Rows (the positions of lses[0]) are: all-empty (every chunk's lse -inf); overflowing (exp of the
     row's largest lse is inf in this dtype) or underflowing (exp of every lse is 0); far below the
@@ -473,7 +481,11 @@ def _merge_diagnosis(got: Any, expected: torch.Tensor, outs: torch.Tensor, lses:
     if bool(empty.any()) and bool(ok[rest].all()):  # only the all-empty rows are wrong
         ge = rows_g[empty]
         if bool(torch.isnan(ge).all()):
-            return _EMPTY_NAN
+            if what == "lse":
+                return _EMPTY_NAN  # m + log(sum exp(lses - m)) with m = -inf
+            lse_nan = (_type(lse_got) is _Tensor and lse_got.shape == lead
+                       and bool(torch.isnan(lse_got.detach()[empty]).all()))
+            return _EMPTY_NAN if lse_nan else _EMPTY_NAN_OUT
         if what == "lse" and bool((ge == 0).all()):
             return _EMPTY_LSE_ZERO
         if what == "lse" and bool(torch.isfinite(ge).all()) and bool((ge < -10).all()):
@@ -588,7 +600,7 @@ def merge_partials(t: Trial) -> None:
             ", some rows with every chunk empty" if bool(torch.isinf(lses).all(0).any()) else ""))
         got_out, got_lse = t.tuple(got, 2, ["out", "lse"])
         t.tensor(got_out, out, what="out", mistakes=mistakes["out"], hint=_MERGE_RECIPE,
-                 diagnosis=_merge_diagnosis(got_out, out, outs, lses, "out"))
+                 diagnosis=_merge_diagnosis(got_out, out, outs, lses, "out", got_lse))
         t.tensor(got_lse, lse, what="lse", mistakes=mistakes["lse"], hint=_MERGE_RECIPE,
                  diagnosis=_merge_diagnosis(got_lse, lse, outs, lses, "lse"))
 
