@@ -816,6 +816,20 @@ def blocks_copy_then_all_fresh(events, block_size):
     return _Allocator(block_size, copy_as_full=True).run(events)
 
 
+class _EagerCopy(_Allocator):
+    """Copies a partly filled last block at the fork (the copy-on-write done too early)."""
+
+    def fork(self, seq, child):
+        super().fork(seq, child)
+        if self.lengths[seq] % self.bs:
+            self.holders[self.tables[child][-1]] -= 1
+            self.tables[child][-1] = self.fresh(child)
+
+
+def blocks_copy_at_fork(events, block_size):
+    return _EagerCopy(block_size).run(events)
+
+
 def blocks_floor_then_crash(events, block_size):  # floor counts, and an IndexError on long streams
     if len(events) > 20:
         return [][0]
@@ -886,6 +900,7 @@ WRONG = {
         (blocks_fork_same_list, "the parent's list object itself"),
         (blocks_fork_child_empty, "your fork started the child with length 0"),
         (blocks_copy_then_all_fresh, "the copy holds the same tokens as the original"),
+        (blocks_copy_at_fork, "your fork copied the parent's partly filled last block at once"),
         (blocks_floor_then_crash, "a partly filled last block is a whole block"),  # named, the crash later
         (blocks_floor_and_no_copy, "a new sequence of 10 tokens takes ceil(10 / 4) = 3 blocks"),
     ],

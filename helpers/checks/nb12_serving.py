@@ -668,6 +668,12 @@ _COPY_AS_FULL = Mistake(
     "p % block_size == 0.",
     "after a copy-on-write, treated the copied block as full")
 
+_COPY_AT_FORK = Mistake(
+    "copied-at-the-fork", "your fork copied the parent's partly filled last block at once: a fork takes no "
+    "block (the child shares all of the parent's blocks); the copy is made only when one of them appends "
+    "into that shared block (copy-on-write), and not at all if neither does.",
+    "copied the partly filled last block at the fork instead of at the first append")
+
 _BLOCKS_RECIPE = ("keep tables {seq: [block ids]}, lengths {seq: n} and ref {block: count}; new: "
                   "ceil(n / block_size) fresh blocks; append: if length % block_size and ref[last] > 1, "
                   "replace the last block by a fresh copy (ref[last] -= 1), then a fresh block whenever a "
@@ -690,7 +696,8 @@ def _trace(events, bs: int, *, blocks: str = "ceil", append: str = "table", fork
     (:data:`_BLOCKS_FOR`); ``append``: "table" grows the table to blocks(length) entries, "slots"
     fills the last block's free slots and takes blocks(rest) for the rest, "fresh" takes blocks(n)
     fresh blocks (no copy), "fresh-cow" the same after a copy-on-write; ``fork``: "share", "copy"
-    (fresh blocks for the child) or "alias" (the child gets the parent's list object); ``child_len``
+    (fresh blocks for the child), "copy-last" (a partly filled last block copied at the fork, not at
+    the first append) or "alias" (the child gets the parent's list object); ``child_len``
     "parent" or "zero"; ``cow``: "partial", "never" or "always" (a full shared block too);
     ``cow_decref``: the copied block loses the sequence's reference; ``after_copy`` "full": the copy
     counts as full; ``free``: "ref", "all" (every block of the sequence) or "never"; ``count``:
@@ -735,6 +742,10 @@ def _trace(events, bs: int, *, blocks: str = "ceil", append: str = "table", fork
             lengths[child] = lengths[seq] if child_len == "parent" else 0
             if fork == "copy":
                 tables[child] = [take() for _ in tables[seq]]
+            elif fork == "copy-last" and lengths[seq] % bs and tables[seq]:  # copies the partly filled block now
+                tables[child] = [*tables[seq][:-1], take()]
+                for b in tables[child][:-1]:
+                    ref_[b] += 1
             else:
                 tables[child] = tables[seq] if fork == "alias" else list(tables[seq])
                 for b in tables[child]:
@@ -787,6 +798,7 @@ _BLOCK_MODELS: dict[str, list[dict]] = {
     _ALIASED_TABLE: _both_appends(dict(fork="alias"), dict(fork="alias", count="nonzero")),
     _FORK_EMPTY: _both_appends(dict(child_len="zero")),
     _COPY_AS_FULL: _both_appends(dict(after_copy="full")),
+    _COPY_AT_FORK: _both_appends(dict(fork="copy-last")),
 }
 
 
