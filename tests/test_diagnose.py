@@ -10,8 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers.checks import EXERCISES, CheckFailed
-from helpers.checks import core
+from helpers.checks import EXERCISES, CheckFailed, core
 from helpers.checks.diagnose import factor_facts, nonfinite_facts, shape_value_facts, tensor_facts
 from helpers.checks.feedback import Mistake
 

@@ -26,7 +26,7 @@ def _params():
     out = []
     for module in MODULES:
         for exercise, wrongs in importlib.import_module(f"tests.learner_wrong.{module}").WRONG.items():
-            for i, (desc, fn) in enumerate(wrongs):
+            for i, (_desc, fn) in enumerate(wrongs):
                 out.append(pytest.param(exercise, i, fn, id=f"{exercise}-{i + 1}", marks=pytest.mark.slow))
     return out
 

@@ -41,9 +41,9 @@ import hashlib
 import inspect
 import io
 import math
-import time
 import numbers
 import re
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any

@@ -503,7 +503,7 @@ def _training_mistakes(cfg, B: int, T: int, attention: str) -> dict[str, dict[st
                           16 * n},
         "activations": a,
         "total": left_out
-        | {Mistake(f"total-counts-{part}-twice", f"your total counts the {part} twice: {sum_of}"):
+        | {Mistake("total-counts-a-part-twice", f"your total counts the {part} twice: {sum_of}"):
            total + right[part] for part in ("weights", "gradients", "optimizer", "activations")}
         | {Mistake("returned-GiB-float",
                    "you returned GiB as a float: return the number of bytes, an int (divide by "
@@ -521,9 +521,6 @@ def _training_mistakes(cfg, B: int, T: int, attention: str) -> dict[str, dict[st
 _LAYER_LIST = ("one layer saves per token: 4d (two norms, their input and output each), H*d_h (q), "
                "2*H_kv*d_h (k and v), H*d_h (the attention output, W_O's input), 4*d_ff (the SwiGLU "
                "MLP), and H*seq_len (P) with naive attention")
-_WIDTHS = {"d_model": "d", "n_heads*head_dim": "Hd_h", "n_kv_heads*head_dim": "H_kvd_h", "head_dim": "d_h",
-           "d_ff": "d_ff", "n_heads*seq_len": "HT"}
-
 
 def _per_token_family(cfg, B: int, T: int, attention: str, acts: int, full: bool) -> dict[str, int]:
     """Activations off by c numbers of one width per token, in every layer or in the head once:
@@ -539,23 +536,20 @@ def _per_token_family(cfg, B: int, T: int, attention: str, acts: int, full: bool
                 hint = (f"each layer of yours counts {c} x {name} {word} numbers per token than it "
                         f"saves: {tensors} {'left out' if sign < 0 else 'too many'} in every layer. "
                         f"Compare your list with section 10's: {_LAYER_LIST}.")
-                slug = f"layer-{c}-{_WIDTHS[name]}-{word}"
                 # in every stored layer; with recomputation only the recomputed layer has them
                 layers = cfg.n_layers if full else 1
-                out[Mistake(slug, hint, f"each layer counted {c} x {name} {word} per token")] = (
+                out[Mistake("each-layer-off-by-a-width", hint, f"each layer counted {c} x {name} {word} per token")] = (
                     acts + sign * 2 * B * T * layers * c * w)
             for name, w in (("d_model", d), ("vocab", cfg.vocab)):
-                slug = f"head-{c}-{'d' if name == 'd_model' else 'vocab'}-{word}"
                 hint = (f"your head (the top of the model, counted once) has {c} x {name} {word} "
                         "numbers per token than it saves: the final norm's input and output (d "
                         "each) and the log-probabilities (vocab), 2d + vocab per token.")
-                out[Mistake(slug, hint, f"the head counted {c} x {name} {word} per token")] = (
+                out[Mistake("head-off-by-a-width", hint, f"the head counted {c} x {name} {word} per token")] = (
                     acts + sign * 2 * B * T * c * w)
             if attention == "recompute":
-                slug = f"recompute-keeps-{c}-d-{word}"
                 hint = (f"with full recomputation each layer keeps its input, d numbers per token; "
                         f"yours keeps {c} x d {word} per layer.")
-                out[Mistake(slug, hint, f"with recomputation, each layer kept {c} x d {word}")] = (
+                out[Mistake("recompute-keeps-another-width", hint, f"with recomputation, each layer kept {c} x d {word}")] = (
                     acts + sign * 2 * B * T * cfg.n_layers * c * d)
     return out
 
@@ -571,12 +565,12 @@ def _parameter_family(cfg, key: str, right_bytes: int, n: int) -> dict[str, int]
     named = {"weights": (1, 4), "gradients": (0, 4), "optimizer": (4, 8, 16)}[key]  # these have mistakes of their own
     for c in range(0, 25):
         if c != right_bytes and c not in named:
-            out[Mistake(f"{key}-{c}-bytes-per-parameter",
+            out[Mistake("other-bytes-per-parameter",
                         f"you counted the {key} at {c} bytes per parameter (N = dense_param_count(cfg)); "
                         f"under this convention they take {right_bytes}: {_WHY_BYTES[key]}.",
                         f"counted the {key} at {c} bytes per parameter")] = c * n
     attn_kv = 2 * L * d * (cfg.n_heads - cfg.n_kv_heads) * cfg.head_dim
-    for slug, hint, count in (
+    for _part, hint, count in (
             ("final-norm", "your parameter count leaves out the final norm's d weights", n - d),
             ("layer-norms", "your parameter count leaves out the two norms of each layer (2d weights "
              "per layer)", n - 2 * d * L),
@@ -587,7 +581,7 @@ def _parameter_family(cfg, key: str, right_bytes: int, n: int) -> dict[str, int]
             ("kv-with-H-heads", "your parameter count gives W_K and W_V n_heads heads; they have "
              "n_kv_heads (grouped-query attention)", n + attn_kv)):
         if count != n:
-            out[Mistake(f"{key}-parameters-{slug}", f"{hint}: use N = dense_param_count(cfg), "
+            out[Mistake("parameter-count-off-by-a-part", f"{hint}: use N = dense_param_count(cfg), "
                         f"{right_bytes} bytes each for the {key}.", hint)] = right_bytes * count
     return out
 

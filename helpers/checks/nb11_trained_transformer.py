@@ -484,23 +484,10 @@ def _kc_double(a: tuple[str, str], b: tuple[str, str]) -> Mistake:
     """The mistake of two parts changed at once: both clauses, in the learner's terms."""
     parts = {"product": _KC_PRODUCTS, "norm": _KC_NORMS, "denominator": _KC_DENOMINATORS, "after": _KC_AFTER}
     (_, ca, _), (_, cb, _) = parts[a[0]][a[1]], parts[b[0]][b[1]]
-    return Mistake(f"{_KC_SHORT.get(a, a[1])}-and-{_KC_SHORT.get(b, b[1])}", f"two things differ from ||w_qk @ w_ov.T||_F / (||w_qk||_F * "
+    return Mistake("two-parts-changed", f"two things differ from ||w_qk @ w_ov.T||_F / (||w_qk||_F * "
                    f"||w_ov||_F): {ca}; and {cb}.", f"{ca}; and {cb}")
 
 
-_KC_SHORT = {  # the short name of an option in the slug of a two-part mistake (else the option itself)
-    ("product", "w_ov @ w_qk"): "Q-composition", ("product", "w_qk @ w_ov"): "no-transpose",
-    ("product", "w_qk.T @ w_ov"): "column-vector", ("product", "w_qk * w_ov.T"): "elementwise",
-    ("product", "w_qk * w_ov"): "elementwise-no-transpose", ("product", "|trace|"): "abs-trace",
-    ("product", "|sum|"): "abs-sum",
-    ("norm", "max-row"): "max-row-norm", ("norm", "max-column"): "max-column-norm", ("norm", "inf"): "inf-norm",
-    ("norm", "one"): "1-norm", ("denominator", "sum"): "sum-of-norms", ("denominator", "w_qk only"): "w_qk-norm-only",
-    ("denominator", "w_ov only"): "w_ov-norm-only", ("denominator", "none"): "no-norms",
-    ("denominator", "squared"): "squared-norms", ("denominator", "sqrt"): "sqrt-of-norms",
-    ("after", "squared"): "squared-score", ("after", "sqrt"): "sqrt-of-score", ("after", "/ sqrt(D)"): "over-sqrt-D",
-    ("after", "/ D"): "over-D", ("after", "* sqrt(D)"): "times-sqrt-D",
-    ("after", "* D"): "times-D",
-}
 _KC_RIGHT = {"product": "w_qk @ w_ov.T", "norm": _FRO, "denominator": "product", "after": "nothing"}
 _KC_DOUBLE_NORMS = ("spectral", "nuclear", "l1", "max-row", "max-column")  # norms combined with another change
 
