@@ -455,10 +455,15 @@ def test_online_softmax_unrecognised_mistake_gets_no_guessed_cause():
 
     feedback.reset_attempts()
     with pytest.raises(CheckFailed) as info:
-        checks.online_softmax(lambda x, block_size: online_keepdim(x, block_size) * 1.01)
+        checks.online_softmax(lambda x, block_size: online_keepdim(x, block_size) + 0.001)
     message = str(info.value)
     assert "shorter" not in message and "hint:" not in message
     assert "see: notebooks/09_flash_attention.ipynb, section" in message
+    feedback.reset_attempts()
+    # Rows scaled by a factor are a fact the check states (proportional rows, their sums), not a guess.
+    with pytest.raises(CheckFailed) as info:
+        checks.online_softmax(lambda x, block_size: online_keepdim(x, block_size) * 1.01)
+    assert "proportional to the right one" in str(info.value) and "sums to 1.01 to 1.01" in str(info.value)
     feedback.reset_attempts()
 
 
@@ -956,6 +961,55 @@ def _right_step(m, l, block):
     return m_new, l * torch.exp(m - _safe(m_new)) + torch.exp(block - _safe(m_new)[..., None]).sum(dim=-1)
 
 
+def online_output_with_first_block_max(x, block_size):
+    """Keeps the max of the first block for the output: exp(x - m_first) / l."""
+    m = torch.full(x.shape[:-1], _INF, dtype=x.dtype)
+    l = torch.zeros(x.shape[:-1], dtype=x.dtype)
+    first = None
+    for s in range(0, x.shape[-1], block_size):
+        m, l = _right_step(m, l, x[..., s : s + block_size])
+        first = m.clone() if first is None else first
+    out = torch.exp(x - _safe(first)[..., None]) / l[..., None]
+    return torch.where(l[..., None] > 0, out, torch.zeros_like(out))
+
+
+def online_exp_before_max_update(x, block_size):
+    """Adds exp(block - m) with the previous max, then updates m."""
+    def step(m, l, block):
+        m_new = torch.maximum(m, block.amax(dim=-1))
+        alpha = torch.where(torch.isfinite(m), torch.exp(m - _safe(m_new)), torch.zeros_like(m))
+        return m_new, l * alpha + torch.exp(block - _safe(m)[..., None]).sum(dim=-1)
+
+    return _online_with(x, block_size, step=step)
+
+
+def online_block_sum_all_rows(x, block_size):
+    """Each block's sum over every row at once (.sum() with no dim, then per row of the first axis)."""
+    if x.dim() < 2:
+        return _online_with(x, block_size, step=_right_step)
+
+    def step(m, l, block):
+        m_new = torch.maximum(m, block.amax(dim=-1))
+        e = torch.exp(block - _safe(m_new)[..., None])
+        return m_new, l * torch.exp(m - _safe(m_new)) + e.sum(dim=-1).sum(dim=0, keepdim=True)
+
+    return _online_with(x, block_size, step=step)
+
+
+def online_masked_as_minus_1e4(x, block_size):
+    """Replaces -inf by -1e4 first: a row with nothing allowed comes out uniform."""
+    return _online_with(torch.where(torch.isneginf(x), torch.full_like(x, -1e4), x), block_size, step=_right_step)
+
+
+def online_sum_doubled(x, block_size):
+    """Counts each block's sum twice: l = l * alpha + 2 * sum(...)."""
+    def step(m, l, block):
+        m_new = torch.maximum(m, block.amax(dim=-1))
+        return m_new, l * torch.exp(m - _safe(m_new)) + 2 * torch.exp(block - _safe(m_new)[..., None]).sum(dim=-1)
+
+    return _online_with(x, block_size, step=step)
+
+
 def online_max_starts_at_zero(x, block_size):
     """m = 0 at the start: right until a whole row lies far below 0 (exp(x - 0) underflows)."""
     return _online_with(x, block_size, step=_right_step, start=0.0)
@@ -1117,7 +1171,7 @@ WRONG = {
         (online_two_pass_vectorised, "two-pass safe softmax"),
         (online_python_numbers, "into 192 Python numbers one at a time"),
         (online_inverse_rescale, "the rescale factor is inverted"),
-        (online_inverse_rescale_guarded, "found: your output is all zeros"),
+        (online_inverse_rescale_guarded, "the rescale factor is inverted"),
         (online_inverse_rescale_first_block, "the rescale factor is inverted"),
         (online_max_starts_at_zero, "the running max starts at 0 instead of -inf"),
         (online_max_starts_at_zero_unguarded, "the running max starts at 0 instead of -inf"),
@@ -1129,6 +1183,11 @@ WRONG = {
         (online_no_division, "the final division is missing"),
         (online_over_dim0, "the softmax over axis 0 (size 2), not over the last axis"),
         (online_no_max_in_float32, "subtract the running max before exp"),
+        (online_output_with_first_block_max, "used the running max of the first block"),
+        (online_exp_before_max_update, "used the max from before the block"),
+        (online_block_sum_all_rows, "each block's sum also ran over axis 0"),
+        (online_masked_as_minus_1e4, "yours is uniform, 1/8 everywhere"),
+        (online_sum_doubled, "every row of your output is proportional to the right one"),
     ],
     "flash_attention_tiled": [
         (tiled_no_acc_rescale, "the accumulator was not rescaled"),

@@ -48,6 +48,29 @@ def call_logged(t: Trial, *args: Any, sources: dict[str, int], case: str) -> tup
     return got, Watched(seen["ops"], seen["exported"], seen["scalar_reads"])
 
 
+def _weighed(models: dict, got: Any, atol: float, rtol: float) -> dict:
+    """``models`` (mistake -> its output on this comparison) as the core should weigh them against
+    ``got`` at this comparison's own tolerance (the core matches at atol 1e-5, rtol 1e-4): a model that
+    fits ``got`` at (atol, rtol) becomes ``got`` itself; one that does not, but that the core's
+    tolerance would take for ``got``, becomes NaN (it is not what the learner did)."""
+    if not (isinstance(got, torch.Tensor) and got.is_floating_point()):
+        return dict(models)
+    g = got.detach().double().cpu()
+    out = {}
+    for hint, m in models.items():
+        if not (isinstance(m, torch.Tensor) and m.shape == got.shape and m.device == got.device):
+            out[hint] = m
+            continue
+        w = m.detach().double().cpu()
+        if bool(torch.isclose(g, w, atol=atol, rtol=rtol, equal_nan=True).all()):
+            out[hint] = got
+        elif bool(torch.isclose(g, w, atol=1e-5, rtol=1e-4, equal_nan=True).all()):
+            out[hint] = torch.full_like(m, float("nan"))
+        else:
+            out[hint] = m
+    return out
+
+
 _COURSE_FUNCTIONS = {"online_softmax", "flash_attention_tiled", "flash_attention_triton",
                      "flash_attention_triton_forward", "flash_attention_triton_backward"}
 
@@ -58,7 +81,8 @@ _COURSE_FUNCTIONS = {"online_softmax", "flash_attention_tiled", "flash_attention
 def _online_model(x: torch.Tensor, bs: int, rescale: bool = True, drop_last: bool = False, subtract_max: bool = True,
                   guard_max: bool = True, guard_empty: bool = True, inverse: str = "", max_from_zero: bool = False,
                   accumulate: bool = True, normalise: bool = True, per_block: bool = False,
-                  short_slices: bool = False) -> torch.Tensor:
+                  short_slices: bool = False, final_max: str = "last", sum_axis: int | None = None,
+                  exp_old_max: bool = False, native: bool = False, old_guard: bool = False) -> torch.Tensor:
     """A learner's online softmax in float64, with one mistake switched off or on.
 
     ``inverse``: the rescale factor inverted, exp(m_new - m): "nan" with m starting at -inf (the
@@ -66,29 +90,51 @@ def _online_model(x: torch.Tensor, bs: int, rescale: bool = True, drop_last: boo
     ``max_from_zero``: the running max starts at 0, not -inf. ``accumulate=False``: l is the sum of
     the latest block only (``l = ...`` for ``l = l * alpha + ...``). ``per_block``: each block's
     output is written as it is read, divided by the sum so far. ``short_slices``: blocks
-    ``x[..., s:s + bs - 1]``, one entry short."""
-    xf = x.double()
+    ``x[..., s:s + bs - 1]``, one entry short. ``final_max="first"``: the output exp(x - m) / l takes m
+    after the first block. ``sum_axis``: each block's sum runs over that axis too (rows summed
+    together). ``exp_old_max``: each block's exp(block - m) uses the max from before the block (0 while
+    it is -inf). The learner's ways with -inf and precision: ``native`` computes in x's dtype (where exp
+    overflows at 88 in float32), ``old_guard`` rescales with exp(m - m_new) where m = 0 while it is -inf
+    (l * alpha is then 0 * inf = NaN if m_new is far below 0), ``guard_empty="positive"`` returns 0
+    wherever l > 0 fails (a NaN sum too)."""
+    xf = x if native else x.double()
     n = xf.shape[-1]
     stop = n - n % bs if drop_last else n
-    m = torch.full(xf.shape[:-1], 0.0 if max_from_zero else float("-inf"), dtype=torch.float64)
-    l = torch.zeros(xf.shape[:-1], dtype=torch.float64)
+    if drop_last == "always":  # range(0, n - bs, bs): the last block is left out, full or not
+        stop = max(n - bs, 0)
+    m = torch.full(xf.shape[:-1], 0.0 if max_from_zero else float("-inf"), dtype=xf.dtype)
+    l = torch.zeros(xf.shape[:-1], dtype=xf.dtype)
     blocks = torch.zeros_like(xf)
+    m_first = None
     for s in range(0, stop, bs):
-        block = xf[..., s : s + bs - 1] if short_slices else xf[..., s : s + bs]
+        short = max(1, bs - 1) if short_slices == "min1" else bs - 1  # "min1": a guard against empty blocks
+        block = xf[..., s : s + short] if short_slices else xf[..., s : s + bs]
         if block.shape[-1] == 0:
             continue
         m_new = torch.maximum(m, block.amax(dim=-1)) if subtract_max else torch.zeros_like(m)
         safe = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new)) if guard_max else m_new
         alpha = torch.exp(m - safe) if subtract_max else torch.ones_like(m)
+        if old_guard and subtract_max:
+            alpha = torch.exp(torch.where(torch.isfinite(m), m, torch.zeros_like(m)) - safe)
         if inverse:
             alpha = torch.exp(safe - m)  # exp(+inf) = inf while m is -inf
             if inverse == "first":
                 alpha = torch.where(torch.isfinite(m), alpha, torch.ones_like(alpha))
-        e = torch.exp(block - safe[..., None])
-        l = ((l * alpha if rescale else l) if accumulate else 0) + e.sum(dim=-1)
+        old = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+        e = torch.exp(block - (old if exp_old_max else safe)[..., None])
+        block_sum = e.sum(dim=-1)
+        if sum_axis is not None:
+            block_sum = block_sum.sum(dim=sum_axis, keepdim=True).expand_as(l)
+        l = ((l * alpha if rescale else l) if accumulate else 0) + block_sum
         m = m_new
+        m_first = m if m_first is None else m_first
         if per_block:
-            blocks[..., s : s + bs] = e / l[..., None]
+            part = e / l[..., None]
+            if guard_empty:  # a block whose sum so far is 0 is written as zeros
+                part = torch.where(l[..., None] > 0, part, torch.zeros_like(part))
+            blocks[..., s : s + bs] = part
+    if final_max == "first" and m_first is not None:
+        m = m_first
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     if per_block:
         out = blocks
@@ -96,7 +142,9 @@ def _online_model(x: torch.Tensor, bs: int, rescale: bool = True, drop_last: boo
         out = torch.exp(xf - m[..., None])
         if normalise:
             out = out / l[..., None]
-    if guard_empty:
+    if guard_empty == "positive":
+        out = torch.where(l[..., None] > 0, out, torch.zeros_like(out))
+    elif guard_empty:
         out = torch.where(l[..., None] == 0, torch.zeros_like(out), out)  # a NaN sum stays NaN
     return out.to(x.dtype)
 
@@ -105,39 +153,102 @@ _ONLINE_HINT = ("one pass over blocks: m_new = max(m, block max); l = l * exp(m 
                 "m = m_new; at the end return exp(x - m) / l (0 where l = 0), in x's dtype.")
 
 
+class _Variants(tuple):
+    """One mistake's outputs however the learner treats fully masked blocks and rows (with or without
+    the -inf guards): the check weighs the one that fits the learner's output."""
+
+
+def _guards(x: torch.Tensor) -> list[dict]:
+    """The ways of handling -inf and large numbers that change the output on ``x`` (the first: the
+    course's): the -inf guards only where x has -inf, precision and overflow only where |x| > 80."""
+    neginf = bool(torch.isneginf(x).any())
+    extreme = bool((x[torch.isfinite(x)].abs() > 80).any()) or x.dtype == torch.float16
+    return [dict(guard_max=gm, guard_empty=ge, native=nat, old_guard=og)
+            for nat in ((False, True) if extreme else (False,)) for og in ((False, True) if extreme else (False,))
+            for gm in ((True, False) if neginf else (True,))
+            for ge in (True, "positive", False)]
+
+
+def _variants(x: torch.Tensor, bs: int, alts: tuple = ({},), **kw) -> _Variants:
+    """``_online_model(x, bs, **kw)`` (or with ``kw`` updated by each of ``alts``: other ways of
+    writing the same mistake), with and without each -inf guard, in float64 or in x's dtype."""
+    guards = _guards(x)
+    return _Variants(lambda g=g, a=a: _online_model(x, bs, **{**g, **kw, **a}) for a in alts for g in guards
+                     if not set(g) & (set(kw) | set(a)) or g == guards[0])
+
+
+def _eager_variants(models: dict) -> dict:
+    """``eager_mistakes`` for models that may be :class:`_Variants`: the first variant is evaluated now,
+    the others (kept as callables after it) only when the learner's output needs them."""
+    out = {}
+    for hint, model in models.items():
+        if isinstance(model, _Variants):
+            first = eager_mistakes({0: model[0]})
+            if first:
+                out[hint] = [first[0], *model[1:]]
+        else:
+            out.update(eager_mistakes({hint: model}))
+    return out
+
+
+def _pick(mistakes: dict, got: Any, atol: float, rtol: float) -> dict:
+    """Each mistake's variant that fits ``got`` (at this comparison's tolerance), else its first."""
+    def fits(w: Any) -> bool:
+        return (isinstance(got, torch.Tensor) and isinstance(w, torch.Tensor) and w.shape == got.shape
+                and w.dtype == got.dtype and bool(torch.isclose(got.detach().double(), w.double(), atol=atol,
+                                                                rtol=rtol, equal_nan=True).all()))
+
+    out = {}
+    for hint, value in mistakes.items():
+        if isinstance(value, list):
+            chosen = value[0]
+            if not fits(chosen):
+                for variant in value[1:]:
+                    try:
+                        w = variant()
+                    except Exception:  # noqa: BLE001 - a variant that cannot happen on this case
+                        continue
+                    if fits(w):
+                        chosen = w
+                        break
+            value = chosen
+        out[hint] = value
+    return out
+
+
 def _online_mistakes(x: torch.Tensor, bs: int) -> dict:
     mistakes = {
         Mistake("sum-not-rescaled", "when a block raises the running max from m to m_new, the sum "
                 "so far was taken relative to the old max: rescale it, l = l * exp(m - m_new) + "
                 "sum(exp(block - m_new)).",
                 "the running sum l is not rescaled when a block raises the max"):
-            lambda: _online_model(x, bs, rescale=False),
+            _variants(x, bs, rescale=False),
         Mistake("rescale-factor-inverted", "the rescale factor is inverted: when the max rises "
                 "from m to m_new, multiply l by exp(m - m_new) (at most 1), not exp(m_new - m). "
                 "(While m is still -inf, exp(m_new - m) is exp(+inf) = inf, and 0 * inf = NaN.)"):
-            lambda: _online_model(x, bs, inverse="nan"),
+            _variants(x, bs, inverse="nan"),
         Mistake("rescale-factor-inverted", "the rescale factor is inverted: when the max rises "
                 "from m to m_new, multiply l by exp(m - m_new) (at most 1), not exp(m_new - m)."):
-            lambda: _online_model(x, bs, inverse="first"),
+            _variants(x, bs, inverse="first"),
         Mistake("last-block-dropped", "the last, shorter block was left out of the running max and "
                 "sum: loop `for s in range(0, n, block_size)` (the slice x[..., s:s + block_size] "
                 "is shorter at the end)."):
-            lambda: _online_model(x, bs, drop_last=True),
+            _variants(x, bs, drop_last=True, alts=({}, dict(drop_last="always"))),
         Mistake("block-slice-one-short", "each block misses its last entry: the block is x[..., "
                 "s:s + block_size] (the end of a slice is excluded already), not x[..., s:s + "
                 "block_size - 1]."):
-            lambda: _online_model(x, bs, short_slices=True),
+            _variants(x, bs, short_slices=True, alts=({}, dict(short_slices="min1"))),
         Mistake("sum-not-accumulated", "l holds the sum of the last block only: accumulate over "
                 "the blocks, l = l * exp(m - m_new) + sum(exp(block - m_new)), so that the final l "
                 "sums the whole row."):
-            lambda: _online_model(x, bs, accumulate=False),
+            _variants(x, bs, accumulate=False),
         Mistake("missing-final-division", "the final division is missing: return exp(x - m) / l "
                 "(l[..., None]), so that each row sums to 1."):
-            lambda: _online_model(x, bs, normalise=False),
+            _variants(x, bs, normalise=False),
         Mistake("normalised-per-block", "each block was divided by the sum of the blocks read so "
                 "far: the sum is only complete after the last block, so compute the output once, "
                 "exp(x - m) / l with the final m and l, after the loop."):
-            lambda: _online_model(x, bs, per_block=True),
+            _variants(x, bs, per_block=True),
         # (On a row with nothing allowed both of the next two give NaN: the first names that case.)
         Mistake("nan-on-empty-row", "a row that is entirely -inf (nothing allowed) gives all zeros "
                 "in this course, never NaN: its sum l stays 0, so divide by l only where l > 0 "
@@ -157,7 +268,7 @@ def _online_mistakes(x: torch.Tensor, bs: int) -> dict:
         underflow = ("; and on a row whose entries are all far below 0, every exp(x) underflows "
                      "to 0, so l = 0 and 0 / 0 = NaN.")
         mistakes[Mistake("max-not-subtracted", no_max + ".", no_max_description)] = (
-            lambda: _online_model(x, bs, subtract_max=False))
+            _variants(x, bs, subtract_max=False))
         mistakes[Mistake("max-not-subtracted", no_max + underflow, no_max_description)] = (
             lambda: _online_model(x, bs, subtract_max=False, guard_empty=False))
     # A running max started at 0 rather than -inf is right until a whole row lies far below 0: there exp(x - 0)
@@ -170,9 +281,24 @@ def _online_mistakes(x: torch.Tensor, bs: int) -> dict:
                          "0, so l = 0 and the row comes out {}. Start with m = torch.full(x.shape[:-1], float('-inf')): "
                          "then the largest entry gives exp(m - m) = 1.")
         mistakes[Mistake("max-starts-at-0", start_at_zero.format("as zeros"))] = (
-            lambda: _online_model(x, bs, max_from_zero=True))
+            _variants(x, bs, max_from_zero=True))
         mistakes[Mistake("max-starts-at-0", start_at_zero.format("as 0 / 0 = NaN"))] = (
             lambda: _online_model(x, bs, max_from_zero=True, guard_empty=False))
+    mistakes[Mistake("output-uses-first-max", "the final exp(x - m) / l used the running max of the first "
+                     "block: use the final m, the one l is relative to after the last block (keep m updated, "
+                     "m = m_new, in every block).",
+                     "normalised the output with the first block's max, not the final one")] = (
+        _variants(x, bs, final_max="first"))
+    mistakes[Mistake("exp-with-old-max", "each block's exp(block - m) used the max from before the block: "
+                     "first m_new = max(m, block max), then l = l * exp(m - m_new) + sum(exp(block - m_new)), "
+                     "with the new max.", "added exp(block - m_old) before updating the running max")] = (
+        _variants(x, bs, exp_old_max=True))
+    for axis in range(x.dim() - 1):
+        mistakes[Mistake("block-sum-over-rows", f"each block's sum also ran over axis {axis} (size "
+                         f"{x.shape[axis]}), adding up several rows: sum exp(block - m_new) over the last "
+                         "axis only, .sum(dim=-1), one sum per row.",
+                         "summed each block over another axis too (rows added together)")] = (
+            _variants(x, bs, sum_axis=axis))
     for axis in range(x.dim() - 1):
         mistakes[Mistake("softmax-over-wrong-axis", f"your output is the softmax over axis {axis} "
                          f"(size {x.shape[axis]}), not over the last axis: read blocks x[..., s:s "
@@ -180,6 +306,37 @@ def _online_mistakes(x: torch.Tensor, bs: int) -> dict:
                          "the softmax is taken over another axis than the last")] = (
             lambda axis=axis: torch.softmax(x.double(), dim=axis).to(x.dtype))
     return mistakes
+
+
+def _online_diagnosis(got: Any, x: torch.Tensor, expected: torch.Tensor) -> str:
+    """What an online softmax's output shows by property, or '': rows with nothing allowed (all -inf)
+    that come out uniform; rows exactly proportional to the right ones that do not sum to 1."""
+    if not (isinstance(got, torch.Tensor) and got.shape == x.shape and got.is_floating_point()):
+        return ""
+    g, e = got.detach().double().reshape(-1, x.shape[-1]), expected.detach().double().reshape(-1, x.shape[-1])
+    empty = torch.isneginf(x.detach().reshape(-1, x.shape[-1])).all(-1)
+    n = x.shape[-1]
+    if bool(empty.any()) and bool(torch.isclose(g[empty], torch.full_like(g[empty], 1 / n), rtol=1e-3).all()):
+        return Mistake("empty-row-uniform", f"a row that is entirely -inf (nothing allowed) must come out as "
+                       f"zeros; yours is uniform, 1/{n} everywhere, as if -inf had been replaced by a finite "
+                       "number (such as -1e9): keep -inf, subtract 0 while the max is -inf, and return 0 where "
+                       "l = 0.", "a row with nothing allowed comes out uniform instead of zeros")
+    if not bool(torch.isfinite(g).all()):
+        return ""
+    live = e > 1e-12
+    if bool((g[~live].abs() > 1e-6).any()) or not bool(live.any(-1)[~empty].all()):
+        return ""
+    r = torch.where(live, g / e.clamp_min(1e-300), torch.nan)
+    lo = r.nan_to_num(float("inf")).amin(-1)[~empty]
+    hi = r.nan_to_num(float("-inf")).amax(-1)[~empty]
+    if not bool(((hi - lo) <= 2e-3 * hi.abs()).all()) or bool(((lo - 1).abs() < 1e-3).all()) or not bool((lo > 0).all()):
+        return ""
+    return Mistake("sum-does-not-match-max", "every row of your output is proportional to the right one (the "
+                   f"exponentials are right) but sums to {float(lo.min()):.4g} to {float(hi.max()):.4g}, not 1: "
+                   "the l you divide by is not the sum of exp(x - m) for the m in the numerator. Each block: "
+                   "m_new = max(m, block max), l = l * exp(m - m_new) + sum(exp(block - m_new)), m = m_new; at the "
+                   "end exp(x - m) / l with that final m and l.",
+                   "rows proportional to the softmax but not summing to 1 (l does not match m)")
 
 
 def _online_cases() -> list[tuple[torch.Tensor, int, bool]]:
@@ -254,7 +411,7 @@ def online_softmax(t: Trial) -> None:
         r"takes \d+ positional argument": wrong_signature("online_softmax(x, block_size)."),
     }
     t.forbidden_references = set(_COURSE_FUNCTIONS)
-    cases = [(x, bs, structural, ref.online_softmax(x, bs), eager_mistakes(_online_mistakes(x, bs)))
+    cases = [(x, bs, structural, ref.online_softmax(x, bs), _eager_variants(_online_mistakes(x, bs)))
              for x, bs, structural in _online_cases()]
     for x, bs, structural, expected, mistakes in cases:
         got, seen = call_logged(t, x, bs, sources={"x": 0}, case=describe_case(x=x, block_size=bs))
@@ -264,7 +421,10 @@ def online_softmax(t: Trial) -> None:
         reads_limit = x.numel() if structural and 2 * 3 * rows * n_blocks <= x.numel() else None
         check_stays_in_torch(t, seen, "x", reads_limit)
         tol = dict(atol=1e-3, rtol=1e-2) if x.dtype == torch.float16 else {}
-        t.tensor(got, expected, what="softmax", hint=_ONLINE_HINT, mistakes=mistakes, **tol)
+        t.tensor(got, expected, what="softmax", hint=_ONLINE_HINT, **tol,
+                 mistakes=_weighed(_pick(mistakes, got, **(tol or dict(atol=1e-5, rtol=1e-4))), got,
+                                   **(tol or dict(atol=1e-5, rtol=1e-4))),
+                 diagnosis=_online_diagnosis(got, x, expected))
         if structural:
             _check_reads_blocks(t, seen.ops, x, bs)
 

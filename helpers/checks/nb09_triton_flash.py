@@ -44,7 +44,7 @@ from .instruments import (
     triton_version,
     warm_up,
 )
-from .nb09_flash_attention import _COURSE_FUNCTIONS, LOG2E, NB, _qkv, _tiled_model
+from .nb09_flash_attention import _COURSE_FUNCTIONS, LOG2E, NB, _qkv, _tiled_model, _weighed
 
 __all__ = ["flash_attention_triton", "flash_attention_triton_backward"]
 
@@ -691,22 +691,33 @@ def _backward_models(q, k, v, lse, do, causal: bool) -> list[tuple[str, Callable
     return models
 
 
-def _fitting_mistakes(got: tuple, expected: list, models: list, tol: dict, dtype, dev) -> dict[str, tuple]:
-    """The mistakes whose model fits this call: every gradient the model gets wrong is the learner's
-    (within the case's tolerance), and none the learner got right is wrong in it; one model per
-    mistake (the first block size that fits)."""
+def _evaluated(models: list, got: tuple, expected: list, tol: dict, dtype, dev) -> dict[str, tuple]:
+    """mistake -> its (dq, dk, dv) on this case, in the case's dtype and device; a mistake whose model
+    depends on the block size keeps the first block size that fits the learner's gradients (else the
+    first block size)."""
     out: dict[str, tuple] = {}
     for hint, model in models:
-        if hint in out:
+        if hint in out and _fits(got, expected, out[hint], tol):
             continue
         try:
             grads = tuple(x.to(device=dev, dtype=dtype) for x in model())
         except Exception:  # noqa: BLE001 - a mistake that cannot happen on this case
             continue
-        differs = [not _close(m, e, **tol) for m, e in zip(grads, expected)]
-        if any(differs) and all(not w or _close(g, m, **tol) for g, m, w in zip(got, grads, differs)):
+        if hint not in out or _fits(got, expected, grads, tol):
             out[hint] = grads
     return out
+
+
+def _fits(got: tuple, expected: list, grads: tuple, tol: dict) -> bool:
+    """A model fits the learner's gradients: every gradient it gets wrong is the learner's, and none
+    the learner got right is wrong in it."""
+    differs = [not _close(m, e, **tol) for m, e in zip(grads, expected)]
+    return any(differs) and all(not w or _close(g, m, **tol) for g, m, w in zip(got, grads, differs))
+
+
+def _fitting_mistakes(got: tuple, expected: list, models: dict[str, tuple], tol: dict) -> dict[str, tuple]:
+    """The mistakes of ``models`` (from :func:`_evaluated`) whose model fits this call."""
+    return {h: m for h, m in models.items() if _fits(got, expected, m, tol)}
 
 
 _BACKWARD_CASES = [  # (B, H, T, d, causal, dtype): friendly T = 128 first, then ragged, then several heads
@@ -759,19 +770,20 @@ def flash_attention_triton_backward(t: Trial) -> None:
                 t.fail(f"your {grad_names[i]} (item {i} of the tuple) holds {grad_names[j]}.",
                        Mistake("grads-in-wrong-order", "the gradients are returned in the wrong order: "
                                "return (grad_q, grad_k, grad_v), the order of the inputs q, k, v."))
-        fits = _fitting_mistakes(got, c["expected"], _backward_models(c["q"], c["k"], c["v"], c["lse"], c["do"],
-                                                                      causal), tol, dtype, dev)
+        models = _evaluated(_backward_models(c["q"], c["k"], c["v"], c["lse"], c["do"], causal), got, c["expected"],
+                            tol, dtype, dev)
+        fits = _fitting_mistakes(got, c["expected"], models, tol)
         for which, name in ((2, "dv"), (1, "dk"), (0, "dq")):
             g, e = got[which], c["expected"][which]
             what = f"grad_{name[1]}"
             if isinstance(g, torch.Tensor) and g.shape == e.shape:
                 _dtype_check(t, g, dtype, what)
             diagnosis = ""
-            named = {h: m[which] for h, m in fits.items() if not _close(m[which], e, **tol)}
+            named = [h for h, m in fits.items() if not _close(m[which], e, **tol)]
             if isinstance(g, torch.Tensor) and g.shape == e.shape and g.dtype == e.dtype and not _close(g, e, **tol):
                 diagnosis, where = _unwritten(g, what)
                 if not diagnosis and not where and named:
-                    diagnosis = next(iter(named))
+                    diagnosis = named[0]
                 if not diagnosis and not where and torch.isnan(g).any() and T % 16 and any(p[2] % 16 == 0 for p in passed):
                     diagnosis = Mistake("unmasked-loads", "NaN now that T is not a multiple of the "
                                         f"block here (T = {T}; the cases with T = 128 passed): "
@@ -800,7 +812,8 @@ def flash_attention_triton_backward(t: Trial) -> None:
                                             "up to the end of its query block.",
                                             "wrong with causal=True only (mask or loop bounds)")
                 what = f"{what} ({where})" if where else what
-            t.tensor(g, e, what=what, hint=_BWD_HINTS[name], diagnosis=diagnosis, **tol, mistakes=named)
+            t.tensor(g, e, what=what, hint=_BWD_HINTS[name], diagnosis=diagnosis, **tol,
+                     mistakes=_weighed({h: m[which] for h, m in models.items()}, g, **tol))
             if T > 1:  # with one key, grad_q = grad_k = 0 and grad_v = grad_out: nothing to compute
                 _written_by_kernel(t, prov, g, f"grad_{name[1]}", {"q", "k"})
         passed.append((B, H, T, d, dtype, causal))
