@@ -761,6 +761,36 @@ def leaks_last_query_skipped(attention_fn, allowed, d_model):
     return [(i, j) for i, j in moved.nonzero().tolist() if i < T - 1]
 
 
+def padding_keys_by_batch(lengths, T):
+    return torch.arange(T)[:, None] < lengths  # [T, B]
+
+
+def padding_padded_keys_strictly_after(lengths, T):
+    return (torch.arange(T)[None, :] > lengths[:, None])[:, None, None, :]
+
+
+def softmax_scaled_by_sqrt_keys(scores, allowed):
+    s = scores / scores.shape[-1] ** 0.5
+    return torch.softmax(s.masked_fill(~allowed, float("-inf")), dim=-1).nan_to_num(0.0)
+
+
+def softmax_log_weights(scores, allowed):
+    return torch.log_softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+
+
+def leaks_absolute_tolerance(attention_fn, allowed, d_model):
+    T = allowed.shape[-1]
+    x = torch.randn(1, T, d_model, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    base = attention_fn(x)
+    found = []
+    for j in range(T):
+        x2 = x.clone()
+        x2[0, j] += torch.randn(d_model, dtype=torch.float64, generator=torch.Generator().manual_seed(100 + j))
+        moved = (attention_fn(x2) - base)[0].abs().amax(-1) > 1e-3  # an absolute threshold, too loose here
+        found += [(i, j) for i in range(T) if moved[i] and not allowed[i, j]]
+    return sorted(found)
+
+
 def packed_sees_previous(seq_lens):
     ids = _ids(seq_lens)
     pos = torch.arange(len(ids))
@@ -916,6 +946,8 @@ WRONG = {
         (padding_first_length_for_all, "every sequence got the same mask"),
         (padding_view_of_transpose, "a reshape does not transpose"),
         (padding_width_of_longest, "not lengths.max()"),
+        (padding_keys_by_batch, "your mask is [T, B], keys first"),
+        (padding_padded_keys_strictly_after, "your mask is inverted and off by one"),
     ],
     "masked_softmax": [
         (softmax_nan_rows, "rows with nothing allowed came out NaN"),
@@ -939,6 +971,8 @@ WRONG = {
         (softmax_fill_zero_rows_zeroed, "some allowed scores here lie below it"),
         (softmax_global_max, "one maximum for the whole tensor"),
         (softmax_max_over_queries, "the maximum you subtract is not each row's"),
+        (softmax_scaled_by_sqrt_keys, "you scaled the scores"),
+        (softmax_log_weights, "your weights are log-probabilities"),
     ],
     "prefix_lm_mask": [
         (prefix_sees_future, "the prefix sees the future"),
@@ -1004,8 +1038,9 @@ WRONG = {
         (leaks_query_0_skipped, "you never report query i = 0"),
         (leaks_last_query_skipped, "you never report query i = T - 1"),
         (leaks_one_based, "your pairs are off by one position"),
-        (leaks_relative_tolerance_too_big, "missed the weak ones"),
+        (leaks_relative_tolerance_too_big, "missed only weak ones"),
         (leaks_step_too_small, "reported no pair on any case"),
+        (leaks_absolute_tolerance, "every pair you report is a leak, but you missed some"),
     ],
 }
 
