@@ -241,7 +241,7 @@ if td is not None:
         END_OFF: tl.constexpr, KV_MOD: tl.constexpr, NORMALISE: tl.constexpr,
         GUARD_EMPTY: tl.constexpr, GRID: tl.constexpr, EXP2: tl.constexpr = False,
         RESCALE: tl.constexpr = True, FLOOR: tl.constexpr = False, LSE_M: tl.constexpr = False,
-        UNMASKED: tl.constexpr = False,
+        UNMASKED: tl.constexpr = False, SCORE_0: tl.constexpr = False,
     ):
         """A learner's split kernel: one program per (split, query head), one page per
         iteration, exp (not exp2), a broadcast product; mistakes switched on by the flags."""
@@ -284,7 +284,7 @@ if td is not None:
             s = tl.sum(q[None, :] * k, 1)
             if SCALE:
                 s = s * sm_scale
-            if not UNMASKED:
+            if not (UNMASKED or SCORE_0):
                 s = tl.where(ok, s, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, 0))
             if EXP2:
@@ -403,6 +403,7 @@ if td is not None:
         (_learner("decode_out_float32", out_fp32=True), "expected dtype torch.float16"),
         (_learner("decode_ignores_n_splits", ignore_splits=True),
          "must split each sequence's keys"),
+        (_learner("decode_masked_keys_score_0", SCORE_0=True), "kept their score q . 0 = 0"),
         (_learner("decode_unmasked_last_page", UNMASKED=True), "your output is 0 for exactly the sequences"),
         (_learner("decode_scale_one_over_d", scale_of_d=lambda d, s: 1 / d), "your scores are scaled by 1 / d"),
         (_learner("decode_log2e_then_exp", scale_of_d=lambda d, s: s * 1.4426950408889634),

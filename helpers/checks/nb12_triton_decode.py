@@ -87,7 +87,8 @@ def paged_case(B: int, H: int, H_kv: int, d: int, lens: list[int], page: int, se
 def decode64(q, k_pages, v_pages, block_tables, seq_lens, scale: float | None = None, *,
              tables: str = "right", kv_map: str = "right", normalise: bool = True,
              chunks: tuple[int, int] | None = None, combine: str = "lse", base: str = "e",
-             rescale: int | None = None, lse: str = "right", floor_pages: bool = False) -> torch.Tensor:
+             rescale: int | None = None, lse: str = "right", floor_pages: bool = False,
+             zero_scores: int | None = None) -> torch.Tensor:
     """Paged decoding in float64 on the CPU -> ``[B, H, d]``, with one mistake switched on:
     ``tables`` "in-order" (block j for every sequence) or "flat" (block b * max_blocks + j);
     ``kv_map`` "mod" (kv head h % H_kv) or "div" (h // H_kv); ``normalise=False`` (out not divided
@@ -97,7 +98,9 @@ def decode64(q, k_pages, v_pages, block_tables, seq_lens, scale: float | None = 
     chunk ``base`` "2" (weights 2^(s - m), lse m + ln l), ``rescale=T`` (an online softmax over tiles
     of T keys that never rescales what it summed before the max grew), ``lse="m"`` (each chunk's
     lse is its max score; "log2": in base-2 units, lse / ln 2; "ln2": lse * ln 2, what a merge with
-    exp2 of natural lses amounts to); ``floor_pages`` (only the seq_len // page full pages are read)."""
+    exp2 of natural lses amounts to); ``floor_pages`` (only the seq_len // page full pages are read);
+    ``zero_scores=T``: the slots from seq_len to the next multiple of T are loaded as 0 (masked) but
+    keep their score 0 instead of -inf."""
     q, k_pages, v_pages = (x.detach().to("cpu", torch.float64) for x in (q, k_pages, v_pages))
     block_tables, seq_lens = block_tables.cpu(), seq_lens.cpu()
     B, H, d = q.shape
@@ -120,6 +123,10 @@ def decode64(q, k_pages, v_pages, block_tables, seq_lens, scale: float | None = 
         keys = k_pages[blocks].flatten(0, 1)[:n][:, kv]  # [n, H, d]
         vals = v_pages[blocks].flatten(0, 1)[:n][:, kv]
         s = torch.einsum("hd,nhd->hn", q[b], keys) * scale  # [H, n]
+        if zero_scores:
+            extra = math.ceil(n / zero_scores) * zero_scores - n
+            s = torch.cat([s, s.new_zeros(H, extra)], dim=1)
+            vals = torch.cat([vals, vals.new_zeros(extra, H, d)])
         n_splits, tile = chunks if chunks is not None else (1, 1)
         per = math.ceil(math.ceil(n / n_splits) / tile) * tile
         parts, lses = [], []
@@ -208,6 +215,11 @@ _M = {
                                 "spans cdiv(seq_len, PAGE) pages; read the last one too, with the "
                                 "slots past seq_len masked.",
                                 "walked seq_len // PAGE pages (the last, partly filled page skipped)"),
+    "masked-keys-keep-score-0": Mistake("masked-keys-keep-score-0", "the slots past seq_len were "
+                                        "loaded as 0 (masked) but kept their score q . 0 = 0: each still "
+                                        "takes a share exp(0 - m) of the softmax. Give them the score "
+                                        "-inf: s = tl.where(offs < seq_len, s, float('-inf')).",
+                                        "masked the loads past seq_len but left their scores at 0"),
     "lse-base-mismatch": Mistake("lse-base-mismatch", "your chunks' lse and your merge use different "
                                  "log bases: an lse in base 2 (m + log2(l), from exp2 scores) merged "
                                  "with exp, or a natural lse merged with exp2. Convert once: lse_natural "
@@ -241,6 +253,7 @@ def _mistake_models(c: dict) -> list[tuple[Mistake, torch.Tensor]]:
     splits = [(1, t) for t in sorted({page, 16, 32, 64})] if n_splits == 1 else (
         [(n_splits, t) for t in sorted({page, 16, 32, 64})] if n_splits is not None else [])
     variants += [("online-softmax-without-rescale", dict(chunks=ch, rescale=ch[1])) for ch in splits]
+    variants += [("masked-keys-keep-score-0", dict(chunks=ch, zero_scores=ch[1])) for ch in splits]
     variants += [("exp2-of-natural-scores", dict(chunks=ch, base="2")) for ch in splits[:1 if n_splits == 1 else None]]
     if n_splits == 1:
         variants.append(("unnormalised-output", dict(normalise=False)))
