@@ -1134,6 +1134,50 @@ def tiled_mask_swapped(q, k, v, causal, block_size):
                          hidden=lambda qs, qe, ks, ke: torch.arange(ks, ke)[None, :] < torch.arange(qs, qe)[:, None])
 
 
+def tiled_diagonal_tile_unmasked(q, k, v, causal, block_size):
+    """Skips the tiles right of the diagonal, but masks nothing inside the diagonal tile."""
+    return tiled_learner(q, k, v, causal, block_size, hidden=lambda qs, qe, ks, ke: torch.zeros(qe - qs, ke - ks,
+                                                                                                   dtype=torch.bool))
+
+
+def tiled_hides_diagonal_but_query_0(q, k, v, causal, block_size):
+    """Masks j >= i, and lets query 0 keep key 0 so that its row is not empty."""
+    def hidden(qs, qe, ks, ke):
+        i, j = torch.arange(qs, qe)[:, None], torch.arange(ks, ke)[None, :]
+        return (j >= i) & ~((i == 0) & (j == 0))
+
+    return tiled_learner(q, k, v, causal, block_size, hidden=hidden)
+
+
+def tiled_lse_with_raw_max(q, k, v, causal, block_size):
+    """lse from the max of the unscaled scores: m * sqrt(d) + log(l)."""
+    root = math.sqrt(q.shape[-1])
+    return tiled_learner(q, k, v, causal, block_size, lse_of=lambda m, l: m * root + torch.log(l))
+
+
+def tiled_values_of_the_query_block(q, k, v, causal, block_size):
+    """p @ v[:, :, qs:qe] where the tile is square, p @ v[:, :, ks:ke] where it is not."""
+    B, H, T, d = q.shape
+    out, lse = torch.zeros_like(q), torch.zeros(B, H, T)
+    for qs in range(0, T, block_size):
+        qe = min(qs + block_size, T)
+        m, l, acc = torch.full((B, H, qe - qs), _INF), torch.zeros(B, H, qe - qs), torch.zeros(B, H, qe - qs, d)
+        for ks in range(0, qe if causal else T, block_size):
+            ke = min(ks + block_size, T)
+            s = q[:, :, qs:qe] @ k[:, :, ks:ke].transpose(-2, -1) / math.sqrt(d)
+            if causal:
+                s = s.masked_fill(torch.arange(ks, ke)[None, :] > torch.arange(qs, qe)[:, None], _INF)
+            m_new = torch.maximum(m, s.amax(dim=-1))
+            p = torch.exp(s - m_new[..., None])
+            vb = v[:, :, qs:qe] if qe - qs == ke - ks else v[:, :, ks:ke]
+            l = l * torch.exp(m - m_new) + p.sum(dim=-1)
+            acc = acc * torch.exp(m - m_new)[..., None] + p @ vb
+            m = m_new
+        out[:, :, qs:qe] = acc / l[..., None]
+        lse[:, :, qs:qe] = m + torch.log(l)
+    return out, lse
+
+
 def tiled_state_outside_query_loop(q, k, v, causal, block_size):
     """m, l and acc created once: each query block starts from the previous one's."""
     return tiled_learner(q, k, v, causal, block_size, fresh_state=False)
@@ -1216,6 +1260,10 @@ WRONG = {
         (tiled_lse_as_log2, "lse is in log2 units"),
         (tiled_lse_just_m, "lse is only the running max"),
         (tiled_lse_is_l, "lse is the running sum l itself"),
+        (tiled_diagonal_tile_unmasked, "inside the diagonal tile"),
+        (tiled_hides_diagonal_but_query_0, "every query i >= 1 attends to keys j < i only"),
+        (tiled_lse_with_raw_max, "lse adds the max of the unscaled scores"),
+        (tiled_values_of_the_query_block, "the value tile was taken at the query block's rows"),
     ],
 }
 

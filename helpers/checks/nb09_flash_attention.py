@@ -444,7 +444,7 @@ def _qkv(B: int, H: int, T: int, d: int, seed: int, dtype=torch.float32, spread:
 def _tiled_model(q, k, v, causal: bool, bs: int, scale: float | None = None, rescale_acc: bool = True,
                  rescale_l: bool = True, normalise: bool = True, skip_diag: bool = False, drop_keys: bool = False,
                  strict: bool = False, local_rows: bool = False, local_cols: bool = False, swapped: bool = False,
-                 carry_state: bool = False, guard_max: bool = True):
+                 carry_state: bool = False, guard_max: bool = True, tile_mask: bool = True, v_rows: str = "key"):
     """A learner's tiled forward in float64 with one mistake switched on -> (out, m, l).
 
     ``local_rows`` / ``local_cols``: the causal mask counts query / key positions from 0 in every
@@ -452,7 +452,9 @@ def _tiled_model(q, k, v, causal: bool, bs: int, scale: float | None = None, res
     ``carry_state``: m, l and acc are created once, before the loop over query blocks, so each
     query block starts from the previous one's (T must be a multiple of ``bs``). ``guard_max=False``:
     a row whose first tile is entirely masked gets exp(-inf - (-inf)) = NaN, as in a loop without
-    a guard for it (a correct causal loop never needs one: key 0 comes first)."""
+    a guard for it (a correct causal loop never needs one: key 0 comes first). ``tile_mask=False``:
+    the tiles right of the diagonal are skipped, but nothing is masked inside the diagonal tile.
+    ``v_rows="query"``: the value tile is taken at the query block's rows (where its size fits)."""
     q, k, v = (x.detach().to("cpu", torch.float64) for x in (q, k, v))
     T, d = q.shape[-2:]
     scale = 1 / math.sqrt(d) if scale is None else scale
@@ -472,7 +474,7 @@ def _tiled_model(q, k, v, causal: bool, bs: int, scale: float | None = None, res
         for ks in range(0, k_end, bs):
             ke = min(ks + bs, k_end)
             s = q[..., qs:qe, :] @ k[..., ks:ke, :].transpose(-2, -1) * scale
-            if causal:
+            if causal and tile_mask:
                 rows = torch.arange(qe - qs)[:, None] + (0 if local_rows else qs)
                 cols = torch.arange(ke - ks)[None, :] + (0 if local_cols else ks)
                 hidden = cols < rows if swapped else cols >= rows if strict else cols > rows
@@ -482,7 +484,8 @@ def _tiled_model(q, k, v, causal: bool, bs: int, scale: float | None = None, res
             alpha = torch.exp(m - safe)
             p = torch.exp(s - safe[..., None])
             l = (l * alpha if rescale_l else l) + p.sum(dim=-1)
-            acc = (acc * alpha[..., None] if rescale_acc else acc) + p @ v[..., ks:ke, :]
+            v_blk = v[..., qs:qe, :] if v_rows == "query" and qe - qs == ke - ks else v[..., ks:ke, :]
+            acc = (acc * alpha[..., None] if rescale_acc else acc) + p @ v_blk
             m = m_new
         out[..., qs:qe, :] = acc / l[..., None] if normalise else acc
         m_all[..., qs:qe], l_all[..., qs:qe] = m, l
@@ -510,6 +513,10 @@ def _tiled_out_mistakes(q, k, v, causal: bool, bs: int) -> dict[str, Callable]:
             lambda: out(scale=1.0),
         Mistake("scores-divided-by-d", "you divided the scores by d; the scale is 1 / sqrt(d)."):
             lambda: out(scale=1 / q.shape[-1]),
+        Mistake("value-tile-at-query-rows", "the value tile was taken at the query block's rows: p is "
+                "[queries, keys of this key block], so it multiplies the value rows of the same keys, "
+                "v[..., ks:ke, :], not v[..., qs:qe, :].", "multiplied p by the value rows of the query block"):
+            lambda: out(v_rows="query"),
         Mistake("state-carried-across-query-blocks", "m, l and acc carry over from one query block "
                 "to the next: create them afresh (m = -inf, l = 0, acc = 0) inside the loop over "
                 "query blocks, before its loop over key blocks."):
@@ -530,6 +537,11 @@ def _tiled_out_mistakes(q, k, v, causal: bool, bs: int) -> dict[str, Callable]:
             Mistake("mask-hides-diagonal", "the causal mask also hides the diagonal: query i may "
                     "attend to key i (mask keys j > i, not j >= i)."):
                 lambda: out(strict=True),
+            Mistake("diagonal-tile-not-masked", "you skip the key blocks right of the diagonal, but inside "
+                    "the diagonal tile (ks == qs) queries still see later keys: mask that tile too, scores "
+                    "-inf where torch.arange(ks, ke)[None, :] > torch.arange(qs, qe)[:, None].",
+                    "skipped the future tiles but did not mask inside the diagonal tile"):
+                lambda: out(tile_mask=False),
             Mistake("mask-hides-past", hides_past):
                 lambda: out(swapped=True),
             Mistake("mask-hides-past", hides_past + nan_later):
@@ -557,6 +569,20 @@ def _tiled_out_mistakes(q, k, v, causal: bool, bs: int) -> dict[str, Callable]:
     return mistakes
 
 
+def _hidden_diagonal(got: Any, q, k, v, causal: bool, bs: int) -> str:
+    """The diagonal hidden by the causal mask, whatever the learner did with query 0 (which then sees no
+    key at all): every row from 1 on equals attention over keys j < i."""
+    T = q.shape[-2]
+    if not (causal and T > 2 and isinstance(got, torch.Tensor) and got.shape == q.shape[:-1] + v.shape[-1:]):
+        return ""
+    strict = _tiled_model(q, k, v, True, bs, strict=True)[0]
+    if not bool(torch.isclose(got.detach().double()[..., 1:, :], strict[..., 1:, :], atol=1e-5, rtol=1e-4).all()):
+        return ""
+    return Mistake("mask-hides-diagonal", "the causal mask also hides the diagonal: every query i >= 1 "
+                   "attends to keys j < i only. Query i may attend to key i: mask keys j > i, not j >= i "
+                   "(query 0 then sees key 0, no special case needed).")
+
+
 def _ragged_mistakes(q, k, v, causal: bool, bs: int, got: Any) -> dict[str, Callable]:
     """The mistakes of a ragged T (not a multiple of the block), modelled from the learner's own last rows."""
     T = q.shape[-2]
@@ -579,9 +605,12 @@ def _ragged_mistakes(q, k, v, causal: bool, bs: int, got: Any) -> dict[str, Call
 
 
 def _tiled_lse_mistakes(q, k, v, causal: bool, bs: int) -> dict[str, Callable]:
-    def stats():
-        out, m, l = _tiled_model(q, k, v, causal, bs)
-        return m, l
+    cache: list = []
+
+    def stats():  # the right running statistics (m, l), computed once per case
+        if not cache:
+            cache.append(_tiled_model(q, k, v, causal, bs)[1:])
+        return cache[0]
 
     return {
         Mistake("lse-in-log2", "lse is in log2 units: the contract is the natural log, lse = m + "
@@ -597,6 +626,14 @@ def _tiled_lse_mistakes(q, k, v, causal: bool, bs: int) -> dict[str, Callable]:
         Mistake("lse-is-l", "lse is the running sum l itself: the log-sum-exp is lse = m + "
                 "log(l)."):
             lambda: stats()[1].float(),
+        Mistake("lse-max-unscaled", "lse adds the max of the unscaled scores q @ k^T: m in lse = m + "
+                "log(l) is the running max of the scaled scores (q @ k^T / sqrt(d)), the ones whose exp "
+                "l sums.", "lse uses the max of the unscaled scores"):
+            lambda: (stats()[0] * math.sqrt(q.shape[-1]) + stats()[1].log()).float(),
+        Mistake("lse-max-scaled-twice", "lse adds the running max times 1 / sqrt(d) once more: m is "
+                "already the max of the scaled scores, so lse = m + log(l).",
+                "lse scales the running max twice"):
+            lambda: (stats()[0] / math.sqrt(q.shape[-1]) + stats()[1].log()).float(),
     }
 
 
@@ -674,7 +711,8 @@ def flash_attention_tiled(t: Trial) -> None:
         check_stays_in_torch(t, seen, "q, k or v", q.numel() if 6 * tiles <= q.numel() else None)
         out, lse = t.tuple(got, 2, ("out", "lse"))
         t.tensor(out, ref_out, what="out", hint=_TILED_HINT,
-                 mistakes={**out_mistakes, **_ragged_mistakes(q, k, v, causal, bs, out)})
+                 mistakes={**out_mistakes, **_ragged_mistakes(q, k, v, causal, bs, out)},
+                 diagnosis=_hidden_diagonal(out, q, k, v, causal, bs))
         if isinstance(lse, torch.Tensor) and lse.shape != ref_lse.shape:
             t.fail(f"lse: expected shape {list(ref_lse.shape)} (one number per query row), got {list(lse.shape)}.",
                    Mistake("lse-wrong-shape", "lse = m + log(l) has the shape of the running max: "
