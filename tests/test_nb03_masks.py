@@ -952,7 +952,7 @@ WRONG = {
     "masked_softmax": [
         (softmax_nan_rows, "rows with nothing allowed came out NaN"),
         (softmax_mask_after, "you masked after the softmax:"),
-        (softmax_mask_after_renormalised, "masked after the softmax and renormalised"),
+        (softmax_mask_after_renormalised, "then masked and renormalised"),
         (softmax_no_max_subtraction, "exp overflowed"),
         (softmax_big_negative, "finite number instead of -inf: a row with nothing allowed"),
         (softmax_fill_minus_1e4, "finite number instead of -inf: a row with nothing allowed"),

@@ -519,8 +519,8 @@ def _softmax_models(s: torch.Tensor, allowed: torch.Tensor, expected: torch.Tens
 
     return {
         _NAN_ROWS: lambda: torch.softmax(filled, -1),
-        _RENORMALISED_CLAMPED: renormalised_clamped,
         _RENORMALISED: renormalised_family,
+        _RENORMALISED_CLAMPED: renormalised_clamped,
         _MASKED_AFTER: lambda: torch.softmax(s, -1) * a,
         _OVERFLOW: overflow_family,
         _SOFTMAX_INVERTED: lambda: att.masked_softmax(s, ~allowed),
