@@ -279,6 +279,10 @@ def sb_half_the_row_sum(p, grad_p):
     return p * (grad_p - 0.5 * torch.einsum("...i,...i->...", p, grad_p)[..., None])
 
 
+def sb_log_softmax_rule(p, grad_p):
+    return grad_p - p * torch.einsum("...i->...", grad_p)[..., None]
+
+
 def sb_row_sum_from_another_row(p, grad_p):
     dots = (p * grad_p).sum(-1, keepdim=True)
     return p * (grad_p - dots.roll(1, dims=-2 if p.dim() > 1 else -1))  # each row gets its neighbour's sum
@@ -527,6 +531,41 @@ def ab_scores_unscaled_grads_scaled(q, k, v, grad_out, causal):
     return ds @ k, ds.mT @ q, p.mT @ grad_out
 
 
+def _p_masked(q, k, causal, blocked):
+    s = q @ k.mT / math.sqrt(q.shape[-1])
+    if causal:
+        T = q.shape[-2]
+        s = s.masked_fill(blocked(T), float("-inf"))
+    return s.softmax(-1)
+
+
+def ab_delta_from_v(q, k, v, grad_out, causal):
+    p = _p_masked(q, k, causal, lambda T: torch.ones(T, T, dtype=torch.bool).triu(1))
+    ds = p * (grad_out @ v.mT - torch.einsum("...td,...td->...t", grad_out, v)[..., None]) / math.sqrt(q.shape[-1])
+    return ds @ k, ds.mT @ q, p.mT @ grad_out
+
+
+def ab_grad_k_with_k(q, k, v, grad_out, causal):
+    p = _p_masked(q, k, causal, lambda T: torch.ones(T, T, dtype=torch.bool).triu(1))
+    ds = _ds(p, grad_out, v) / math.sqrt(q.shape[-1])
+    return ds @ k, ds.mT @ k, p.mT @ grad_out
+
+
+def ab_mask_fills_allowed(q, k, v, grad_out, causal):
+    p = _p_masked(q, k, causal, lambda T: torch.tril(torch.ones(T, T)).bool())  # the allowed positions
+    ds = _ds(p, grad_out, v) / math.sqrt(q.shape[-1])
+    return ds @ k, ds.mT @ q, p.mT @ grad_out
+
+
+def ab_mask_ds_afterwards(q, k, v, grad_out, causal):
+    p = _p_masked(q, k, False, None)
+    ds = _ds(p, grad_out, v) / math.sqrt(q.shape[-1])
+    if causal:
+        T = q.shape[-2]
+        ds = ds * torch.ones(T, T, dtype=ds.dtype).tril()
+    return ds @ k, ds.mT @ q, p.mT @ grad_out
+
+
 def ab_mask_one_ahead(q, k, v, grad_out, causal):
     s = q @ k.mT / math.sqrt(q.shape[-1])
     if causal:
@@ -570,6 +609,7 @@ WRONG = {
         (sb_jacobian_diagonal_only, "only the diagonal of the Jacobian"),
         (sb_half_the_row_sum, "your c is 0.5 times sum(p * grad_p)"),
         (sb_row_sum_from_another_row, "c is not sum(p * grad_p) over that row"),
+        (sb_log_softmax_rule, "is the backward of log-softmax"),
     ],
     "attention_backward": [
         (ab_no_scale, "sqrt(d_k) times too large"),
@@ -603,6 +643,10 @@ WRONG = {
         (ab_scores_unscaled_grads_scaled, "P was computed from q k^T times 1 (no scale), and grad_q and grad_k "
                                           "carry the right factor"),
         (ab_mask_one_ahead, "lets query i see key i + 1 too"),
+        (ab_delta_from_v, "yours is rowsum(grad_out * v)"),
+        (ab_grad_k_with_k, "not with k itself"),
+        (ab_mask_fills_allowed, "your mask hides the allowed keys"),
+        (ab_mask_ds_afterwards, "only dS was masked afterwards"),
     ],
 }
 

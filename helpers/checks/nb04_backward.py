@@ -177,6 +177,11 @@ def _softmax_backward_mistakes(p: torch.Tensor, g: torch.Tensor) -> dict:
                 "plain mean: p * (grad_p - (p * grad_p).sum(dim=-1, keepdim=True)).",
                 "centred grad_p on its plain mean instead of its p-weighted mean"):
             lambda: p * (g - g.mean(dim=-1, keepdim=True)),
+        Mistake("log-softmax-backward",
+                "grad_p - p * sum(grad_p) is the backward of log-softmax: for softmax the result is "
+                "p * (grad_p - sum(p * grad_p)), weighted by p twice (in front, and inside the row sum).",
+                "used the log-softmax backward, grad_p - p * sum(grad_p)"):
+            lambda: g - p * g.sum(dim=-1, keepdim=True),
         Mistake("jacobian-diagonal-only",
                 "you used only the diagonal of the Jacobian, p_i (1 - p_i): the off-diagonal -p_i "
                 "p_j terms give p * (grad_p - sum(p * grad_p)), a sum over the whole row."):
@@ -321,6 +326,19 @@ def _attention_mistakes(q, k, v, dO, causal) -> dict:
                 "the softmax backward's row sum of dP is not weighted by P"):
             _grads_from(q, k, dO, *_p_ds(q, k, v, dO, allowed, weighted=False)),
     }
+    mistakes[Mistake("D-from-v",
+                     "the row sum subtracted in dS is rowsum(P * dP) = rowsum(grad_out * out), with the "
+                     "attention output out = P @ v: yours is rowsum(grad_out * v), v itself.",
+                     "subtracted rowsum(grad_out * v) instead of rowsum(grad_out * out)")] = (
+        _grads_from(q, k, dO, p, p * (dO @ v.mT - (dO * v).sum(-1, keepdim=True))))
+    mistakes[Mistake("grad_k-from-k",
+                     "grad_k = dS^T @ q / sqrt(d_k): the gradient of k pairs dS^T with the queries, "
+                     "not with k itself.", "computed grad_k from k instead of q")] = (
+        good[0], ds.mT @ k * scale, good[2])
+    mistakes[Mistake("grad_q-from-q",
+                     "grad_q = dS @ k / sqrt(d_k): the gradient of q pairs dS with the keys, not with q "
+                     "itself.", "computed grad_q from q instead of k")] = (
+        ds @ q * scale, good[1], good[2])
     mistakes[Mistake("dP-transposed",
                      "dP = grad_out @ v^T (dP[i, j] = dO_i . v_j, query i, key j); yours is its "
                      "transpose, v @ grad_out^T: transpose the other factor, not the product.",
@@ -404,6 +422,22 @@ def _attention_mistakes(q, k, v, dO, causal) -> dict:
                 "j <= i only, torch.ones(T, T, dtype=torch.bool).tril() (diagonal=0).",
                 "the causal mask lets each query see keys after it")] = (
                 _grads_from(q, k, dO, *_p_ds(q, k, v, dO, ahead)))
+        mistakes[Mistake(
+            "mask-inverted",
+            "your mask hides the allowed keys and keeps the future ones (j > i): masked_fill puts -inf where "
+            "its mask is True, so pass the blocked positions, ~allowed (key j > query i), not the allowed "
+            "ones.", "masked the allowed keys instead of the blocked ones")] = (
+            _grads_from(q, k, dO, *_p_ds(q, k, v, dO, None, p=torch.softmax(
+                att.scaled_scores(q, k).masked_fill(tril, float("-inf")), dim=-1))))  # the last row: NaN
+        p_open = att.attention_weights(q, k, None)
+        dp_open = dO @ v.mT
+        ds_masked = (p_open * (dp_open - (p_open * dp_open).sum(-1, keepdim=True))).masked_fill(~tril, 0.0)
+        mistakes[Mistake(
+            "mask-on-dS-only",
+            "P was recomputed without the causal mask and only dS was masked afterwards: the mask belongs "
+            "in P itself (scores -inf where key j > query i, then softmax), so that dV, dP's row sum and "
+            "dS all use the causal P.", "masked dS afterwards instead of recomputing P with the mask")] = (
+            ds_masked @ k * scale, ds_masked.mT @ q * scale, p_open.mT @ dO)
         triu = torch.ones(T, T, dtype=torch.bool).triu()
         upper = Mistake(
             "upper-triangle-mask",
