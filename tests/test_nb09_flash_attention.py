@@ -1010,6 +1010,18 @@ def online_sum_doubled(x, block_size):
     return _online_with(x, block_size, step=step)
 
 
+def online_stale_block_exps(x, block_size):
+    """Stores exp(block - m) as each block arrives, divides them all by the final l."""
+    m = torch.full(x.shape[:-1], _INF, dtype=x.dtype)
+    l = torch.zeros(x.shape[:-1], dtype=x.dtype)
+    parts = []
+    for s in range(0, x.shape[-1], block_size):
+        m, l = _right_step(m, l, x[..., s : s + block_size])
+        parts.append(torch.exp(x[..., s : s + block_size] - _safe(m)[..., None]))
+    out = torch.cat(parts, dim=-1) / l[..., None]
+    return torch.where(l[..., None] > 0, out, torch.zeros_like(out))
+
+
 def online_max_starts_at_zero(x, block_size):
     """m = 0 at the start: right until a whole row lies far below 0 (exp(x - 0) underflows)."""
     return _online_with(x, block_size, step=_right_step, start=0.0)
@@ -1178,6 +1190,35 @@ def tiled_values_of_the_query_block(q, k, v, causal, block_size):
     return out, lse
 
 
+def _tiled_with(q, k, v, causal, block_size, combine):
+    """The learner's loops with ``combine(acc, alpha, p, k_blk, v_blk, l) -> acc`` per tile; out = acc / l."""
+    B, H, T, d = q.shape
+    out, lse = torch.zeros_like(q), torch.zeros(B, H, T)
+    for qs in range(0, T, block_size):
+        qe = min(qs + block_size, T)
+        m, l, acc = torch.full((B, H, qe - qs), _INF), torch.zeros(B, H, qe - qs), torch.zeros(B, H, qe - qs, d)
+        for ks in range(0, qe if causal else T, block_size):
+            ke = min(ks + block_size, T)
+            s = q[:, :, qs:qe] @ k[:, :, ks:ke].transpose(-2, -1) / math.sqrt(d)
+            if causal:
+                s = s.masked_fill(torch.arange(ks, ke)[None, :] > torch.arange(qs, qe)[:, None], _INF)
+            m_new = torch.maximum(m, s.amax(dim=-1))
+            alpha, p = torch.exp(m - m_new), torch.exp(s - m_new[..., None])
+            l = l * alpha + p.sum(dim=-1)
+            acc, m = combine(acc, alpha, p, k[:, :, ks:ke], v[:, :, ks:ke], l), m_new
+        out[:, :, qs:qe] = acc / l[..., None]
+        lse[:, :, qs:qe] = m + torch.log(l)
+    return out, lse
+
+
+def tiled_rescale_after_add(q, k, v, causal, block_size):
+    return _tiled_with(q, k, v, causal, block_size, lambda acc, a, p, kb, vb, l: (acc + p @ vb) * a[..., None])
+
+
+def tiled_keys_as_values(q, k, v, causal, block_size):
+    return _tiled_with(q, k, v, causal, block_size, lambda acc, a, p, kb, vb, l: acc * a[..., None] + p @ kb)
+
+
 def tiled_state_outside_query_loop(q, k, v, causal, block_size):
     """m, l and acc created once: each query block starts from the previous one's."""
     return tiled_learner(q, k, v, causal, block_size, fresh_state=False)
@@ -1232,6 +1273,7 @@ WRONG = {
         (online_block_sum_all_rows, "each block's sum also ran over axis 0"),
         (online_masked_as_minus_1e4, "yours is uniform, 1/8 everywhere"),
         (online_sum_doubled, "every row of your output is proportional to the right one"),
+        (online_stale_block_exps, "kept with the running max of its time"),
     ],
     "flash_attention_tiled": [
         (tiled_no_acc_rescale, "the accumulator was not rescaled"),
@@ -1264,6 +1306,8 @@ WRONG = {
         (tiled_hides_diagonal_but_query_0, "every query i >= 1 attends to keys j < i only"),
         (tiled_lse_with_raw_max, "lse adds the max of the unscaled scores"),
         (tiled_values_of_the_query_block, "the value tile was taken at the query block's rows"),
+        (tiled_rescale_after_add, "acc was rescaled after adding the new tile"),
+        (tiled_keys_as_values, "p was multiplied by the key tile"),
     ],
 }
 
@@ -1393,7 +1437,8 @@ if triton is not None:
         CAUSAL_MODE: tl.constexpr,  # 0: ok; 1: no mask, all blocks; 2: keep j < i; 3: blocks skipped, no mask;
         # 4: blocks skipped, keep j >= i
         SCALE_GRADS: tl.constexpr, USE_DELTA: tl.constexpr, LSE_CONVERT: tl.constexpr,
-        DKDV_MISTAKE: tl.constexpr = 0,  # 1: dV from P (no transpose); 2: dK from P; 3: starts after the diagonal block
+        DKDV_MISTAKE: tl.constexpr = 0,  # 1: dV from P (no transpose); 2: dK from P; 3: starts after the diagonal block;
+        # 4: dV from dS; 5: lse read at the key positions
     ):
         start_n = tl.program_id(0)
         off_bh = tl.program_id(1)
@@ -1428,6 +1473,8 @@ if triton is not None:
                 lse = tl.load(Lse + off_bh * T + offs_m)
                 delta = tl.load(Delta + off_bh * T + offs_m)
             qkT = tl.dot(k, tl.trans(q))  # [BLOCK_N keys, BLOCK_M queries]
+            if DKDV_MISTAKE == 5:  # lse read at this program's key positions
+                lse = tl.load(Lse + off_bh * T + offs_n, mask=offs_n < T, other=0.0)
             if LSE_CONVERT:
                 pT = tl.exp2(qkT * sm_scale * 1.4426950408889634 - lse[None, :] * 1.4426950408889634)
             else:
@@ -1441,15 +1488,17 @@ if triton is not None:
                     pT = tl.where(offs_m[None, :] > offs_n[:, None], pT, 0.0)
                 elif CAUSAL_MODE == 4:
                     pT = tl.where(offs_m[None, :] <= offs_n[:, None], pT, 0.0)
-            if DKDV_MISTAKE == 1:
-                dv = tl.dot(tl.trans(pT).to(do.dtype), do, dv)
-            else:
-                dv = tl.dot(pT.to(do.dtype), do, dv)
             dpT = tl.dot(v, tl.trans(do))
             if USE_DELTA:
                 dsT = pT * (dpT - delta[None, :])
             else:
                 dsT = pT * dpT
+            if DKDV_MISTAKE == 1:
+                dv = tl.dot(tl.trans(pT).to(do.dtype), do, dv)
+            elif DKDV_MISTAKE == 4:
+                dv = tl.dot(dsT.to(do.dtype), do, dv)
+            else:
+                dv = tl.dot(pT.to(do.dtype), do, dv)
             if DKDV_MISTAKE == 2:
                 dk = tl.dot(pT.to(q.dtype), q, dk)
             else:
@@ -1646,6 +1695,8 @@ if triton is not None:
         (_backward("bwd_causal_keeps_future", block=16, CAUSAL_MODE=4), "the backward mask keeps keys j >= i"),
         (_backward("bwd_delta_without_o", delta_without_o=True), "yours is rowsum(dO), the O is missing"),
         (_backward("bwd_k_first", k_first=True), "returned in the wrong order"),
+        (_backward("bwd_dv_from_ds", DKDV_MISTAKE=4), "dV was accumulated from dS"),
+        (_backward("bwd_lse_at_keys", DKDV_MISTAKE=5), "read lse at its key positions"),
     ]
 
 

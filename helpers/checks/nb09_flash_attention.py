@@ -129,14 +129,16 @@ def _online_model(x: torch.Tensor, bs: int, rescale: bool = True, drop_last: boo
         m = m_new
         m_first = m if m_first is None else m_first
         if per_block:
-            part = e / l[..., None]
+            part = e if per_block == "stale" else e / l[..., None]
             if guard_empty:  # a block whose sum so far is 0 is written as zeros
                 part = torch.where(l[..., None] > 0, part, torch.zeros_like(part))
             blocks[..., s : s + bs] = part
     if final_max == "first" and m_first is not None:
         m = m_first
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    if per_block:
+    if per_block == "stale":  # each block's exp with the max of its time, divided by the final l
+        out = blocks / l[..., None]
+    elif per_block:
         out = blocks
     else:
         out = torch.exp(xf - m[..., None])
@@ -250,6 +252,11 @@ def _online_mistakes(x: torch.Tensor, bs: int) -> dict:
                 "exp(x - m) / l with the final m and l, after the loop."):
             _variants(x, bs, per_block=True),
         # (On a row with nothing allowed both of the next two give NaN: the first names that case.)
+        Mistake("block-exps-with-old-max", "each block's exp(block - m) was kept with the running max of "
+                "its time, but the final l is relative to the final max: compute the output once at the "
+                "end, exp(x - m) / l with the final m (or rescale every stored block by exp(m_then - m)).",
+                "kept each block's exp with the max of its time, divided by the final l"):
+            _variants(x, bs, per_block="stale"),
         Mistake("nan-on-empty-row", "a row that is entirely -inf (nothing allowed) gives all zeros "
                 "in this course, never NaN: its sum l stays 0, so divide by l only where l > 0 "
                 "(and subtract 0 instead of an infinite max).",
@@ -444,7 +451,8 @@ def _qkv(B: int, H: int, T: int, d: int, seed: int, dtype=torch.float32, spread:
 def _tiled_model(q, k, v, causal: bool, bs: int, scale: float | None = None, rescale_acc: bool = True,
                  rescale_l: bool = True, normalise: bool = True, skip_diag: bool = False, drop_keys: bool = False,
                  strict: bool = False, local_rows: bool = False, local_cols: bool = False, swapped: bool = False,
-                 carry_state: bool = False, guard_max: bool = True, tile_mask: bool = True, v_rows: str = "key"):
+                 carry_state: bool = False, guard_max: bool = True, tile_mask: bool = True, v_rows: str = "key",
+                 rescale_after: bool = False, normalise_each: bool = False, values: str = "v"):
     """A learner's tiled forward in float64 with one mistake switched on -> (out, m, l).
 
     ``local_rows`` / ``local_cols``: the causal mask counts query / key positions from 0 in every
@@ -454,7 +462,9 @@ def _tiled_model(q, k, v, causal: bool, bs: int, scale: float | None = None, res
     a row whose first tile is entirely masked gets exp(-inf - (-inf)) = NaN, as in a loop without
     a guard for it (a correct causal loop never needs one: key 0 comes first). ``tile_mask=False``:
     the tiles right of the diagonal are skipped, but nothing is masked inside the diagonal tile.
-    ``v_rows="query"``: the value tile is taken at the query block's rows (where its size fits)."""
+    ``v_rows="query"``: the value tile is taken at the query block's rows (where its size fits).
+    ``rescale_after``: acc = (acc + p @ v_blk) * alpha. ``normalise_each``: acc divided by l after every
+    key block (and not at the end). ``values="k"``: p multiplies the key tile."""
     q, k, v = (x.detach().to("cpu", torch.float64) for x in (q, k, v))
     T, d = q.shape[-2:]
     scale = 1 / math.sqrt(d) if scale is None else scale
@@ -484,10 +494,16 @@ def _tiled_model(q, k, v, causal: bool, bs: int, scale: float | None = None, res
             alpha = torch.exp(m - safe)
             p = torch.exp(s - safe[..., None])
             l = (l * alpha if rescale_l else l) + p.sum(dim=-1)
-            v_blk = v[..., qs:qe, :] if v_rows == "query" and qe - qs == ke - ks else v[..., ks:ke, :]
-            acc = (acc * alpha[..., None] if rescale_acc else acc) + p @ v_blk
+            vals = k if values == "k" else v
+            v_blk = vals[..., qs:qe, :] if v_rows == "query" and qe - qs == ke - ks else vals[..., ks:ke, :]
+            if rescale_after:
+                acc = (acc + p @ v_blk) * alpha[..., None]
+            else:
+                acc = (acc * alpha[..., None] if rescale_acc else acc) + p @ v_blk
+            if normalise_each:
+                acc = acc / l[..., None]
             m = m_new
-        out[..., qs:qe, :] = acc / l[..., None] if normalise else acc
+        out[..., qs:qe, :] = acc / l[..., None] if normalise and not normalise_each else acc
         m_all[..., qs:qe], l_all[..., qs:qe] = m, l
     return out, m_all, l_all
 
@@ -513,6 +529,17 @@ def _tiled_out_mistakes(q, k, v, causal: bool, bs: int) -> dict[str, Callable]:
             lambda: out(scale=1.0),
         Mistake("scores-divided-by-d", "you divided the scores by d; the scale is 1 / sqrt(d)."):
             lambda: out(scale=1 / q.shape[-1]),
+        Mistake("acc-rescaled-after-adding", "acc was rescaled after adding the new tile: alpha = exp(m - "
+                "m_new) corrects what was summed with the old max, so acc = acc * alpha + p @ v_block, not "
+                "(acc + p @ v_block) * alpha.", "rescaled acc after adding the new tile's p @ v"):
+            lambda: out(rescale_after=True),
+        Mistake("normalised-every-key-block", "acc was divided by l after every key block: l keeps "
+                "growing, so earlier tiles get divided again and again. Divide once, out = acc / l, after "
+                "the last key block.", "divided acc by l after every key block instead of once at the end"):
+            lambda: out(normalise_each=True),
+        Mistake("p-times-key-tile", "p was multiplied by the key tile: the weights average the values, "
+                "acc += p @ v[..., ks:ke, :], not k.", "multiplied p by the key tile instead of the value tile"):
+            lambda: out(values="k"),
         Mistake("value-tile-at-query-rows", "the value tile was taken at the query block's rows: p is "
                 "[queries, keys of this key block], so it multiplies the value rows of the same keys, "
                 "v[..., ks:ke, :], not v[..., qs:qe, :].", "multiplied p by the value rows of the query block"):

@@ -360,6 +360,11 @@ def _weights_hint(P: torch.Tensor, P_ref: torch.Tensor, raw: torch.Tensor, causa
                                "scores of those keys to -inf: qk = tl.where(offs_n[None, :] < T, "
                                "qk, float('-inf')).",
                                "keys at positions >= T got weight (scores not set to -inf)")
+            return Mistake("running-sum-not-row-sum", "each query row's weights are right up to a factor "
+                           f"(rows sum to {float(sums.min()):.4g} to {float(sums.max()):.4g}, not 1): the running "
+                           "sum l_i is not the sum of that row's p. Per key block l_i = l_i * alpha + tl.sum(p, 1) "
+                           "(axis 1: the keys of each query row), and out = acc / l_i[:, None] once at the end.",
+                           "rows right up to a factor: the running sum l_i is not each row's sum of p")
         return ""
     # Rows sum to 1: compare the effective softmax temperature with known mistakes.
     for factor, hint in (
@@ -463,8 +468,8 @@ def _forward_case(t: Trial, c: dict, passed: list[str]) -> None:
             diagnosis = diagnosis or _weights_hint(P, c["P64"][0, 0], c["raw"][0, 0], causal, d, kind == "ragged-probe")
         if not diagnosis and not where:
             diagnosis, where = _slices(out, expected, tol, "out")
-        if not diagnosis and not where:
-            diagnosis = _rescale_hint(out, c["q"], c["k"], c["v"], causal, tol)
+        if (not diagnosis or getattr(diagnosis, "slug", "") == "running-sum-not-row-sum") and not where:
+            diagnosis = _rescale_hint(out, c["q"], c["k"], c["v"], causal, tol) or diagnosis
         if not diagnosis and not where:
             rows = _rows(out, expected, tol, T)
             if rows and T % 16:
@@ -569,7 +574,7 @@ def _tile_product(a: torch.Tensor, x: torch.Tensor, b: int, pattern: str) -> tor
 def _bwd_model(q, k, v, lse, do, causal: bool, block: int | None = None, mask: str = "causal",
                skip_diag: bool = False, scale_dq: bool = True, scale_dk: bool = True, delta: str = "o",
                p_units: str = "ln", p_scaled: bool = True, dv_form: str = "ok", dk_form: str = "ok",
-               dq_form: str = "ok") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               dq_form: str = "ok", lse_at_keys: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) in float64 of two backward kernels (dK/dV per key block, dQ per query block) with
     one mistake switched on. ``block``: the kernels' square tiles; with causal=True their loops visit
     the query blocks from the key block's own on (dK/dV; after it with ``skip_diag``) and the key
@@ -579,7 +584,8 @@ def _bwd_model(q, k, v, lse, do, causal: bool, block: int | None = None, mask: s
     lse), "exp2" (exp2(S - lse), natural-log S and lse) or "log2-missed" (exp2(S log2(e) - lse)).
     ``p_scaled=False``: S = Q K^T without sm_scale. ``dv_form`` / ``dk_form``: "tile-rows" (P @ dO / dS @
     Q per tile, the transpose forgotten), "full" (the whole P @ dO), "from-p" (dK from P, not dS);
-    ``dq_form`` "tile-cols" (dS^T @ K per tile)."""
+    ``dq_form`` "tile-cols" (dS^T @ K per tile); ``dv_form="from-ds"``: dV = dS^T dO. ``lse_at_keys``: the
+    dK/dV kernel reads lse at its key positions (row r of a tile gets lse[key block start + r])."""
     q, k, v, do = (x.detach().to("cpu", torch.float64) for x in (q, k, v, do))
     lse = lse.detach().to("cpu", torch.float64)
     T, d = q.shape[-2:]
@@ -595,6 +601,11 @@ def _bwd_model(q, k, v, lse, do, causal: bool, block: int | None = None, mask: s
     i = torch.arange(T)[:, None]
     j = torch.arange(T)[None, :]
     p_kv = p_q = p
+    if lse_at_keys:
+        rows = ((j // block) * block + i % block).clamp(max=T - 1).expand(T, T)  # the lse the tile row reads
+        lse_kv = lse[..., None, :].expand(*lse.shape[:-1], T, T).gather(-1, rows.expand(*lse.shape[:-1], T, T))
+        p_kv = torch.exp(s - lse_kv)
+        p_kv = torch.where(((j // block) * block + i % block < T), p_kv, torch.zeros_like(p_kv))
     if causal:
         keep = {"causal": j <= i, "none": torch.ones(T, T, dtype=torch.bool), "strict": j < i,
                 "reversed": j >= i}[mask]
@@ -609,7 +620,9 @@ def _bwd_model(q, k, v, lse, do, causal: bool, block: int | None = None, mask: s
     dd = {"o": (do * o).sum(-1, keepdim=True), "none": 0.0, "do": do.sum(-1, keepdim=True)}[delta]
     dp = do @ v.transpose(-2, -1)
     ds_kv, ds_q = p_kv * (dp - dd), p_q * (dp - dd)
-    if dv_form == "tile-rows":
+    if dv_form == "from-ds":
+        dv = ds_kv.transpose(-2, -1) @ do
+    elif dv_form == "tile-rows":
         dv = _tile_product(p_kv, do, block, "rows")
     elif dv_form == "full":
         dv = p_kv @ do
@@ -655,6 +668,9 @@ def _backward_models(q, k, v, lse, do, causal: bool) -> list[tuple[str, Callable
                  "recomputed P from unscaled scores"), g(p_scaled=False)),
         (Mistake("P-not-transposed-in-dV", "dV = P^T dO (keys x queries times queries x "
                  "d): transpose P.", "computed dV with P instead of P^T"), g(dv_form="full")),
+        (Mistake("dV-from-dS", "dV was accumulated from dS: it is dV = P^T dO (the output is P V, so V's "
+                 "gradient pairs P with dO); dS goes into dK and dQ.", "accumulated dV from dS instead of P"),
+         g(dv_form="from-ds")),
         (Mistake("dK-from-P", "dK was accumulated from P: it is dK = sm_scale * dS^T Q, with dS = P * (dP - D) "
                  "(dV is the one built from P).", "accumulated dK from P instead of dS"), g(dk_form="from-p")),
     ]
@@ -666,6 +682,10 @@ def _backward_models(q, k, v, lse, do, causal: bool) -> list[tuple[str, Callable
             (Mistake("dS-not-transposed-in-dK", "dK = sm_scale * dS^T Q: in the dK/dV kernel each tile adds "
                      "tl.dot(tl.trans(ds), q); yours adds tl.dot(ds, q): transpose dS.",
                      "computed dK with dS instead of dS^T"), g(block=b, dk_form="tile-rows")),
+            (Mistake("lse-at-key-positions", "the dK/dV kernel read lse at its key positions (offs_n): lse "
+                     "belongs to the queries, one number per query row, so load it at offs_m, the rows of "
+                     "the query block the loop is on.", "loaded lse at the key positions in the dK/dV kernel"),
+             g(block=b, lse_at_keys=True)),
             (Mistake("dS-transposed-in-dQ", "dQ = sm_scale * dS K: in the dQ kernel each tile adds "
                      "tl.dot(ds, k), [BLOCK_M, BLOCK_N] x [BLOCK_N, d]; yours transposes dS.",
                      "computed dQ with dS^T instead of dS"), g(block=b, dq_form="tile-cols")),
