@@ -346,11 +346,11 @@ def _attention_mistakes(q, k, v, dO, causal) -> dict:
         _grads_from(q, k, dO, *_p_ds(q, k, v, dO, allowed, dp_transposed=True)))
     # One gradient without its 1/sqrt(d_k) (the other one right).
     mistakes[Mistake("missing-scale",
-                     "grad_q is sqrt(d_k) times too large (grad_k is right): the forward divided the "
+                     "grad_q is sqrt(d_k) times too large: the forward divided the "
                      "scores by sqrt(d_k), so grad_q = dS @ k / sqrt(d_k), like grad_k.")] = (
         ds @ k, good[1], good[2])
     mistakes[Mistake("missing-scale",
-                     "grad_k is sqrt(d_k) times too large (grad_q is right): the forward divided the "
+                     "grad_k is sqrt(d_k) times too large: the forward divided the "
                      "scores by sqrt(d_k), so grad_k = dS^T @ q / sqrt(d_k), like grad_q.")] = (
         good[0], ds.mT @ q, good[2])
     # The scale of the scores, by property: P recomputed with another scale, and/or grad_q and grad_k
@@ -409,7 +409,7 @@ def _attention_mistakes(q, k, v, dO, causal) -> dict:
         mistakes[ignored] = _grads_from(q, k, dO, *_p_ds(q, k, v, dO, None))
         mistakes[Mistake(
             "grad_v-from-unmasked-P",
-            "grad_q and grad_k are right, but grad_v used P without the causal mask: recompute P with the "
+            "grad_v used P without the causal mask: recompute P with the "
             "causal mask for grad_v = P^T @ grad_out too (the same P as in dS).",
             "grad_v computed from a P without the causal mask")] = (
             good[0], good[1], att.attention_weights(q, k, None).mT @ dO)

@@ -648,9 +648,9 @@ def _backward_models(q, k, v, lse, do, causal: bool) -> list[tuple[str, Callable
                   "and dK = sm_scale * dS^T Q.")
     models: list[tuple[str, Callable]] = [
         (Mistake("grads-miss-sm_scale", scale_hint), g(scale_dq=False, scale_dk=False)),
-        (Mistake("grads-miss-sm_scale", "dQ misses the softmax scale (dK has it): S = sm_scale * Q K^T, so dQ = "
+        (Mistake("grads-miss-sm_scale", "dQ misses the softmax scale: S = sm_scale * Q K^T, so dQ = "
                  "sm_scale * dS K, as dK = sm_scale * dS^T Q."), g(scale_dq=False)),
-        (Mistake("grads-miss-sm_scale", "dK misses the softmax scale (dQ has it): S = sm_scale * Q K^T, so dK = "
+        (Mistake("grads-miss-sm_scale", "dK misses the softmax scale: S = sm_scale * Q K^T, so dK = "
                  "sm_scale * dS^T Q, as dQ = sm_scale * dS K."), g(scale_dk=False)),
         (Mistake("missing-D", "D is missing: dS = P * (dP - D) with D = rowsum(dO * O) (one number "
                  "per query row), not P * dP."), g(delta="none")),
@@ -706,8 +706,9 @@ def _backward_models(q, k, v, lse, do, causal: bool) -> list[tuple[str, Callable
                    (Mistake("backward-mask-hides-diagonal", "the backward mask also hides the "
                             "diagonal: query i attends to key i (keep j <= i)."), g(mask="strict"))]
         for b in _TILES:
-            models += [(missing, g(block=b, mask="none")), (reversed_, g(block=b, mask="reversed")),
-                       (skipped, g(block=b, skip_diag=True))]
+            models += [(missing, g(block=b, mask="none")), (reversed_, g(block=b, mask="reversed"))]
+            if b < q.shape[-2]:  # with one block, skipping it leaves dK = dV = 0: a kernel that never ran
+                models.append((skipped, g(block=b, skip_diag=True)))
     return models
 
 
