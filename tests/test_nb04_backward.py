@@ -220,6 +220,10 @@ def jac_minus_s_times_one_minus_s(s):
     return torch.diag(s) - s.unsqueeze(1) * (1 - s).unsqueeze(0)
 
 
+def jac_identity_plus_half_outer(s):
+    return torch.diag_embed(s) + torch.eye(len(s), dtype=s.dtype) - 0.5 * s[:, None] * s[None, :]
+
+
 def jac_numpy_array(s):
     import numpy as np
 
@@ -566,6 +570,13 @@ def ab_mask_ds_afterwards(q, k, v, grad_out, causal):
     return ds @ k, ds.mT @ q, p.mT @ grad_out
 
 
+def ab_rowsum_mean(q, k, v, grad_out, causal):
+    p = _p_masked(q, k, causal, lambda T: torch.ones(T, T, dtype=torch.bool).triu(1))
+    dp = torch.einsum("...id,...jd->...ij", grad_out, v)
+    ds = p * (dp - torch.mean(p * dp, dim=-1, keepdim=True)) / math.sqrt(q.shape[-1])
+    return ds @ k, ds.mT @ q, p.mT @ grad_out
+
+
 def ab_mask_one_ahead(q, k, v, grad_out, causal):
     s = q @ k.mT / math.sqrt(q.shape[-1])
     if causal:
@@ -594,6 +605,7 @@ WRONG = {
         (jac_s_i_squared_rows, "uses s_i twice"),
         (jac_minus_s_times_one_minus_s, "you subtracted s_i (1 - s_j)"),
         (jac_numpy_array, "returned a NumPy array"),
+        (jac_identity_plus_half_outer, "your J is 1 diag(s) - 0.5 s s^T + 1 I"),
     ],
     "softmax_backward": [
         (sb_no_subtraction, "dropped the subtraction"),
@@ -647,6 +659,7 @@ WRONG = {
         (ab_grad_k_with_k, "not with k itself"),
         (ab_mask_fills_allowed, "your mask hides the allowed keys"),
         (ab_mask_ds_afterwards, "only dS was masked afterwards"),
+        (ab_rowsum_mean, "is a sum over the keys, not a mean"),
     ],
 }
 

@@ -108,6 +108,29 @@ def _jacobian_mistakes(s: torch.Tensor) -> dict:
     }
 
 
+def _jacobian_terms(got, s: torch.Tensor) -> str:
+    """A fact when ``got`` is a diag(s) + b s s^T (+ c I) with other coefficients than (1, -1, 0)."""
+    n = s.shape[-1]
+    if not (isinstance(got, torch.Tensor) and got.shape == (n, n) and got.is_floating_point() and n >= 3):
+        return ""
+    s64 = s.double()
+    terms = {"diag(s)": torch.diag(s64), "s s^T": torch.outer(s64, s64), "I": torch.eye(n, dtype=torch.float64)}
+    a = torch.stack([t.flatten() for t in terms.values()], dim=1)
+    y = got.detach().double().flatten()
+    if not bool(torch.isfinite(y).all()):
+        return ""
+    coef = torch.linalg.lstsq(a, y[:, None]).solution.flatten()
+    if not bool(torch.allclose(a @ coef, y, atol=1e-5, rtol=1e-4)):
+        return ""
+    c = [round(float(x), 3) for x in coef]
+    if c == [1.0, -1.0, 0.0]:
+        return ""
+    parts = " ".join(f"{'+' if x >= 0 else '-'} {abs(x):g} {name}" for x, name in zip(c, terms) if x != 0)
+    return Mistake("jacobian-term-coefficients", f"your J is {parts.lstrip('+ ')}: J = diag(s) - s s^T, "
+                   "exactly one diag(s) and minus one outer product (no identity, no other factor).",
+                   "J is a combination of diag(s), s s^T and I with the wrong coefficients")
+
+
 @exercise("4.1", "the softmax Jacobian", points=1, stars=1, notebook=NB, section="1. The softmax Jacobian")
 def softmax_jacobian(t: Trial) -> None:
     t.error_hints = {
@@ -123,7 +146,7 @@ def softmax_jacobian(t: Trial) -> None:
     for s, expected, mistakes in cases:
         got = t.call(s, case=describe_case(s=s) + f" = {[round(x, 4) for x in s.tolist()]}")
         _refuse_numpy(t, got, "J")
-        t.tensor(got, expected, what="J", mistakes=mistakes,
+        t.tensor(got, expected, what="J", mistakes=mistakes, diagnosis=_jacobian_terms(got, s),
                  hint="J = torch.diag(s) - torch.outer(s, s): J[i, j] = s_i (delta_ij - s_j).")
 
 
@@ -326,6 +349,10 @@ def _attention_mistakes(q, k, v, dO, causal) -> dict:
                 "the softmax backward's row sum of dP is not weighted by P"):
             _grads_from(q, k, dO, *_p_ds(q, k, v, dO, allowed, weighted=False)),
     }
+    mistakes[Mistake("rowsum-is-a-mean",
+                     "the row sum in dS = P * (dP - rowsum(P * dP)) is a sum over the keys, not a mean: "
+                     "(P * dP).sum(dim=-1, keepdim=True).", "took the mean of P * dP over the keys instead of its sum")] = (
+        _grads_from(q, k, dO, p, p * ((dO @ v.mT) - (p * (dO @ v.mT)).mean(-1, keepdim=True))))
     mistakes[Mistake("D-from-v",
                      "the row sum subtracted in dS is rowsum(P * dP) = rowsum(grad_out * out), with the "
                      "attention output out = P @ v: yours is rowsum(grad_out * v), v itself.",
