@@ -469,7 +469,7 @@ class Trial:
         if got.shape != expected.shape:
             self._hold(got, mistakes, diagnosis, f"{what}: expected shape {list(expected.shape)}, got {list(got.shape)}.",
                        "print the shape after each step and compare it with the contract.", recipe, "shape",
-                       lambda: shape_value_facts(g64, e64, atol, rtol))
+                       lambda: shape_value_facts(g64, e64, atol, rtol), tol=(atol, rtol))
             return got
         exp_finite = _isfinite(expected) if expected.is_floating_point() else _ones_like(expected, dtype=_bool)
         got_finite = _isfinite(got)
@@ -479,7 +479,7 @@ class Trial:
             self._hold(got, mistakes, diagnosis,
                        f"{what}: got {kind} at index {bad} where {_fmt(float(e64[tuple(bad)]))} was expected.",
                        "NaN usually comes from 0 * inf, inf - inf or log(0); Inf from exp of a large number.", recipe,
-                       "nan-inf", lambda: nonfinite_facts(g64, e64, atol, rtol))
+                       "nan-inf", lambda: nonfinite_facts(g64, e64, atol, rtol), tol=(atol, rtol))
             return got
         close = _isclose(g64, e64, atol=atol, rtol=rtol, equal_nan=True) if got.is_floating_point() else _eq(g64, e64)
         if not bool(close.all()):
@@ -491,9 +491,9 @@ class Trial:
                        f"first at index {idx}: expected {_fmt(float(e64[tuple(idx)]))}, got {_fmt(float(g64[tuple(idx)]))}.\n"
                        f"  expected starts {_preview(expected)}\n  got      starts {_preview(got)}",
                        "", recipe, "values",
-                       lambda: tensor_facts(g64, e64, atol, rtol, factors, expected.dtype))
+                       lambda: tensor_facts(g64, e64, atol, rtol, factors, expected.dtype), tol=(atol, rtol))
             return got
-        self._weigh(got, mistakes, failing=False)
+        self._weigh(got, mistakes, failing=False, tol=(atol, rtol))
         if self.case and self.case not in self.passed_cases and self._pending is None:
             self.passed_cases.append(self.case)
         return got
@@ -556,7 +556,7 @@ class Trial:
         return tuple(got)
 
     def _weigh(self, got: Any, mistakes: Mapping[str, Any] | None, failing: bool,
-               number: tuple | None = None) -> list[str]:
+               number: tuple | None = None, tol: tuple[float, float] = (1e-5, 1e-4)) -> list[str]:
         """The mistakes whose model gives ``got``, in order; every model that gives something else is
         refuted for the rest of this check (a case the learner passed refutes a model that differs
         from the expected output there). Lazy models (callables) are evaluated on failures only."""
@@ -568,7 +568,7 @@ class Trial:
                 continue
             try:
                 w = wrong() if callable(wrong) else wrong
-                same = self._same(got, w, number)
+                same = self._same(got, w, number, tol)
             except Exception:  # noqa: BLE001 - a mistake model that does not apply to this case
                 continue
             if same is not None:
@@ -595,8 +595,9 @@ class Trial:
         return ""
 
     @staticmethod
-    def _same(got: Any, w: Any, number: tuple | None) -> bool | None:
-        """Does the model's output ``w`` equal ``got``? None when they cannot be compared."""
+    def _same(got: Any, w: Any, number: tuple | None, tol: tuple[float, float] = (1e-5, 1e-4)) -> bool | None:
+        """Does the model's output ``w`` equal ``got`` (within the comparison's tolerance ``tol``, (atol,
+        rtol): a model is matched as the expected output is)? None when they cannot be compared."""
         if number is not None:
             exact, rel, abs_tol = number
             if _type(w) not in (int, float) and not (_type(w) is _Tensor and w.numel() == 1):
@@ -612,19 +613,20 @@ class Trial:
         if w.shape != got.shape:
             return False
         if got.is_floating_point() and w.is_floating_point():
-            return bool(_allclose(got.detach().to(_float64), w.detach().to(_float64), atol=1e-5, rtol=1e-4,
+            return bool(_allclose(got.detach().to(_float64), w.detach().to(_float64), atol=tol[0], rtol=tol[1],
                                   equal_nan=True))
         if got.dtype != w.dtype:
             return None
         return bool(_equal(got, w))
 
     def _hold(self, got: Any, mistakes: Mapping[str, Any] | None, diagnosis: str, message: str, tip: str,
-              recipe: str, what: str, found: Callable[[], str], number: tuple | None = None) -> None:
+              recipe: str, what: str, found: Callable[[], str], number: tuple | None = None,
+              tol: tuple[float, float] = (1e-5, 1e-4)) -> None:
         """A failing comparison. The first one is kept (with the mistakes that match it) and the check
         goes on with its remaining cases, quietly and within :data:`COLLECT_S`; a later one only
         weighs the mistakes. :meth:`_conclude` reports the first."""
         __tracebackhide__ = True
-        hits = self._weigh(got, mistakes, failing=True, number=number)
+        hits = self._weigh(got, mistakes, failing=True, number=number, tol=tol)
         if self._pending is not None:
             return
         elapsed = _monotonic() - self._started
