@@ -173,7 +173,7 @@ def test_leak_cases_of_the_check():
     assert tool == sorted([(i, i + 1) for i in range(8)] + [(i, j) for i in range(5, 9) for j in range(2, 5)])
     assert found["two correctly masked layers"] == [(i, j) for i in range(6, 9) for j in (2, 3)]
     assert found["a padded encoder whose real positions read the padding"] == [(i, j) for i in range(4) for j in range(4, 7)]
-    assert found["three leaks of graded strength (about 1e-1, 1e-2 and 1e-3 of the output)"] == [(1, 3), (2, 6), (5, 0)]
+    assert found["three leaks of graded strength (about 1e-1, 1e-2 and 1e-4 of the output)"] == [(1, 3), (2, 6), (5, 0)]
 
 
 def test_a_finite_fill_is_not_told_that_exp_overflowed():
@@ -1040,7 +1040,7 @@ WRONG = {
         (leaks_one_based, "your pairs are off by one position"),
         (leaks_relative_tolerance_too_big, "missed only weak ones"),
         (leaks_step_too_small, "reported no pair on any case"),
-        (leaks_absolute_tolerance, "every pair you report is a leak, but you missed some"),
+        (leaks_absolute_tolerance, "your tolerance is too loose"),
     ],
 }
 
@@ -1299,3 +1299,40 @@ def test_every_leak_mistake_is_named_as_itself():
         result = checks.find_mask_leaks.evaluate(learner)
         assert result.mistake_id == f"3.6/{mistake.slug}", (mistake.slug, result.message)
         assert str(mistake) in result.message
+
+
+def _one_trial_finder(seed):
+    """A correct finder as the statement describes it: one random base input, one random unit
+    perturbation per position, the statement's tolerance; its randomness from ``seed``."""
+
+    def find(attention_fn, allowed, d_model):
+        g = torch.Generator().manual_seed(seed)
+        T = allowed.shape[-1]
+        x = torch.randn(1, T, d_model, generator=g, dtype=torch.float64)
+        base = attention_fn(x)
+        tol = 1e-6 * (1 + base.abs().max())
+        out = set()
+        for j in range(T):
+            x_j = x.clone()
+            x_j[0, j] += torch.randn(d_model, generator=g, dtype=torch.float64)
+            moved = (attention_fn(x_j) - base).abs().amax(-1)[0]
+            out |= {(i, j) for i in range(T) if moved[i] > tol and not allowed[i, j]}
+        return sorted(out)
+
+    return find
+
+
+@pytest.mark.parametrize("salt", [1, 23, pytest.param(4, marks=pytest.mark.slow), pytest.param(54, marks=pytest.mark.slow)])
+def test_a_correct_one_trial_finder_passes_whatever_its_randomness_and_the_salt(salt):
+    """Issue 32's review: under some grading salts a leak came out weak enough (through the softmax
+    denominator or a second layer) for a correct one-trial finder to miss it. The check draws weights
+    without such leaks where it can, and accepts a weak leak reported or not."""
+    from helpers.checks import core
+
+    try:
+        core.salt_cases(salt)
+        for seed in range(4):  # the old check rejected salt 1 seed 0 and salt 23 seed 1
+            result = checks.find_mask_leaks.evaluate(_one_trial_finder(seed))
+            assert result.passed, (salt, seed, result.message)
+    finally:
+        core.salt_cases(0)

@@ -922,8 +922,51 @@ def packed_causal_mask(t: Trial) -> None:
 toy_attention = ToyAttention
 
 
+def _leak_strength(fn: ToyAttention, allowed: torch.Tensor, d_model: int, trials: int = 4) -> tuple:
+    """([T, T] weakest, [T, T] strongest) move of output row i, relative to the output's scale, when
+    input j gets a random unit perturbation, over ``trials`` base inputs (blocked pairs only matter)."""
+    T = allowed.shape[-1]
+    g = torch.Generator().manual_seed(36)
+    weakest = torch.full((T, T), float("inf"), dtype=torch.float64)
+    strongest = torch.zeros(T, T, dtype=torch.float64)
+    for _ in range(trials):
+        x = torch.randn(1, T, d_model, generator=g, dtype=torch.float64)
+        base = fn(x)
+        scale = 1 + base.abs().max()
+        for j in range(T):
+            x_j = x.clone()
+            x_j[0, j] += torch.randn(d_model, generator=g, dtype=torch.float64)
+            moved = (fn(x_j) - base).abs().amax(-1)[0] / scale
+            weakest[:, j] = torch.minimum(weakest[:, j], moved)
+            strongest[:, j] = torch.maximum(strongest[:, j], moved)
+    return weakest, strongest
+
+
+def _clear_leaks(fn: ToyAttention, allowed: torch.Tensor, d_model: int) -> ToyAttention:
+    """``fn``, or the same attention with weights from another seed, such that every blocked pair either
+    leaks clearly (its output row moves by 1e-4 of the output's scale or more, for every perturbation
+    tried: 100 times the statement's tolerance) or not at all. The weights come from a salted seed, and
+    a leak that depends on a small weight (through the softmax denominator, or a second layer) can come
+    out weak enough for a correct finder to miss it with one random perturbation (issue 32's review)."""
+    blocked = ~allowed.to(torch.bool)
+    for k in range(20):
+        candidate = fn if k == 0 else ToyAttention(
+            fn.mask, fn.d_model, fn.seed + 1000 * k, layers=len(fn.weights), zero_after_softmax=fn.zero_after_softmax,
+            roundoff=fn.roundoff, zero_rows=fn.zero_rows, leaks=fn.leaks, gain=fn.gain)
+        weakest, strongest = _leak_strength(candidate, allowed, d_model)
+        if bool(((weakest >= 1e-4) | (strongest <= 1e-9) | ~blocked).all()):
+            return candidate
+    return fn
+
+
 def _leak_cases():
-    """(name, attention_fn, allowed, d_model, denominator-only pairs, round-off only) for the check of 3.6."""
+    """(name, attention_fn, allowed, d_model, denominator-only pairs, round-off only) for the check of 3.6,
+    each with clear leaks (:func:`_clear_leaks`)."""
+    return [(name, _clear_leaks(fn, allowed, d), allowed, d, den, roundoff)
+            for name, fn, allowed, d, den, roundoff in _raw_leak_cases()]
+
+
+def _raw_leak_cases():
     causal7 = _tril(7)
     cases = [("a leak-free causal attention", toy_attention(causal7, 12, seed=1), causal7, 12, set(), False)]
     cases.append(("a leak-free attention with float round-off", toy_attention(causal7, 12, seed=2, roundoff=True), causal7, 12, set(), True))
@@ -943,7 +986,7 @@ def _leak_cases():
     # assistant may, and the user reads the assistant: a second layer carries the tool block across.
     protected2 = (i >= 6) & (j >= 2) & (j <= 3)
     policy2 = _tril(T) & ~protected2
-    cases.append(("two correctly masked layers", toy_attention(policy2, 8, seed=6, layers=2), policy2, 8, set(), False))
+    cases.append(("two correctly masked layers", toy_attention(policy2, 8, seed=6, layers=2, gain=0.25), policy2, 8, set(), False))
     # A bidirectional encoder over 4 real tokens and 3 padding positions: its padded outputs are zeros
     # (they depend on nothing), but its real positions attend to the padding keys. The perturbed position
     # itself does not always move, and not every row moves: what a pair's own row does is what counts.
@@ -953,14 +996,14 @@ def _leak_cases():
     cases.append(("a padded encoder whose real positions read the padding",
                   toy_attention(torch.ones(T, T, dtype=torch.bool), 9, seed=7, zero_rows=padded), keys_only, 9,
                   set(), False))
-    # Leaks of known sizes (about 1e-1, 1e-2 and 1e-3 of the output's scale) on a correct mask in which
+    # Leaks of known sizes (about 1e-1, 1e-2 and 1e-4 of the output's scale) on a correct mask in which
     # position 0 (a system prompt) is hidden from queries 4 and later: a tolerance too loose (or a
     # perturbation too small) misses the weakest first.
     T = 8
     i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
     hidden = _tril(T) & ~((i >= 4) & (j == 0))
-    cases.append(("three leaks of graded strength (about 1e-1, 1e-2 and 1e-3 of the output)",
-                  toy_attention(hidden, 10, seed=8, leaks=((5, 0, 0.3), (1, 3, 0.03), (2, 6, 0.003))), hidden, 10,
+    cases.append(("three leaks of graded strength (about 1e-1, 1e-2 and 1e-4 of the output)",
+                  toy_attention(hidden, 10, seed=8, leaks=((5, 0, 0.3), (1, 3, 0.03), (2, 6, 0.0003))), hidden, 10,
                   set(), False))
     return cases
 
@@ -1061,7 +1104,7 @@ _INVERTED_TEST = Mistake(
 _TOLERANCE_LOOSE = Mistake(
     "tolerance-too-loose",
     "you found the strong leaks and missed only weak ones (the leaks that move output row i the least, such "
-    "as the one of about 1e-3 of the output's scale in the case of graded leaks): your tolerance is too loose "
+    "as the one of about 1e-4 of the output's scale in the case of graded leaks): your tolerance is too loose "
     "for the size of your perturbation. Perturb by a random vector of size about 1 and compare with a "
     "tolerance far below the changes, e.g. 1e-6 * (1 + base.abs().max()).",
     "tolerance too loose (or perturbation too small): missed the weak leaks")
@@ -1235,7 +1278,25 @@ def find_mask_leaks(t: Trial) -> None:
                 t.fail(f"expected every item to be a tuple (i, j) of two ints, found {describe(p)}.",
                        _NOT_INT_TUPLES)
         outputs.append((label, [(int(a), int(b)) for a, b in got]))
-    wrong = [k for k, (_, got) in enumerate(outputs) if got != cases[k][4]]
+    # A leak weak enough that one random perturbation may move its row by less than the statement's
+    # tolerance may be reported or not (_clear_leaks draws weights without such leaks where it can).
+    weak = []
+    for name, fn, allowed, d_model, expected, info in cases:
+        weakest, strongest = _leak_strength(fn, allowed, d_model)
+        blocked_pairs = ~allowed.to(torch.bool)
+        weak.append({(a, b) for a, b in (blocked_pairs & (weakest < 1e-5) & (strongest > 1e-9)).nonzero().tolist()})
+
+    def close_enough(k: int, got: list) -> bool:
+        # A leak through the softmax denominator alone moves its row by an amount that depends on the
+        # base input: a correct one-trial finder misses one now and then (issue 32's review found
+        # draws where it did). One finder blind to them misses them all; so up to two of a case's
+        # denominator-only leaks may be missing, and weak leaks may be reported or not.
+        expected, den = set(cases[k][4]), cases[k][5].get("denominator", set())
+        off = set(got) ^ expected
+        missed_den = (expected - set(got)) & den
+        return got == sorted(set(got)) and off - missed_den <= weak[k] and len(missed_den) <= min(2, len(den) // 4)
+
+    wrong = [k for k, (_, got) in enumerate(outputs) if got != cases[k][4] and not close_enough(k, got)]
     if not wrong:
         return
     first = wrong[0]

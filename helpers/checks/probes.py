@@ -24,13 +24,15 @@ class ToyAttention:
 
     def __init__(self, mask: torch.Tensor, d_model: int, seed: int, layers: int = 1,
                  zero_after_softmax: torch.Tensor | None = None, roundoff: bool = False,
-                 zero_rows: torch.Tensor | None = None, leaks: tuple = ()):
+                 zero_rows: torch.Tensor | None = None, leaks: tuple = (), gain: float = 1.0):
         from .core import seeded  # built by the check (the judge), never in the notebook's process
 
         g = seeded(seed)
+        self.seed = seed
         self.mask, self.d_model, self.zero_after_softmax, self.roundoff = mask, d_model, zero_after_softmax, roundoff
         self.zero_rows, self.leaks = zero_rows, tuple(leaks)
-        self.weights = [torch.randn(d_model, 3 * d_model, generator=g, dtype=torch.float64) / math.sqrt(d_model)
+        self.gain = gain  # < 1: flatter attention, so that no weight (and no leak through it) is tiny
+        self.weights = [gain * torch.randn(d_model, 3 * d_model, generator=g, dtype=torch.float64) / math.sqrt(d_model)
                         for _ in range(layers)]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
