@@ -106,6 +106,19 @@ def _slugs_in_code() -> set[str]:
     return found | {f"calling: {slug}" for slug in CALL_MISTAKES}  # the call guard's, sent by name
 
 
+def test_every_mistake_slug_is_written_out():
+    """A slug built at run time (an f-string, a variable) escapes the list below: every Mistake(...)
+    in the checks names its slug as a literal string (a family of mistakes shares one slug; its
+    hint and description say which member it is)."""
+    built = []
+    for path in sorted((ROOT / "helpers" / "checks").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "Mistake"
+                    and node.args and not isinstance(node.args[0], ast.Constant) and path.stem not in ("core",)):
+                built.append(f"{path.name}:{node.lineno}")
+    assert not built, f"Mistake slugs built at run time: {built}"
+
+
 def test_mistake_ids_are_stable_across_releases():
     """helpers/checks/mistake_ids.txt lists every slug the checks can record; an id a class's report
     was built with must not disappear or change meaning. Adding a mistake: add its line. Removing
