@@ -11,8 +11,7 @@ import torch.nn.functional as F
 
 from helpers import checks, reference
 from helpers import nb03_masks as masks
-from helpers.checks import CheckFailed
-from helpers.checks import EXERCISES
+from helpers.checks import EXERCISES, CheckFailed
 from helpers.checks import nb03_masks as c3
 from helpers.checks.nb03_masks import _leak_cases, toy_attention
 from helpers.nb01_qkv_shapes import scaled_dot_product_attention

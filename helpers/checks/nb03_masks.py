@@ -1262,7 +1262,7 @@ def find_mask_leaks(t: Trial) -> None:
         cases.append((name, fn, allowed, d_model, info["leaks"], info))
     # Every case runs first: a mistake is named only if it explains the output of every case.
     outputs = []
-    for name, fn, allowed, d_model, expected, info in cases:
+    for name, fn, allowed, d_model, _expected, _info in cases:
         label = f"{name}: allowed=bool{list(allowed.shape)}, d_model={d_model}"
         got = t.call(fn, allowed, d_model, case=label)
         if got is None:
@@ -1281,7 +1281,7 @@ def find_mask_leaks(t: Trial) -> None:
     # A leak weak enough that one random perturbation may move its row by less than the statement's
     # tolerance may be reported or not (_clear_leaks draws weights without such leaks where it can).
     weak = []
-    for name, fn, allowed, d_model, expected, info in cases:
+    for _name, fn, allowed, d_model, _expected, _info in cases:
         weakest, strongest = _leak_strength(fn, allowed, d_model)
         blocked_pairs = ~allowed.to(torch.bool)
         weak.append({(a, b) for a, b in (blocked_pairs & (weakest < 1e-5) & (strongest > 1e-9)).nonzero().tolist()})
