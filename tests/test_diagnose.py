@@ -209,3 +209,23 @@ def test_a_small_bias_of_one_sign_is_not_called_precision():
     eps = torch.exp(logits) / (torch.exp(logits).sum(-1, keepdim=True) + 1e-3)
     fact = tensor_facts(eps, w, 1e-5, 1e-4, dtype=torch.float32)
     assert "rounding" not in fact and "float16" not in fact, fact
+
+
+def test_a_model_that_changes_nothing_on_the_case_names_nothing():
+    """A tight comparison (atol 1e-12) fails a nearly right answer; a mistake whose model is the
+    expected output there (the mistake does not show on this case) must not be named."""
+    t = _trial()
+    e = torch.ones(2, dtype=torch.float64)
+    t.tensor(e + 1e-9, e, mistakes={A: e.clone()}, atol=1e-12, rtol=1e-12)
+    assert "you did A" not in str(_concluded(t))
+
+
+def test_a_loose_comparison_matches_models_at_its_own_tolerance():
+    """In float16 (tolerance 1e-2) a model computed in float64 still matches a learner whose output
+    differs from it by rounding only."""
+    t = _trial()
+    e = torch.zeros(3, dtype=torch.float16)
+    model = torch.tensor([0.5, 0.25, 0.125], dtype=torch.float64)
+    got = (model + 3e-3).to(torch.float16)
+    t.tensor(got, e, mistakes={A: model}, atol=1e-2, rtol=1e-2)
+    assert "you did A" in str(_concluded(t))

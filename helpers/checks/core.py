@@ -462,14 +462,17 @@ class Trial:
         if got.dtype != expected.dtype:
             self.fail(
                 f"{what}: expected dtype {expected.dtype}, got {got.dtype}.",
-                "keep the input's dtype: avoid torch.tensor(...) defaults, NumPy round trips and `.double()`/`.float()`.",
-                what="dtype",
+                Mistake("dtype-not-kept", f"your {what} is {str(got.dtype).removeprefix('torch.')}, where the inputs' "
+                        f"dtype, {str(expected.dtype).removeprefix('torch.')}, is expected: keep the input's dtype "
+                        "(avoid torch.tensor(...) defaults, NumPy round trips and `.double()`/`.float()`; a result "
+                        "computed in another dtype goes back with `.to(x.dtype)`).",
+                        "returned another dtype than the inputs'"),
             )
         e64, g64 = expected.detach().to(_float64), got.detach().to(_float64)
         if got.shape != expected.shape:
             self._hold(got, mistakes, diagnosis, f"{what}: expected shape {list(expected.shape)}, got {list(got.shape)}.",
                        "print the shape after each step and compare it with the contract.", recipe, "shape",
-                       lambda: shape_value_facts(g64, e64, atol, rtol), tol=(atol, rtol))
+                       lambda: shape_value_facts(g64, e64, atol, rtol), tol=(atol, rtol), expected=expected)
             return got
         exp_finite = _isfinite(expected) if expected.is_floating_point() else _ones_like(expected, dtype=_bool)
         got_finite = _isfinite(got)
@@ -479,7 +482,7 @@ class Trial:
             self._hold(got, mistakes, diagnosis,
                        f"{what}: got {kind} at index {bad} where {_fmt(float(e64[tuple(bad)]))} was expected.",
                        "NaN usually comes from 0 * inf, inf - inf or log(0); Inf from exp of a large number.", recipe,
-                       "nan-inf", lambda: nonfinite_facts(g64, e64, atol, rtol), tol=(atol, rtol))
+                       "nan-inf", lambda: nonfinite_facts(g64, e64, atol, rtol), tol=(atol, rtol), expected=expected)
             return got
         close = _isclose(g64, e64, atol=atol, rtol=rtol, equal_nan=True) if got.is_floating_point() else _eq(g64, e64)
         if not bool(close.all()):
@@ -491,7 +494,8 @@ class Trial:
                        f"first at index {idx}: expected {_fmt(float(e64[tuple(idx)]))}, got {_fmt(float(g64[tuple(idx)]))}.\n"
                        f"  expected starts {_preview(expected)}\n  got      starts {_preview(got)}",
                        "", recipe, "values",
-                       lambda: tensor_facts(g64, e64, atol, rtol, factors, expected.dtype), tol=(atol, rtol))
+                       lambda: tensor_facts(g64, e64, atol, rtol, factors, expected.dtype), tol=(atol, rtol),
+                       expected=expected)
             return got
         self._weigh(got, mistakes, failing=False, tol=(atol, rtol))
         if self.case and self.case not in self.passed_cases and self._pending is None:
@@ -556,10 +560,13 @@ class Trial:
         return tuple(got)
 
     def _weigh(self, got: Any, mistakes: Mapping[str, Any] | None, failing: bool,
-               number: tuple | None = None, tol: tuple[float, float] = (1e-5, 1e-4)) -> list[str]:
+               number: tuple | None = None, tol: tuple[float, float] = (1e-5, 1e-4), expected: Any = None) -> list[str]:
         """The mistakes whose model gives ``got``, in order; every model that gives something else is
         refuted for the rest of this check (a case the learner passed refutes a model that differs
-        from the expected output there). Lazy models (callables) are evaluated on failures only."""
+        from the expected output there). Lazy models (callables) are evaluated on failures only.
+        Models are matched at the comparison's tolerance or the default (1e-5, 1e-4), whichever is
+        looser; on a failure, a model that gives the ``expected`` output explains nothing and is skipped."""
+        cmp_tol, tol = tol, (max(tol[0], 1e-5), max(tol[1], 1e-4))
         hits, missed = [], []
         if not self._weighing:
             return hits
@@ -571,6 +578,8 @@ class Trial:
                 same = self._same(got, w, number, tol)
             except Exception:  # noqa: BLE001 - a mistake model that does not apply to this case
                 continue
+            if same and failing and expected is not None and number is None and self._same(expected, w, None, cmp_tol):
+                continue  # this mistake changes nothing on this case
             if same is not None:
                 (hits if same else missed).append(hint)
         # A mistake whose slug extends another's ("per-head-widths-and-no-biases" extends
@@ -621,12 +630,12 @@ class Trial:
 
     def _hold(self, got: Any, mistakes: Mapping[str, Any] | None, diagnosis: str, message: str, tip: str,
               recipe: str, what: str, found: Callable[[], str], number: tuple | None = None,
-              tol: tuple[float, float] = (1e-5, 1e-4)) -> None:
+              tol: tuple[float, float] = (1e-5, 1e-4), expected: Any = None) -> None:
         """A failing comparison. The first one is kept (with the mistakes that match it) and the check
         goes on with its remaining cases, quietly and within :data:`COLLECT_S`; a later one only
         weighs the mistakes. :meth:`_conclude` reports the first."""
         __tracebackhide__ = True
-        hits = self._weigh(got, mistakes, failing=True, number=number, tol=tol)
+        hits = self._weigh(got, mistakes, failing=True, number=number, tol=tol, expected=expected)
         if self._pending is not None:
             return
         elapsed = _monotonic() - self._started
