@@ -138,8 +138,39 @@ def _build(codes_by_exercise, notes):
 
 
 # After issue 32's diagnosis (AFTER.md, after.json): the same answers, judged the same way.
-CODES_AFTER: dict[str, str] = {}
-NOTES_AFTER: dict[tuple[str, int], str] = {}
+CODES_AFTER: dict[str, str] = {
+    "qkv_projection": "nnnnnnnnnnnn",
+    "merge_heads": "nnnnnnnnnnnn",
+    "scaled_dot_product_attention": "nnnnnnnnnnnn",
+    "scaled_scores": "nnnnnnnnnnnn",
+    "attention_entropy": "nnnnnnnnnnnn",
+    "dot_product_std": "nnnnnnnnnnnnn",
+    "causal_mask": "nnnnnnnnnnn",
+    "padding_mask": "nnnnnnnnnnnn",
+    "masked_softmax": "nnnnnnnnnnnn",
+    "prefix_lm_mask": "nnnnnnnnnnn",
+    "packed_causal_mask": "nnnnnnnnnnnnn",
+    "find_mask_leaks": "nnnnnnnnnnnn",
+    "softmax_jacobian": "nnnnnnnnnnnn",
+    "softmax_backward": "nnnnnnnnnnnn",
+    "attention_backward": "nnnnnnnnnnnnn",
+    "ring_buffer_decode_step": "nnnnnnnnnnnnnn",
+    "training_memory": "nnnnnnnnnnnnnnnn",
+    "online_softmax": "nnnnnnnnnnnnn",
+    "flash_attention_tiled": "nnnnnnnnnnnnnn",
+    "flash_attention_triton": "nnnnnnnnnnnnn",
+    "flash_attention_triton_backward": "nnnnnnnnnnnnn",
+    "llama3_rope_frequencies": "nnnnnnnnnnnnnn",
+    "k_composition_score": "nnnnnnnnnnnnnn",
+    "gather_paged_kv": "nnnnnnnnnnnnn",
+    "merge_partials": "nnnnnnnnnnnnn",
+    "blocks_in_use": "nnnnnnnnnnnnnn",
+    "paged_decode_triton": "nnnnnnnnnnnnn",
+}
+NOTES_AFTER: dict[tuple[str, int], str] = {
+    ("merge_heads", 9): "fact: the expected values in the expected order, in another shape: reshape",
+    ("softmax_jacobian", 11): "fact: right to 3 digits, errors of both signs, the size of float16 rounding",
+}
 
 JUDGED = _build(CODES, NOTES)
 JUDGED_AFTER = _build(CODES_AFTER, NOTES_AFTER)
