@@ -85,8 +85,9 @@ def _where_on_the_diagonal(bad: torch.Tensor) -> str:
     i = torch.arange(T_q)[:, None]
     j = torch.arange(T_k)[None, :]
     offset = T_k - T_q  # a bottom-right aligned causal mask keeps j <= i + offset
-    regions = {"above the diagonal (key j > query i)": j > i + offset, "on the diagonal (key j = query i)": j == i + offset,
-               "below the diagonal (key j < query i)": j < i + offset}
+    regions = {"above the diagonal of the last two axes (column j > row i)": j > i + offset,
+               "on the diagonal of the last two axes (column j = row i)": j == i + offset,
+               "below the diagonal of the last two axes (column j < row i)": j < i + offset}
     where = bad.reshape(-1, T_q, T_k).any(0)
     hit = [name for name, region in regions.items() if bool((where & region).any())]
     if len(hit) == 1:
@@ -168,10 +169,10 @@ def _shifted(g: torch.Tensor, e: torch.Tensor, atol: float, rtol: float) -> str:
             dst = g.narrow(axis, 1, n - 1) if k == 1 else g.narrow(axis, 0, n - 1)
             if _close(dst, src, atol, rtol):
                 edge = 0 if k == 1 else n - 1
+                edge_ok = _close(g.narrow(axis, edge, 1), e.narrow(axis, edge, 1), atol, rtol)
                 return (f"along axis {axis} (size {n}), your position i holds the expected position "
-                        f"i {'-' if k == 1 else '+'} 1 (everything shifted by one; position {edge} "
-                        f"{'is right too' if _close(g.narrow(axis, edge, 1), e.narrow(axis, edge, 1), atol, rtol) else 'differs'}): "
-                        "look for an off-by-one in an index, a range or a slice.")
+                        f"i {'-' if k == 1 else '+'} 1 (everything moved by one place; position {edge} "
+                        f"{'is right too' if edge_ok else 'differs'}).")
     return ""
 
 
