@@ -338,7 +338,21 @@ def gather_next_slot(pages, block_table, seq_len):  # slot (p + 1) % bs: no mode
     return torch.stack([pages[int(block_table[p // bs]), (p + 1) % bs] for p in range(seq_len)], dim=1)
 
 
+def gather_pool_size_as_block_size(pages, block_table, seq_len):  # block size from pages.shape[0]
+    n_pool, _, H_kv, d = pages.shape
+    n = math.ceil(seq_len / n_pool)
+    return torch.cat([pages[int(b)] for b in block_table[:n]])[:seq_len].permute(1, 0, 2)
+
+
 # ============================================================ 12.2 merge_partials
+
+
+def merge_weights_upside_down(outs, lses):  # e^(m - lse_c), normalised
+    m = lses.amax(0)
+    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    w = torch.exp(m - lses)
+    s = w.sum(0)
+    return (w.unsqueeze(-1) * outs).sum(0) / s.clamp_min(1e-30).unsqueeze(-1), torch.logsumexp(lses, 0)
 
 
 def merge_naive(outs, lses):
@@ -830,6 +844,34 @@ def blocks_copy_at_fork(events, block_size):
     return _EagerCopy(block_size).run(events)
 
 
+class _RoomInFullBlock(_Allocator):
+    """Counts the free slots of the last block as block_size - length % block_size: a full one looks empty."""
+
+    def append(self, seq, n):
+        table, length = self.tables[seq], self.lengths[seq]
+        if length % self.bs and self.holders[table[-1]] > 1:
+            self.holders[table[-1]] -= 1
+            table[-1] = self.fresh(seq)
+        room = self.bs - length % self.bs
+        table += [self.fresh(seq) for _ in range(math.ceil(max(0, n - room) / self.bs))]
+        self.lengths[seq] = length + n
+
+
+def blocks_room_in_full_block(events, block_size):
+    return _RoomInFullBlock(block_size).run(events)
+
+
+class _ForkWithoutReferences(_Allocator):
+    """The child gets a copy of the parent's list, the blocks' counts unchanged."""
+
+    def fork(self, seq, child):
+        self.tables[child], self.lengths[child] = self.tables[seq][:], self.lengths[seq]
+
+
+def blocks_fork_without_references(events, block_size):
+    return _ForkWithoutReferences(block_size).run(events)
+
+
 def blocks_floor_then_crash(events, block_size):  # floor counts, and an IndexError on long streams
     if len(events) > 20:
         return [][0]
@@ -860,6 +902,7 @@ WRONG = {
         (gather_permute_then_reshape, "you had the axes in the order [d, H_kv, seq_len]"),
         (gather_next_slot, "but position 0 holds block 7, slot 1"),
         (gather_heads_features_positions, "you returned [H_kv, d, seq_len]"),
+        (gather_pool_size_as_block_size, "your block size is pages.shape[0]"),
     ],
     "merge_partials": [
         (merge_naive, "Subtract the largest lse of the row first"),
@@ -881,6 +924,7 @@ WRONG = {
         (merge_zero_over_zero, "weights that are all 0 give 0 / 0 = NaN"),
         (merge_max_over_rows, "are both sizes of the rows of lses"),
         (merge_weights_no_axis, "the error pairs d with a size of lses"),
+        (merge_weights_upside_down, "your weights are e^(m - lse_c), upside down"),
     ],
     "blocks_in_use": [
         (blocks_floor, "a partly filled last block is a whole block"),
@@ -902,6 +946,8 @@ WRONG = {
         (blocks_copy_then_all_fresh, "the copy holds the same tokens as the original"),
         (blocks_copy_at_fork, "your fork copied the parent's partly filled last block at once"),
         (blocks_floor_then_crash, "a partly filled last block is a whole block"),  # named, the crash later
+        (blocks_room_in_full_block, "when length % block_size == 0 the last block has no free slot"),
+        (blocks_fork_without_references, "without adding a reference to each"),
         (blocks_floor_and_no_copy, "a new sequence of 10 tokens takes ceil(10 / 4) = 3 blocks"),
     ],
 }

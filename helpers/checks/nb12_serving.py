@@ -103,6 +103,10 @@ _FLAT_PAST_END = Mistake(
     "past its end: the row of position p is block_table[p // block_size] * block_size + p % block_size, "
     "with p < seq_len.",
     "indexed the flattened pool past its end (a wrong row formula)")
+_BS_FROM_POOL = Mistake(
+    "block-size-from-pool-size", "your block size is pages.shape[0], the number of blocks in the pool: "
+    "pages is [n_blocks, block_size, H_kv, d], so block_size = pages.shape[1].",
+    "took the block size from pages.shape[0] (the pool's number of blocks)")
 _GATHER_RECIPE = ("n = (seq_len + block_size - 1) // block_size with block_size = pages.shape[1]; "
                   "blocks = pages[block_table[:n].long()]   # [n, block_size, H_kv, d]; "
                   "return blocks.reshape(-1, H_kv, d)[:seq_len].transpose(0, 1)")
@@ -207,7 +211,12 @@ def _gather_mistakes(pages: torch.Tensor, table: torch.Tensor, seq_len: int) -> 
             if order in (_AXES_H, _AXES_T):
                 continue  # the right output, or notebook 07's reshape mistake (_RESHAPED)
             models.setdefault(_reshaped_mistake(order), (lambda x=source, p=perm: x.permute(p).reshape(H_kv, seq_len, d)))
-    return _unambiguous({h: w for h, w in _agreed(models).items() if not _same(w, right)})
+    out = _unambiguous({h: w for h, w in _agreed(models).items() if not _same(w, right)})
+    # Kept where another mistake gives the same output (floor-not-ceil, say): the cases where the two
+    # differ refute the one the learner did not make.
+    pool_bs = _agreed({_BS_FROM_POOL: lambda: pages[table[:-(-seq_len // n_blocks)].long()].reshape(
+        -1, H_kv, d)[:seq_len].transpose(0, 1)})
+    return out | {h: w for h, w in pool_bs.items() if not _same(w, right)}
 
 
 def _agreed(models: dict[str, Any]) -> dict[str, Any]:
@@ -364,6 +373,14 @@ _MEAN_NONEMPTY = Mistake(
 _UNNORMALISED = Mistake(
     "unnormalised-weights", "you weighted the chunks by exp(lse_c - m) without dividing by their sum: the "
     "weights exp(lse_c - lse) must sum to 1 (lse = m + log sum_c exp(lse_c - m)).")
+_INVERTED_WEIGHTS = Mistake(
+    "weights-inverted", "your weights are e^(lse - lse_c), upside down: chunk c's weight is its share of the "
+    "softmax's denominator, e^(lse_c - lse) (at most 1, and 0 for an empty chunk, lse_c = -inf), so out = "
+    "sum_c e^(lse_c - lse) * outs_c.", "weighted the chunks by e^(lse - lse_c) instead of e^(lse_c - lse)")
+_INVERTED_WEIGHTS_MAX = Mistake(
+    "weights-inverted", "your weights are e^(m - lse_c), upside down (m the row's largest lse): chunk c's "
+    "weight is e^(lse_c - m) / sum_c' e^(lse_c' - m) = e^(lse_c - lse), at most 1, and 0 for an empty chunk.",
+    "weighted the chunks by e^(lse - lse_c) instead of e^(lse_c - lse)")
 _LSE_MAX = Mistake(
     "lse-is-the-max", "the merged lse is the log-sum-exp of the chunks' lses, logsumexp_c lse_c, not their "
     "max: it is the log of the sum of every chunk's denominators.")
@@ -429,6 +446,8 @@ def _merge_mistakes(outs: torch.Tensor, lses: torch.Tensor) -> dict[str, dict[st
         _SWAPPED_12: lambda: right_lse,
         _EXP2: lambda: normalised(torch.exp2(lses - m0)),
         _EMPTY_AS_ZERO: lambda: _right_merge(outs, zero_fill)[0],
+        _INVERTED_WEIGHTS: lambda: (torch.exp(right_lse - lses)[..., None] * outs).sum(dim=0),
+        _INVERTED_WEIGHTS_MAX: lambda: normalised(torch.exp(m0 - lses)),
     })
     lse_models = eager_mistakes({
         _LSE_MAX: lambda: m,
@@ -674,6 +693,17 @@ _COPY_AT_FORK = Mistake(
     "into that shared block (copy-on-write), and not at all if neither does.",
     "copied the partly filled last block at the fork instead of at the first append")
 
+_FULL_HAS_ROOM = Mistake(
+    "full-block-has-room", "your appends put tokens into a full last block: when length % block_size == 0 the "
+    "last block has no free slot (block_size - length % block_size gives block_size there; (block_size - "
+    "length % block_size) % block_size gives 0), so the next token starts a fresh block.",
+    "an append treated a full last block as having block_size free slots")
+_FORK_NO_REF = Mistake(
+    "fork-adds-no-reference", "your fork gave the child the parent's blocks without adding a reference to "
+    "each: a shared block then looks held by one sequence, so an append writes into it without a copy, and "
+    "freeing either sequence returns blocks the other still holds. Each block in the child's table gains a "
+    "reference (ref[b] += 1).", "a fork shared the parent's blocks without adding a reference to each")
+
 _BLOCKS_RECIPE = ("keep tables {seq: [block ids]}, lengths {seq: n} and ref {block: count}; new: "
                   "ceil(n / block_size) fresh blocks; append: if length % block_size and ref[last] > 1, "
                   "replace the last block by a fresh copy (ref[last] -= 1), then a fresh block whenever a "
@@ -694,10 +724,11 @@ def _trace(events, bs: int, *, blocks: str = "ceil", append: str = "table", fork
     """The block count after each of ``events`` under a model of the allocator that may make one of
     the recognised mistakes (the defaults: the right one). ``blocks``: how many blocks n tokens take
     (:data:`_BLOCKS_FOR`); ``append``: "table" grows the table to blocks(length) entries, "slots"
-    fills the last block's free slots and takes blocks(rest) for the rest, "fresh" takes blocks(n)
+    fills the last block's free slots and takes blocks(rest) for the rest, "room" the same with a full
+    last block taken for an empty one, "fresh" takes blocks(n)
     fresh blocks (no copy), "fresh-cow" the same after a copy-on-write; ``fork``: "share", "copy"
     (fresh blocks for the child), "copy-last" (a partly filled last block copied at the fork, not at
-    the first append) or "alias" (the child gets the parent's list object); ``child_len``
+    the first append), "no-ref" (the child shares the blocks, their counts unchanged) or "alias" (the child gets the parent's list object); ``child_len``
     "parent" or "zero"; ``cow``: "partial", "never" or "always" (a full shared block too);
     ``cow_decref``: the copied block loses the sequence's reference; ``after_copy`` "full": the copy
     counts as full; ``free``: "ref", "all" (every block of the sequence) or "never"; ``count``:
@@ -731,6 +762,9 @@ def _trace(events, bs: int, *, blocks: str = "ceil", append: str = "table", fork
                     ref_[old] -= 1
             if append in ("fresh", "fresh-cow") or (copied and after_copy == "full"):
                 table.extend(take() for _ in range(per(n, bs)))
+            elif append == "room":  # a full last block taken for one with block_size free slots
+                left = n - (bs - length % bs)
+                table.extend(take() for _ in range(per(left, bs) if left > 0 else 0))
             elif append == "slots":
                 left = n - (bs - length % bs) % bs
                 table.extend(take() for _ in range(per(left, bs) if left > 0 else 0))
@@ -746,6 +780,8 @@ def _trace(events, bs: int, *, blocks: str = "ceil", append: str = "table", fork
                 tables[child] = [*tables[seq][:-1], take()]
                 for b in tables[child][:-1]:
                     ref_[b] += 1
+            elif fork == "no-ref":
+                tables[child] = list(tables[seq])
             else:
                 tables[child] = tables[seq] if fork == "alias" else list(tables[seq])
                 for b in tables[child]:
@@ -799,6 +835,8 @@ _BLOCK_MODELS: dict[str, list[dict]] = {
     _FORK_EMPTY: _both_appends(dict(child_len="zero")),
     _COPY_AS_FULL: _both_appends(dict(after_copy="full")),
     _COPY_AT_FORK: _both_appends(dict(fork="copy-last")),
+    _FULL_HAS_ROOM: [dict(append="room"), dict(append="room", cow="always")],
+    _FORK_NO_REF: _both_appends(dict(fork="no-ref"), dict(fork="no-ref", count="nonzero")),
 }
 
 
