@@ -491,6 +491,36 @@ def sdpa_fourth_root(q, k, v):
     return torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.25, dim=-1) @ v
 
 
+def qkv_stacked_view_einsum(x, w_qkv, n_heads):
+    """Reads w_qkv as three stacked D x D matrices (view(3, D, D)), in einsum."""
+    B, T, D = x.shape
+    mats = w_qkv.view(3, D, D)
+    proj = torch.einsum("btd,pde->pbte", x, mats)
+    return tuple(p.unflatten(-1, (n_heads, D // n_heads)).permute(0, 2, 1, 3) for p in proj)
+
+
+def qkv_linear_per_block(x, w_qkv, n_heads):
+    """F.linear on each D x D block: F.linear(x, W) is x @ W.T, each block transposed."""
+    B, T, D = x.shape
+    return tuple(F.linear(x, w_qkv[:, i * D:(i + 1) * D]).reshape(B, T, n_heads, -1).transpose(1, 2)
+                 for i in range(3))
+
+
+def merge_into_float32_buffer(o):
+    """Fills a fresh tensor: torch.zeros defaults to float32, whatever o's dtype."""
+    B, H, T, d_k = o.shape
+    out = torch.zeros(B, T, H * d_k)
+    for h in range(H):
+        out[..., h * d_k:(h + 1) * d_k] = o[:, h]
+    return out
+
+
+def sdpa_through_tolist(q, k, v):
+    """Right values, rebuilt with torch.tensor(...tolist()): float32, whatever the inputs' dtype."""
+    out = torch.softmax(q @ k.mT / math.sqrt(q.shape[-1]), dim=-1) @ v
+    return torch.tensor(out.tolist())
+
+
 WRONG = {
     "qkv_projection": [
         (qkv_reshape_without_transpose, "reshaped straight to [B, H, T, d_k]"),
@@ -508,6 +538,8 @@ WRONG = {
         (qkv_unsplit, "without splitting it into heads"),
         (qkv_batch_times_heads, "the expected values in the expected order, in the shape [6, 5, 4]"),
         (qkv_no_projection, "your q is x itself, split into heads"),
+        (qkv_stacked_view_einsum, "your q is x @ w_qkv.reshape(3, D, D)[0], split into heads"),
+        (qkv_linear_per_block, "your q is x @ W.T with W = q's D x D block of w_qkv"),
     ],
     "merge_heads": [
         (merge_without_transpose, "transpose(1, 2) first"),
@@ -525,6 +557,7 @@ WRONG = {
         (merge_wrong_final_shape, "the expected values in the expected order, in the shape [2, 12, 5]"),
         (merge_sum_tiled, "holds the sum of the heads"),
         (merge_first_head, "your result is one head's output"),
+        (merge_into_float32_buffer, "expected dtype torch.float64, got torch.float32"),
     ],
     "scaled_dot_product_attention": [
         (sdpa_no_scale, "forgot to divide the scores by sqrt(d_k)"),
@@ -560,6 +593,7 @@ WRONG = {
         (sdpa_matrix_max, "you subtracted one maximum shared by many rows"),
         (sdpa_round_sqrt, "you rounded sqrt(d_k) to the nearest whole number"),
         (sdpa_bfloat16, "ran in a lower precision"),
+        (sdpa_through_tolist, "expected dtype torch.float64, got torch.float32"),
     ],
 }
 

@@ -5,6 +5,7 @@ accept (RIGHT), the statistics behind check 2.3's tolerance and sample-count tes
 to other draw orders."""
 
 import math
+import time
 import warnings
 
 import numpy as np
@@ -535,6 +536,36 @@ def entropy_of_logits(p):
     return torch.distributions.Categorical(logits=p).entropy()  # p taken for logits
 
 
+def scores_inner(q, k):
+    """torch.inner pairs every row of q with every row of k, across the leading axes too."""
+    return torch.inner(q, k) / math.sqrt(q.shape[-1])
+
+
+def scores_matching_pairs(q, k):
+    """Only the (i, i) query-key pairs: q and k multiplied entry by entry, which fails when T_q != T_k."""
+    return torch.mul(q, k).sum(dim=-1, keepdim=True) * q.shape[-1] ** -0.5
+
+
+def entropy_collision(p):
+    return -torch.log(torch.einsum("...i,...i->...", p, p))
+
+
+def entropy_unweighted_log(p):
+    return -torch.log(p).sum(-1) / p.shape[-1]
+
+
+def entropy_eps_both_factors(p):
+    q = p + 1e-5
+    return -(q * torch.log(q)).sum(-1)
+
+
+def std_reseeds_from_the_clock(d_k, n_samples, generator):
+    generator.manual_seed(time.time_ns())  # a new seed at every call
+    q = torch.randn(n_samples, d_k, generator=generator)
+    k = torch.randn(n_samples, d_k, generator=generator)
+    return float(torch.einsum("nd,nd->n", q, k).std())
+
+
 WRONG = {
     "scaled_scores": [
         (scores_no_scale, "did not divide by sqrt(d_k)"),
@@ -543,7 +574,7 @@ WRONG = {
         (scores_scale_by_sqrt_Tk, "divided by sqrt(T)"),
         (scores_multiply, "multiplied by sqrt(d_k)"),
         (scores_k_at_q, "not k @ q^T"),
-        (scores_dot_T, "transpose only the last two axes"),
+        (scores_dot_T, "two tensors were combined whose shapes do not fit"),
         (scores_loop_float32, "expected dtype torch.float64"),
         (scores_in_place, "modified one of its input tensors in place"),
         (scores_dk_pow_minus2, "you scaled by d_k ** -2"),
@@ -556,6 +587,8 @@ WRONG = {
         (scores_head_axis_as_d_k, "square root of q.shape[1], a leading (batch or head) axis"),
         (scores_d_model, "you divided by sqrt(d_model)"),
         (scores_sqrt_dk_plus_one, "your scores are q @ k^T divided by 2.236, for every entry; the divisor is sqrt(d_k) = 2"),
+        (scores_inner, "your scores pair every query with every key of every batch element and head"),
+        (scores_matching_pairs, "two tensors were combined whose shapes do not fit"),
     ],
     "attention_entropy": [
         (entropy_as_perplexity, "perplexity"),
@@ -578,6 +611,9 @@ WRONG = {
         (entropy_sum_everything, "you summed over every entry"),
         (entropy_of_logits, "you treated p as logits"),
         (entropy_mean_over_rows, "you averaged the rows' entropies into one number"),
+        (entropy_collision, "the collision (Renyi-2) entropy"),
+        (entropy_unweighted_log, "your result is -mean(log p) over each row"),
+        (entropy_eps_both_factors, "q = p + 1e-05: p changed in both factors"),
     ],
     "dot_product_std": [
         (std_returns_variance, "the variance of q·k"),
@@ -608,6 +644,7 @@ WRONG = {
         (std_mean_abs, "the mean of |q·k|"),
         (std_standard_error, "standard error"),
         (std_returns_mean, "a standard deviation is never negative"),
+        (std_reseeds_from_the_clock, "reseeds the generator it is given, with a new seed at every call"),
     ],
 }
 
@@ -734,7 +771,10 @@ FAST_WRONG = {"scaled_scores": 4, "attention_entropy": 4, "dot_product_std": 5}
 FAST_WRONG_ALSO = {"dot_product_std-std_global_rng", "dot_product_std-std_own_generator",
                    "dot_product_std-std_theoretical", "dot_product_std-std_fixed_sample_count",
                    "dot_product_std-std_returns_tensor", "dot_product_std-std_of_scaled_scores",
-                   "scaled_scores-scores_isqrt", "scaled_scores-scores_bfloat16"}
+                   "scaled_scores-scores_isqrt", "scaled_scores-scores_bfloat16", "scaled_scores-scores_inner",
+                   "scaled_scores-scores_matching_pairs", "attention_entropy-entropy_collision",
+                   "attention_entropy-entropy_unweighted_log", "attention_entropy-entropy_eps_both_factors",
+                   "dot_product_std-std_reseeds_from_the_clock"}
 FAST_RIGHT = {"scaled_scores": 1, "attention_entropy": 1, "dot_product_std": 1}
 
 
@@ -746,3 +786,11 @@ def test_check_rejects_wrong(name, wrong, hint):
 @pytest.mark.parametrize(("name", "right"), first_fast(right_cases(RIGHT), FAST_RIGHT))
 def test_check_accepts_right(name, right):
     assert_accepted(name, right)
+
+
+def test_a_shape_error_in_scaled_scores_states_the_fact_and_names_no_cause():
+    """(q * k).sum(-1) never used k.T: the hint of a shape error says what did not fit, not which
+    transpose was wrong."""
+    for fn in (scores_matching_pairs, scores_dot_T):
+        message = str(checks.scaled_scores.evaluate(fn).error)
+        assert "shapes do not fit" in message and "k.T" not in message and "reverses" not in message

@@ -78,6 +78,26 @@ def _qkv_mistakes(x: torch.Tensor, w: torch.Tensor, H: int, expected: tuple, i: 
                 "the wrong axes.",
                 "projected with w_qkv transposed (x @ w_qkv.T or w_qkv @ x)"):
             lambda: ref.split_heads((x @ w.T.reshape(D, 3 * D)).split(D, dim=-1)[i], H),
+        Mistake("w_qkv-as-stacked-matrices",
+                f"your {name} is x @ w_qkv.reshape(3, D, D)[{i}], split into heads: that cuts w_qkv's numbers, in "
+                "memory order, into three D x D matrices (the first is the first third of w_qkv's rows, across "
+                "Q's, K's and V's columns alike). w_qkv is [D, 3D] with "
+                f"Q, K, V side by side: {name}'s weights are the columns w_qkv[:, {('0:D', 'D:2D', '2D:3D')[i]}] "
+                "(q = 0:D, k = D:2D, v = 2D:3D).",
+                "read w_qkv as three stacked D x D matrices (w_qkv.reshape(3, D, D))"):
+            lambda: ref.split_heads(x @ w.reshape(3, D, D)[i], H),
+        Mistake("w_qkv-as-transposed-stacked-matrices",
+                f"your {name} is x @ w_qkv.reshape(3, D, D)[{i}].T, split into heads: that cuts w_qkv's numbers, "
+                "in memory order, into three D x D matrices (and transposes each). w_qkv is [D, 3D] with Q, K, V "
+                "side by side, used as it is: q = x @ w_qkv[:, :D], k = x @ w_qkv[:, D:2D], v = x @ w_qkv[:, 2D:].",
+                "read w_qkv as three stacked D x D matrices and transposed each"):
+            lambda: ref.split_heads(x @ w.reshape(3, D, D)[i].T, H),
+        Mistake("transposed-each-w_qkv-block",
+                f"your {name} is x @ W.T with W = {name}'s D x D block of w_qkv (the nn.Linear habit, x @ W.T): "
+                "here w_qkv is [D, 3D] and multiplies x as it is, so each block is used untransposed: "
+                "q = x @ w_qkv[:, :D], k = x @ w_qkv[:, D:2D], v = x @ w_qkv[:, 2D:] (or (x @ w_qkv).split(D, -1)).",
+                "transposed each D x D block of w_qkv (x @ W.T per block)"):
+            lambda: ref.split_heads(x @ w.split(D, dim=1)[i].T, H),
     }
     for words, factor in (("sqrt(d_k)", math.sqrt(d_k)), ("sqrt(D)", math.sqrt(D)), ("d_k", d_k)):
         mistakes[Mistake("scaled-the-projection",
@@ -314,8 +334,10 @@ def merge_heads(t: Trial) -> None:
             ".reshape(B, T, H * d_k) (or .contiguous().view(...))."),
     }
     cases = []
-    for seed, (B, H, T, d_k) in enumerate([(2, 3, 5, 4), (1, 4, 6, 2), (3, 2, 7, 5)]):
-        o = torch.randn(B, H, T, d_k, generator=seeded(100 + seed))
+    # The last case is float64: a merge that returns another dtype (.float(), a fresh float32 tensor) shows.
+    for seed, (B, H, T, d_k, dtype) in enumerate([(2, 3, 5, 4, torch.float32), (1, 4, 6, 2, torch.float32),
+                                                  (3, 2, 7, 5, torch.float32), (2, 5, 3, 6, torch.float64)]):
+        o = torch.randn(B, H, T, d_k, generator=seeded(100 + seed), dtype=dtype)
         cases.append((o, ref.merge_heads(o), eager_mistakes(_merge_mistakes(o))))
     for o, expected, mistakes in cases:
         got = t.call(o, case=describe_case(o=o))
@@ -559,9 +581,9 @@ def scaled_dot_product_attention(t: Trial) -> None:
             "([..., T_q, d_k] @ [..., d_k, T_k]), then weights @ v ([..., T_q, T_k] @ "
             "[..., T_k, d_v]). Transpose the last two axes of k only, not q, v or the weights."),
     }
-    # (leading dims, T_q, T_k, d_k, d_v). T_q, T_k and d_k differ in every case but the last, so that a
+    # (leading dims, T_q, T_k, d_k, d_v). T_q, T_k and d_k differ in every case but the square one, so that a
     # scale by a length is told from another and from d_k; d_v != d_k; d_k = 8, 6 and 2 are not squares.
-    # The square case last is self-attention; the last case has scores of 120 (exp overflows float32).
+    # The square case is self-attention; the case after it has scores of 120 (exp overflows float32).
     cases = []
     shapes = [((2, 3), 5, 7, 4, 6), ((2,), 3, 6, 8, 5), ((1, 2), 7, 4, 6, 3), ((), 4, 9, 2, 7), ((2,), 5, 5, 3, 4)]
     for seed, (lead, T_q, T_k, d_k, d_v) in enumerate(shapes):
@@ -571,6 +593,11 @@ def scaled_dot_product_attention(t: Trial) -> None:
         v = torch.randn(*lead, T_k, d_v, generator=g)
         cases.append((q, k, v))
     cases.append(_overflow_case(seeded(200 + len(shapes))))
+    # float64 inputs: an output computed in (or cast to) float32 shows as a dtype not kept.
+    g = seeded(201 + len(shapes))
+    cases.append((torch.randn(3, 6, 5, generator=g, dtype=torch.float64) * 1.5,
+                  torch.randn(3, 4, 5, generator=g, dtype=torch.float64) * 1.5,
+                  torch.randn(3, 4, 2, generator=g, dtype=torch.float64)))
     cases = [(q, k, v, ref.scaled_dot_product_attention(q, k, v), eager_mistakes(_sdpa_mistakes(q, k, v)))
              for q, k, v in cases]
     for q, k, v, expected, mistakes in cases:

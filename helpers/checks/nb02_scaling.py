@@ -14,7 +14,7 @@ import torch
 from .. import nb01_qkv_shapes as attention
 from .. import nb02_scaling as scaling
 from . import watchers
-from .core import Trial, describe, describe_case, eager_mistakes, exercise, seeded
+from .core import Trial, describe, describe_case, eager_mistakes, exercise, salted, seeded
 from .feedback import Mistake
 
 __all__ = ["scaled_scores", "attention_entropy", "dot_product_std"]
@@ -58,6 +58,12 @@ def _scale_mistakes(q: torch.Tensor, k: torch.Tensor) -> dict:
         Mistake("pow-precedence-divides-by-half-d_k",
                 "d_k ** 1/2 is d_k / 2 in Python (** binds tighter than /), so you divided by "
                 "d_k / 2. Write d_k ** 0.5 or math.sqrt(d_k)."): lambda: raw() / (d_k / 2),
+        Mistake("paired-across-batches",
+                "your scores pair every query with every key of every batch element and head: shape "
+                "[*q.shape[:-1], *k.shape[:-1]] (what torch.tensordot or torch.inner over the last axis give). "
+                "Pair within the same batch element and head only: q @ k.transpose(-2, -1) -> [..., T_q, T_k].",
+                "paired queries and keys across batch elements and heads (tensordot over d_k)"):
+            lambda: torch.tensordot(q, k, dims=([-1], [-1])) / math.sqrt(d_k),
         Mistake("k-times-q-transposed",
                 "rows are queries: compute q @ k^T ([..., T_q, T_k]), not k @ q^T.",
                 "computed k @ q^T ([..., T_k, T_q]) instead of q @ k^T"):
@@ -133,10 +139,11 @@ def scaled_scores(t: Trial) -> None:
     t.error_hints = {
         r"cannot be multiplied|must match the size|size of tensor a|Expected size for first two dimensions|"
         r"expected .* batch": Mistake(
-            "transposed-every-axis-of-k",
-            "transpose only the last two axes of k: q @ k.transpose(-2, -1) (k.T reverses every "
-            "axis of a batched tensor).",
-            "transposed every axis of k (k.T) instead of the last two"),
+            "shapes-do-not-fit",
+            "two tensors were combined whose shapes do not fit (the sizes are in the error above). The scores "
+            "pair every query with every key of the same batch element and head: q @ k.transpose(-2, -1), "
+            "[..., T_q, d_k] @ [..., d_k, T_k] -> [..., T_q, T_k], with the leading axes of q and k untouched.",
+            "combined q and k in an operation whose shapes do not fit"),
     }
     # (leading dims, T_q, T_k, d_k, dtype). No two of T_q, T_k, d_k are equal, and sqrt(d_k), d_k,
     # sqrt(T_q), sqrt(T_k) all differ, so each wrong scale gives its own numbers. The float64 case
@@ -202,7 +209,36 @@ def _entropy_mistakes(p: torch.Tensor) -> dict:
                 "you treated p as logits (Categorical(logits=p), or a softmax of p): p are already "
                 "probabilities; use Categorical(probs=p), or -sum p log p directly."):
             lambda: torch.distributions.Categorical(logits=p).entropy(),
+        Mistake("renyi-2-entropy",
+                "your result is -log(sum p^2), the collision (Renyi-2) entropy: it weighs large weights more. "
+                "The entropy here is Shannon's, -sum p log p over each row (in nats).",
+                "returned the collision entropy -log(sum p^2), not -sum p log p"):
+            lambda: -(p * p).sum(-1).log(),
+        Mistake("min-entropy",
+                "your result is -log(max p), the min-entropy: it reads the largest weight only. The entropy here "
+                "is Shannon's, -sum p log p over each row (in nats).",
+                "returned the min-entropy -log(max p), not -sum p log p"):
+            lambda: -p.amax(-1).log(),
     }
+    # log p without the weight p in front: each log counts the same (log 0 = -inf gives inf where a row has a 0).
+    for words, model in (("-mean(log p)", lambda: -p.log().mean(-1)), ("-sum(log p)", lambda: -p.log().sum(-1))):
+        mistakes[Mistake(
+            "log-p-not-weighted-by-p",
+            f"your result is {words} over each row: every log p counts alike, where entropy weighs each by its "
+            f"probability, -sum p log p (and a zero weight contributes 0, not -log 0 = inf): {_ENTR}.",
+            "left out the factor p of -sum p log p (a mean or sum of -log p)")] = model
+    # p itself changed before p log p (clamped, or an epsilon added, in both factors): every zero weight then
+    # contributes, and the small ones change.
+    for eps in (1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-7, 1e-8):
+        for how, changed in ((f"p.clamp(min={eps:g})", lambda eps=eps: p.clamp(min=eps)),
+                             (f"p + {eps:g}", lambda eps=eps: p + eps)):
+            mistakes[Mistake(
+                "changed-p-in-both-factors",
+                f"your result is -sum q log q with q = {how}: p changed in both factors, so every zero weight "
+                f"contributes -{eps:g} log {eps:g} instead of 0, and the small weights change too. Keep p as it is "
+                f"and guard only the log of p = 0: {_ENTR}.",
+                "changed p (clamped, or added a small number) in both factors of p log p")] = (
+                lambda changed=changed: -(changed() * changed().log()).sum(-1))
     for dim in range(p.ndim - 1):
         # Over the queries of a square matrix the shape comes out right: a mistake of its own (a case with
         # another shape, where this learner summed the right axis, must not refute it).
@@ -337,6 +373,22 @@ _RESEEDED_GENERATOR = Mistake(
     "reseeded-generator",
     "do not call generator.manual_seed(...): the caller seeds it; " + _USE_GEN + ".",
     "called manual_seed on the generator it was given")
+_RESEEDED_AT_RANDOM = Mistake(
+    "reseeds-generator-randomly",
+    "your function reseeds the generator it is given, with a new seed at every call (generator.seed() does that: "
+    "it draws a fresh random seed; generator.initial_seed() is what reads the seed). The caller seeds `generator`: "
+    f"{_USE_GEN}, without reseeding it.",
+    "reseeded the generator it was given with a random seed (generator.seed())")
+
+
+def _initial_seed(state: torch.Tensor) -> int | None:
+    """The initial seed recorded in a CPU generator's state (``Generator.get_state()``), or None."""
+    try:
+        g = torch.Generator()
+        g.set_state(state)
+        return g.initial_seed()
+    except Exception:  # noqa: BLE001 - not a CPU generator's state
+        return None
 
 
 def _rel_tol(d_k: int, n: int) -> float:
@@ -518,8 +570,13 @@ def dot_product_std(t: Trial) -> None:
                 t.fail_observed("your function never drew from the generator it was given.", _IGNORED_GENERATOR)
         if i == 0:
             # Same seed -> same result; another seed -> another result.
-            again, _, _, _ = _call_watched(t, d_k, n, seed)
+            again, _, _, g_again = _call_watched(t, d_k, n, seed)
             if _value(t, again) != value:
+                seeds = {_initial_seed(g_after), _initial_seed(g_again)}
+                if len(seeds) == 2 and salted(seed) not in seeds:
+                    t.fail_observed("two generators seeded alike gave different results, and your function left "
+                                    "them with two other initial seeds than the one they were given: it reseeds "
+                                    "the generator.", _RESEEDED_AT_RANDOM)
                 t.fail(f"two generators seeded alike gave different results ({value!r} and {_value(t, again)!r}).",
                        _NOT_REPRODUCIBLE)
             other, _, _, g_other = _call_watched(t, d_k, n, seed + 1)
