@@ -541,6 +541,15 @@ def alibi_no_abs(n_heads, T):
     return -slopes[:, None, None] * (i[:, None] - i[None, :])
 
 
+def alibi_key_minus_query(n_heads, T):  # -slope * (j - i), loops, no abs
+    out = torch.zeros(n_heads, T, T)
+    for h in range(n_heads):
+        for i in range(T):
+            for j in range(T):
+                out[h, i, j] = -(2 ** (-8 * (h + 1) / n_heads)) * (j - i)
+    return out
+
+
 def alibi_wrong_sign(n_heads, T):
     slopes = 2.0 ** (-8 * torch.arange(1, n_heads + 1) / n_heads)
     return slopes[:, None, None] * _distance(T)
@@ -567,6 +576,14 @@ def rope_positions_from_one(x, positions, base):
     emb = torch.cat([(positions.double()[:, None] + 1) * inv_freq] * 2, dim=-1)  # "positions start at 1"
     x1, x2 = _halves(x)
     return x * emb.cos().to(x.dtype) + torch.cat((-x2, x1), dim=-1) * emb.sin().to(x.dtype)
+
+
+def rope_float32_tables(x, positions, base):  # cos/sin kept in float32: a float16 x comes back float32
+    d = x.shape[-1]
+    ang = positions[:, None].float() * base ** (-torch.arange(0, d, 2).float() / d)
+    ang = torch.cat((ang, ang), dim=-1)
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * ang.cos() + torch.cat((-x2, x1), dim=-1) * ang.sin()
 
 
 def rope_cos_sin_swapped(x, positions, base):
@@ -816,6 +833,32 @@ def llama3_short_threshold_times_2pi(inv_freq, factor, low_freq_factor, high_fre
     return torch.where(wavelen < 2 * math.pi * short, inv_freq, out)  # the 2π on the wrong side
 
 
+
+def _meta_scale(freq, factor, low_freq_factor, high_freq_factor, original_max_len, swapped=False):
+    wavelen = 2 * math.pi / freq
+    if wavelen < original_max_len / high_freq_factor:
+        return freq / factor if swapped else freq
+    if wavelen > original_max_len / low_freq_factor:
+        return freq if swapped else freq / factor
+    smooth = (original_max_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    return (1 - smooth) * freq / factor + smooth * freq
+
+
+def llama3_sorted_ascending(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len):
+    out = [_meta_scale(f, factor, low_freq_factor, high_freq_factor, original_max_len) for f in sorted(inv_freq.tolist())]
+    return torch.tensor(out, dtype=inv_freq.dtype)
+
+
+def llama3_reversed_order(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len):
+    out = [_meta_scale(f, factor, low_freq_factor, high_freq_factor, original_max_len) for f in inv_freq.tolist()]
+    return torch.tensor(out[::-1], dtype=inv_freq.dtype)
+
+
+def llama3_outer_bands_swapped(inv_freq, factor, low_freq_factor, high_freq_factor, original_max_len):
+    out = [_meta_scale(f, factor, low_freq_factor, high_freq_factor, original_max_len, swapped=True)
+           for f in inv_freq.tolist()]
+    return torch.tensor(out, dtype=inv_freq.dtype)
+
 WRONG = {
     "rope": [
         (rope_interleaved, "interleaved convention"),
@@ -829,6 +872,7 @@ WRONG = {
         (rope_in_place, "in place"),
         (rope_positions_from_one, "positions are shifted by one"),
         (rope_cos_sin_swapped, "swapped cos and sin"),
+        (rope_float32_tables, "where the inputs' dtype, float16, is expected"),
     ],
     "alibi_bias": [
         (alibi_slopes_from_zero, "off by one head"),
@@ -838,6 +882,7 @@ WRONG = {
         (alibi_one_slope_last, "one slope for all heads"),
         (alibi_h8_slopes, "for H = 8 only"),
         (alibi_no_abs, "needs abs"),
+        (alibi_key_minus_query, "your bias is -slope·(j - i)"),
         (alibi_wrong_sign, "wrong sign"),
         (alibi_bloom_style, "BLOOM"),
         (alibi_float64, "expected dtype torch.float32"),
@@ -868,6 +913,9 @@ WRONG = {
         (llama3_smooth_no_offset, "your smooth does not subtract low_freq_factor"),
         (llama3_smooth_over_factor, "your smooth is divided by factor"),
         (llama3_smooth_linspace, "your smooth follows the pair's index i"),
+        (llama3_sorted_ascending, "sorted from the lowest frequency to the highest"),
+        (llama3_reversed_order, "your output holds the right values in another order than inv_freq's"),
+        (llama3_outer_bands_swapped, "and kept the slow ones (longer than original_max_len / low_freq_factor)"),
         (llama3_sorted_slices, "you chose the pairs by their place in inv_freq"),
         (llama3_slow_band_halved, "you divided by 2, not by factor = 4"),
         (llama3_smooth_squared, "only pairs between the two thresholds"),
@@ -918,6 +966,15 @@ def rope_loops(x, positions, base):
                 flat[b, t, i] = u * math.cos(a) - v * math.sin(a)
                 flat[b, t, i + d // 2] = u * math.sin(a) + v * math.cos(a)
     return flat.reshape(x.shape)
+
+
+def rope_in_x_dtype(x, positions, base):  # every step in x's own dtype (float16 angles too)
+    d = x.shape[-1]
+    theta = base ** (-torch.arange(0, d, 2, dtype=x.dtype) / d)
+    ang = positions.to(x.dtype)[:, None] * theta
+    cos, sin = torch.cat((ang.cos(), ang.cos()), -1), torch.cat((ang.sin(), ang.sin()), -1)
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return x * cos + torch.cat((-x2, x1), -1) * sin
 
 
 def rope_matrix(x, positions, base):
@@ -1026,7 +1083,7 @@ def llama3_wavelength_space(inv_freq, factor, low_freq_factor, high_freq_factor,
 
 
 RIGHT = {
-    "rope": [rope_complex, rope_hf_style, rope_loops, rope_matrix],
+    "rope": [rope_complex, rope_hf_style, rope_loops, rope_matrix, rope_in_x_dtype],
     "alibi_bias": [alibi_loops, alibi_logspace, alibi_float64_inside, alibi_ratio],
     "llama3_rope_frequencies": [llama3_hf_style, llama3_meta_loop, llama3_rotations_clamp, llama3_masks_numpy,
                                 llama3_wavelength_space],

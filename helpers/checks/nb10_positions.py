@@ -4,7 +4,8 @@ RoPE scaling).
 Every case, its expected output and the outputs of the recognised mistakes are computed before
 the learner's function runs. RoPE is checked with bases other than 10000 and positions that do
 not start at 0 (a KV cache continues at position T_past; packed sequences restart at 0), so that
-ignoring ``base`` or ``positions`` shows. ALiBi is checked for powers of two H only, where the
+ignoring ``base`` or ``positions`` shows, and with a float16 x last (cos and sin kept in float32
+would return float32). ALiBi is checked for powers of two H only, where the
 contract's ``2^(-8(h+1)/H)`` and the paper's recipe agree. Llama 3's scaling is checked on
 frequency tables whose three bands (kept, smoothed, divided) are all populated, with factors and
 thresholds other than Llama 3's, and one table in shuffled order; Llama 3.1's own comes last, since
@@ -110,6 +111,9 @@ def _rope_inputs() -> list[tuple[torch.Tensor, torch.Tensor, float]]:
     cases.append((torch.randn(6, 12, generator=g), torch.tensor([0, 1, 2, 0, 1, 2]), 10000.0))
     cases.append((torch.randn(2, 7, 4, generator=g, dtype=torch.float64), torch.arange(3, 10), 100.0))
     cases.append((torch.randn(1, 4, 9, 16, generator=g), torch.arange(30, 39), 10000.0))
+    # float16 x (as a model runs): cos/sin tables kept in float32 promote the result to float32.
+    # Small positions, so that angles computed in float16 too stay within the tolerance.
+    cases.append((torch.randn(3, 5, 6, generator=g).half(), torch.tensor([4, 5, 6, 0, 1]), 50.0))
     return cases
 
 
@@ -129,8 +133,9 @@ def rope(t: Trial) -> None:
     for (x, pos, base), expected, mistakes in planned:
         got = t.call(x, pos, base, case=describe_case(x=x, positions=pos.tolist(), base=base))
         # float32 angles (as in Hugging Face's code) are right too: they are off by ~1e-7 * position.
-        tol = 1e-4 if x.dtype == torch.float32 else 1e-5
-        t.tensor(got, expected, what="rotated x", mistakes=mistakes, hint=_ROPE_RECIPE, atol=tol, rtol=1e-4)
+        # float16: a result rounded once (computed in float32 or float64) or after every step differs by a few ulps.
+        tol, rtol = {torch.float32: (1e-4, 1e-4), torch.float16: (2e-2, 1e-2)}.get(x.dtype, (1e-5, 1e-4))
+        t.tensor(got, expected, what="rotated x", mistakes=mistakes, hint=_ROPE_RECIPE, atol=tol, rtol=rtol)
 
 
 # =========================================================================== 10.2 alibi_bias
@@ -140,7 +145,7 @@ def rope(t: Trial) -> None:
 def _alibi_model(slopes: torch.Tensor, T: int, distance: str = "abs") -> torch.Tensor:
     i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
     dist = {"abs": -(i - j).abs(), "signed": -(i - j), "key": j + 0 * i, "neg_abs": (i - j).abs(),
-            "lower_only": -(i - j).clamp(min=0)}[distance]
+            "lower_only": -(i - j).clamp(min=0), "signed_j_minus_i": i - j}[distance]
     return (slopes.double()[:, None, None] * dist.double()).float()
 
 
@@ -175,6 +180,11 @@ def _alibi_mistakes(H: int, T: int) -> dict[str, torch.Tensor]:
                 "keys wherever the mask is not applied). Use -slope·|i - j|.",
                 "the bias uses the signed distance -slope·(i - j), without abs"):
             m(right, "signed"),
+        Mistake("distance-without-abs", "the distance needs abs: your bias is -slope·(j - i), which "
+                "agrees above the diagonal but is positive below it, so it rewards the keys furthest in "
+                "the past. Use -slope·|i - j|.",
+                "the bias uses the signed distance -slope·(j - i), without abs"):
+            m(right, "signed_j_minus_i"),
         Mistake("bias-wrong-sign", "your bias has the wrong sign: it must penalise distance, "
                 "-slope·|i - j| (<= 0), not +slope·|i - j|."):
             m(right, "neg_abs"),
@@ -244,7 +254,21 @@ def _llama3_mistakes(inv_freq: torch.Tensor, factor: float, lf: float, hf: float
     by_position = right(th, factor, lf, hf, L).clone()  # the right value, but the first n_keep kept, the last n_slow divided
     by_position[:n_keep], by_position[n - n_slow:] = th[:n_keep], th[n - n_slow:] / factor
     blended_by_position = torch.cat([th[:n_keep], mix[n_keep:n - n_slow], th[n - n_slow:] / factor])
+    scaled = right(th, factor, lf, hf, L)
     return eager_mistakes({
+        Mistake("output-reordered", "your output holds the right values sorted from the highest "
+                "frequency to the lowest, not in inv_freq's order: pair k of the result is pair k of "
+                "inv_freq, scaled. Decide each pair in place with torch.where (or put sorted results "
+                "back where their pairs were).", _REORDERED):
+            out(scaled[th.argsort(descending=True)]),
+        Mistake("output-reordered", "your output holds the right values sorted from the lowest "
+                "frequency to the highest, not in inv_freq's order: pair k of the result is pair k of "
+                "inv_freq, scaled. Decide each pair in place with torch.where (or put sorted results "
+                "back where their pairs were).", _REORDERED):
+            out(scaled[th.argsort()]),
+        Mistake("kept-and-divided-swapped", _SWAPPED_BANDS, "divided the fast pairs and kept the slow ones "
+                "(the two outer bands swapped)"):
+            out(_bands(w, L / hf, L / lf, th / factor, th, mix)),
         Mistake("nothing-scaled", "nothing was scaled: your result is inv_freq unchanged. Did you "
                 "compare the frequencies themselves with the thresholds? original_max_len / "
                 "low_freq_factor and original_max_len / high_freq_factor are wavelengths, in "
@@ -341,6 +365,13 @@ def _llama3_mistakes(inv_freq: torch.Tensor, factor: float, lf: float, hf: float
     })
 
 
+_REORDERED = "returned the right scaled frequencies in another order than inv_freq's"
+_SWAPPED_BANDS = ("you divided the fast pairs (wavelength shorter than original_max_len / high_freq_factor) "
+                  "by factor and kept the slow ones (longer than original_max_len / low_freq_factor) as they "
+                  "are: it is the other way round. A fast pair turns many times within the original context "
+                  "and stays as it is; a slow pair is divided by factor.")
+
+
 def _llama3_bands(got, inv_freq: torch.Tensor, factor: float, lf: float, hf: float, L: int) -> str:
     """Which band of pairs is wrong and what the output holds there, as a fact (when no mistake is
     named): the fast pairs (wavelen < original_max_len / high_freq_factor) stay as they are, the slow
@@ -363,7 +394,17 @@ def _llama3_bands(got, inv_freq: torch.Tensor, factor: float, lf: float, hf: flo
         shown = ", ".join(f"{k} ({_fmt_w(float(w[k]))})" for k in idx[:4])
         return shown + (f" and {len(idx) - 4} more" if len(idx) > 4 else "")
 
+    if (bool(wrong.any()) and bool(torch.isclose(g.sort().values, expected.sort().values, rtol=1e-5,
+                                                  atol=1e-12).all())):
+        return Mistake("output-reordered", "your output holds the right values in another order than "
+                       "inv_freq's: pair k of the result is pair k of inv_freq, scaled. Keep each pair in its "
+                       "place (torch.where decides pair by pair; a sort must be undone).", _REORDERED)
     only_divided = divided & ~kept
+    only_kept = kept & ~divided
+    if (bool(only_kept.any()) and bool(only_divided.any()) and bool((w[only_kept] > long).all())
+            and bool((w[only_divided] < short).all())):
+        return Mistake("kept-and-divided-swapped", _SWAPPED_BANDS, "divided the fast pairs and kept the slow ones "
+                       "(the two outer bands swapped)")
     if bool(kept.any()) and bool(only_divided.any()) and float(w[kept].max()) > float(w[only_divided].min()):
         # a pair kept as it is turns more slowly than a pair divided by factor: not chosen by wavelength
         return Mistake("bands-not-by-wavelength", "some pairs you kept as they are turn more slowly than "
