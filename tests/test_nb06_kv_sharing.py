@@ -422,6 +422,55 @@ def mla_scores_transposed(q, c_kv, w_uk):
     return c_kv.unsqueeze(1) @ (q @ w_uk.transpose(-2, -1)).transpose(-2, -1)  # [B, H, T, T_q]
 
 
+
+def repeat_kv_tokens_then_reshape(x, n_rep):
+    B, H_kv, T, d = x.shape
+    return torch.stack([x] * n_rep, dim=3).reshape(B, H_kv * n_rep, T, d)  # copies after T, not after H_kv
+
+
+def gqa_heads_folded_into_tokens(q, k, v, causal=False):
+    B, H, T, d = q.shape
+    H_kv = k.shape[1]
+    s = torch.einsum("bgqd,bgkd->bgqk", q.reshape(B, H_kv, H // H_kv * T, d), k) / math.sqrt(d)
+    if causal:
+        rows = torch.arange(s.shape[-2])[:, None]  # the folded row index, used as the query position
+        s = s.masked_fill(torch.arange(T)[None, :] > rows, float("-inf"))
+    return (s.softmax(-1) @ v).reshape(B, H, T, d)
+
+
+def gqa_group_mean_query(q, k, v, causal=False):
+    B, H, T, d = q.shape
+    n_rep = H // k.shape[1]
+    q_mean = torch.stack([q[:, g * n_rep:(g + 1) * n_rep].mean(1) for g in range(k.shape[1])], dim=1)
+    out = F.scaled_dot_product_attention(q_mean, k, v, is_causal=causal)
+    return torch.cat([out[:, g:g + 1].expand(B, n_rep, T, d) for g in range(k.shape[1])], dim=1)
+
+
+def values_mqa_with_n_kv_heads(kind, n_heads, n_kv_heads, head_dim, kv_lora_rank, rope_dim):
+    if kind == "mla":
+        return kv_lora_rank + rope_dim
+    return 2 * (n_heads if kind == "mha" else n_kv_heads) * head_dim  # MQA "has n_kv_heads = 1 anyway"
+
+
+def values_mha_with_n_kv_heads(kind, n_heads, n_kv_heads, head_dim, kv_lora_rank, rope_dim):
+    per_kind = {"mha": 2 * n_kv_heads * head_dim, "gqa": 2 * n_kv_heads * head_dim, "mqa": 2 * head_dim,
+                "mla": kv_lora_rank + rope_dim}
+    return per_kind[kind]
+
+
+# right: another style, reading only the arguments each kind uses
+def values_match_statement(kind, n_heads, n_kv_heads, head_dim, kv_lora_rank, rope_dim):
+    match kind:
+        case "mla":
+            return kv_lora_rank + rope_dim
+        case "mqa":
+            return head_dim + head_dim
+        case "gqa":
+            return n_kv_heads * head_dim * 2
+        case _:
+            return n_heads * head_dim * 2
+
+
 WRONG = {
     "repeat_kv": [
         (repeat_kv_tiles, "you tiled the heads"),
@@ -431,6 +480,7 @@ WRONG = {
         (repeat_kv_float32, "expected dtype torch.float64"),
         (repeat_kv_one_copy_short, "n_rep - 1 copies"),
         (repeat_kv_along_d, "along the last axis (d)"),
+        (repeat_kv_tokens_then_reshape, "repeats each token's row n_rep times in a row"),
     ],
     "grouped_query_attention": [
         (gqa_tiled_heads, "are tiled"),
@@ -442,6 +492,8 @@ WRONG = {
         (gqa_hides_diagonal, "also hides the diagonal"),
         (gqa_last_kv_head, "read the last kv head"),
         (gqa_scale_all_kv_heads, "1/sqrt(H_kv * d)"),
+        (gqa_heads_folded_into_tokens, "only the first is causally masked"),
+        (gqa_group_mean_query, "the attention of the group's mean query"),
     ],
     "kv_values_per_token": [
         (values_keys_only, "keys only"),
@@ -452,6 +504,8 @@ WRONG = {
         (values_in_bytes, "you counted bytes"),
         (values_as_float, "expected an int"),
         (values_mla_latent_per_head, "a latent per head"),
+        (values_mqa_with_n_kv_heads, "your MQA count is 2 * n_kv_heads * head_dim"),
+        (values_mha_with_n_kv_heads, "your MHA count is 2 * n_kv_heads * head_dim"),
     ],
     "mla_absorbed_scores": [
         (mla_scaled, "divided by sqrt(d_h)"),
@@ -473,7 +527,7 @@ WRONG = {
 RIGHT = {
     "repeat_kv": [repeat_kv_repeat_interleave, repeat_kv_index, repeat_kv_loop, repeat_kv_stack],
     "grouped_query_attention": [gqa_sdpa, gqa_grouped_einsum, gqa_loop_float64],
-    "kv_values_per_token": [values_with_a_table, values_upper_case_ok],
+    "kv_values_per_token": [values_with_a_table, values_upper_case_ok, values_match_statement],
     "mla_absorbed_scores": [mla_einsum, mla_three_operand_einsum_absorbed_order, mla_loop_over_heads_float64,
                             mla_matmul_broadcast],
 }

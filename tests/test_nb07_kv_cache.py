@@ -939,6 +939,86 @@ def flops_without_w_o(prompt_len, new_tokens, d_model, n_layers, use_cache):
     return n_layers * total
 
 
+
+def decode_scaled_by_model_width(x_t, k_cache, v_cache, w_qkv, w_o, n_heads):
+    q, k, v = _proj(x_t, w_qkv, n_heads)
+    K, V = torch.cat((k_cache, k), dim=-2), torch.cat((v_cache, v), dim=-2)
+    s = torch.einsum("bhqd,bhkd->bhqk", q, K) / math.sqrt(x_t.shape[-1])  # the model's width D
+    return torch.einsum("bhqk,bhkd->bqhd", s.softmax(-1), V).flatten(2) @ w_o, K, V
+
+
+def decode_linear_w_o(x_t, k_cache, v_cache, w_qkv, w_o, n_heads):
+    q, k, v = _proj(x_t, w_qkv, n_heads)
+    K, V = torch.cat((k_cache, k), dim=-2), torch.cat((v_cache, v), dim=-2)
+    o = F.scaled_dot_product_attention(q, K, V).transpose(1, 2).flatten(2)
+    return F.linear(o, w_o), K, V  # nn.Linear's convention: o @ w_o.T
+
+
+def flops_cached_step_attention_only(prompt_len, new_tokens, d_model, n_layers, use_cache):
+    P, N, d = prompt_len, new_tokens, d_model
+    pre = 8 * d * d * P + 4 * d * P * P
+    if use_cache:
+        steps = 4 * d * (N * P + N * (N + 1) // 2)  # only the attention of each step
+    else:
+        steps = sum(8 * d * d * L + 4 * d * L * L for L in range(P + 1, P + N + 1))
+    return n_layers * (pre + steps)
+
+
+def flops_layers_times_prefill(prompt_len, new_tokens, d_model, n_layers, use_cache):
+    d = d_model
+    steps = [8 * d * d + 4 * d * L if use_cache else 8 * d * d * L + 4 * d * L * L
+             for L in range(prompt_len + 1, prompt_len + new_tokens + 1)]
+    return n_layers * _prefill(d, prompt_len) + sum(steps)
+
+
+def flops_no_cache_no_prefill(prompt_len, new_tokens, d_model, n_layers, use_cache):
+    d, total = d_model, _prefill(d_model, prompt_len) if use_cache else 0
+    for L in range(prompt_len + 1, prompt_len + new_tokens + 1):
+        total += 8 * d * d + 4 * d * L if use_cache else 8 * d * d * L + 4 * d * L * L
+    return n_layers * total
+
+
+def flops_sum_as_half_square(prompt_len, new_tokens, d_model, n_layers, use_cache):
+    P, N, d = prompt_len, new_tokens, d_model
+    if not use_cache:
+        return flops_closed_form(P, N, d, n_layers, use_cache)
+    return n_layers * (_prefill(d, P) + 8 * d * d * N + 4 * d * (N * P + N**2 // 2))
+
+
+def _ring_write(k_buf, v_buf, k_put, v_put, t):
+    W = k_buf.shape[2]
+    k_buf, v_buf = k_buf.clone(), v_buf.clone()
+    k_buf[:, :, t % W], v_buf[:, :, t % W] = k_put[:, :, 0], v_put[:, :, 0]
+    n = min(t + 1, W)
+    return k_buf, v_buf, n
+
+
+def _ring_attend(q, k, v):
+    g = q.shape[1] // k.shape[1]
+    return F.scaled_dot_product_attention(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1))
+
+
+def ring_time_ordered(q, k_new, v_new, k_buf, v_buf, t):
+    k_buf, v_buf, n = _ring_write(k_buf, v_buf, k_new, v_new, t)
+    o = _ring_attend(q, k_buf[:, :, :n], v_buf[:, :, :n])
+    order = [p % k_buf.shape[2] for p in range(t + 1 - k_buf.shape[2], t + 1)]  # oldest first, once full
+    if t + 1 >= k_buf.shape[2]:
+        k_buf, v_buf = k_buf[:, :, order], v_buf[:, :, order]
+    return o, k_buf, v_buf
+
+
+def ring_value_gets_key(q, k_new, v_new, k_buf, v_buf, t):
+    k_buf, v_buf, n = _ring_write(k_buf, v_buf, k_new, k_new, t)  # copy-paste: k_new twice
+    return _ring_attend(q, k_buf[:, :, :n], v_buf[:, :, :n]), k_buf, v_buf
+
+
+def ring_window_slice(q, k_new, v_new, k_buf, v_buf, t):
+    k_buf, v_buf, n = _ring_write(k_buf, v_buf, k_new, v_new, t)
+    end = t % k_buf.shape[2] + 1
+    window = slice(end - n, end)  # the last n slots up to the new one, not wrapped
+    return _ring_attend(q, k_buf[:, :, window], v_buf[:, :, window]).nan_to_num(), k_buf, v_buf
+
+
 WRONG = {
     "kv_cache_bytes": [
         (cache_keys_only, "keys only"),
@@ -968,6 +1048,8 @@ WRONG = {
         (decode_in_place, "modified one of its input tensors in place"),
         (decode_global_cache, "y_t: values differ"),
         (decode_float32_only, "expected dtype torch.float64"),
+        (decode_scaled_by_model_width, "divided by sqrt(D), D = d_model"),
+        (decode_linear_w_o, "times w_o transposed"),
     ],
     "prefill_decode_flops": [
         (flops_off_by_one, "off by one in the context length"),
@@ -979,6 +1061,10 @@ WRONG = {
         (flops_closed_form_float, "expected an int"),
         (flops_cache_quadratic, "not 4*d*L^2"),
         (flops_without_w_o, "you left out W_O"),
+        (flops_cached_step_attention_only, "but not the projections"),
+        (flops_layers_times_prefill, "multiplies the prefill by n_layers"),
+        (flops_no_cache_no_prefill, "without a cache your count leaves out the prefill"),
+        (flops_sum_as_half_square, "N*(N+1)/2, not N^2/2"),
     ],
     "ring_buffer_decode_step": [
         (ring_slot_t, "token t goes to slot t % W, which wraps around"),
@@ -1013,6 +1099,9 @@ WRONG = {
         (ring_mask_one_ahead, "your o attends to slots 0, 1, 2, 3 of the buffers with the new token written"),
         (ring_temperature, "your scores were multiplied by 0.2236"),
         (ring_clears_next_slot, "but slot 3 changed too"),
+        (ring_time_ordered, "rolled into time order"),
+        (ring_value_gets_key, "your v_buf holds k_new in slot t % W"),
+        (ring_window_slice, "your o is all zeros: it attended to no slot"),
     ],
 }
 

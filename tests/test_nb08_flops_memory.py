@@ -899,6 +899,24 @@ def tm_via_activation_numbers(cfg, batch, seq_len, attention):
     return {**out, "total": sum(out.values())}
 
 
+
+def flops_heads_split_from_d_model(n, d_model, n_heads, n_kv_heads, head_dim):
+    d_h = d_model // n_heads  # "each head gets d_model / n_heads", ignoring head_dim
+    return flops_matmul_helper(n, d_model, n_heads, n_kv_heads, d_h)
+
+
+def bytes_fp32_scores(batch, n_heads, seq_len, dtype_bytes):
+    return batch * n_heads * seq_len**2 * torch.empty(0, dtype=torch.float32).element_size()  # always fp32
+
+
+def tm_head_inside_layer_loop(cfg, batch, seq_len, attention):
+    out = tm_loop_over_layers(cfg, batch, seq_len, attention)
+    extra = 2 * batch * seq_len * (cfg.n_layers - 1) * (2 * cfg.d_model + cfg.vocab)  # the head, once per layer
+    out["activations"] += extra
+    out["total"] += extra
+    return out
+
+
 WRONG = {
     "attention_flops": [
         (flops_kv_with_query_heads, "K and V projections with the query heads"),
@@ -912,6 +930,7 @@ WRONG = {
         (flops_gflops_floats, "not a value scaled for printing"),
         (flops_missing_key, "lacks the key(s) 'weighted_values'"),
         (flops_tuple, "expected a dict"),
+        (flops_heads_split_from_d_model, "heads d_model // n_heads wide"),
     ],
     "score_matrix_bytes": [
         (bytes_no_batch, "left out the batch"),
@@ -923,6 +942,7 @@ WRONG = {
         (bytes_float_pow, "expected an int"),
         (bytes_linear_in_t, "T entries per head, not T*T"),
         (bytes_fp16_always, "ignored dtype_bytes (2 bytes"),
+        (bytes_fp32_scores, "4 bytes per score whatever dtype_bytes is"),
     ],
     "max_seq_len_for_scores": [
         (seq_one_past, "one past the boundary"),
@@ -968,6 +988,7 @@ WRONG = {
         (tm_one_layer_too_many, "you counted n_layers + 1 layers"),
         (tm_recompute_like_flash, "with recompute you counted every layer's activations, as with flash"),
         (tm_no_q, "a n_heads*head_dim-wide tensor left out in every layer"),
+        (tm_head_inside_layer_loop, "head's 2d + vocab numbers per token in every layer"),
     ],
 }
 

@@ -86,9 +86,11 @@ def repeat_kv(t: Trial) -> None:
                     "x[:, :, None].expand(...), then reshape."):
                 lambda: x.repeat_interleave(n_rep, dim=-1).reshape(B, H_kv * n_rep, T, d),
             Mistake("tiled-last-axis",
-                    "you tiled the last axis (d) n_rep times and then reshaped: that spreads one "
-                    "head's numbers over several heads. Put the copies on a new axis after H_kv, "
-                    "x[:, :, None].expand(...), then reshape."):
+                    "your output repeats each token's row n_rep times in a row (tokens 0, 0, 1, 1, ... "
+                    "for n_rep = 2), and a kv head's copies run on into the next heads: the copies "
+                    "must be whole heads, each [T, d] kv head n_rep times in a row. Put the copies "
+                    "on a new axis right after H_kv, x[:, :, None].expand(...), then reshape.",
+                    "repeated each token's row n_rep times, then reshaped (the copies run across heads)"):
                 lambda: x.repeat(1, 1, 1, n_rep).reshape(B, H_kv * n_rep, T, d),
         })
         planned.append((x, n_rep, ref.repeat_kv(x, n_rep).contiguous(), mistakes))
@@ -113,6 +115,15 @@ def _gqa_model(q, k, v, causal: bool, heads: str = "grouped", scale: str = "d", 
         idx = torch.full((H,), H_kv - 1, dtype=torch.long)
     else:
         idx = torch.arange(H) // (H // H_kv)
+    if heads == "mean":  # one query per group, its mean, attended once and copied to the group's heads
+        n_rep = H // H_kv
+        qm = q.reshape(q.shape[0], H_kv, n_rep, *q.shape[2:]).mean(2).repeat_interleave(n_rep, dim=1)
+        return _gqa_model(qm, k, v, causal, scale=scale, mask=mask)
+    if heads == "first_masked":  # in each group only the first query head masked, the others read every key
+        n_rep = H // H_kv
+        masked, open_ = _gqa_model(q, k, v, causal), _gqa_model(q, k, v, False)
+        first = (torch.arange(H) % n_rep == 0).view(1, H, 1, 1)
+        return torch.where(first, masked, open_)
     q64, k64, v64 = q.double(), k.double()[:, idx], v.double()[:, idx]
     if scale == "none":
         q64 = q64 * math.sqrt(d)
@@ -146,7 +157,19 @@ def _gqa_mistakes(q, k, v, causal: bool) -> dict[str, torch.Tensor]:
                 "you scaled the scores by 1/sqrt(H_kv * d): each head's scores are scaled by "
                 "1/sqrt(d), d the width of one head's queries and keys."): m(scale="H_kv d"),
     }
+    models[Mistake("group-mean-query",
+                   "every query head of a group has the same output, the attention of the group's mean "
+                   "query: only the keys and values are shared; each query head attends with its own "
+                   "query (repeat the kv heads, not average the queries).",
+                   "attended with each group's mean query (the same output for the group's heads)")] = (
+        m(heads="mean"))
     if causal:
+        models[Mistake("group-heads-after-first-unmasked",
+                       "in each group of H / H_kv query heads only the first is causally masked: the "
+                       "others read every key, the later ones too. Every query head's query i reads "
+                       "keys j <= i (if you folded a group's heads into the token axis, query i of "
+                       "head r is row r * T + i there, and its mask is still j <= i).",
+                       "causally masked only the first query head of each group")] = m(heads="first_masked")
         models[Mistake("mask-hides-diagonal",
                        "your causal mask also hides the diagonal (tril with diagonal=-1): a query "
                        "may read its own key, j <= i; the first query then has no key at all.")] = (
@@ -208,6 +231,16 @@ def _values_mistakes(kind: str, H: int, H_kv: int, d_h: int, d_c: int, d_r: int)
         m[Mistake("gqa-keys-only-with-query-heads",
                   "you counted GQA's keys with the query heads and forgot the values: "
                   "2 * H_kv * d_h.")] = H * d_h
+    if kind == "mha":
+        m[Mistake("mha-used-n_kv_heads",
+                  "your MHA count is 2 * n_kv_heads * head_dim: MHA caches a key and a value head for "
+                  "every query head, 2 * n_heads * head_dim; n_kv_heads is used by 'gqa' only (the "
+                  "arguments a kind does not use are ignored).")] = 2 * H_kv * d_h
+    if kind == "mqa":
+        m[Mistake("mqa-used-n_kv_heads",
+                  "your MQA count is 2 * n_kv_heads * head_dim: MQA caches one key head and one value "
+                  "head, 2 * head_dim; n_kv_heads is used by 'gqa' only (the arguments a kind does not "
+                  "use are ignored).")] = 2 * H_kv * d_h
     if kind == "mqa":
         m[Mistake("mqa-with-query-heads",
                   "MQA caches one key head and one value head, whatever H: 2 * d_h.",
@@ -254,6 +287,8 @@ def kv_values_per_token(t: Trial) -> None:
     cases += [
         ("mha", ds.n_heads, ds.n_heads, ds.head_dim, ds.kv_lora_rank, ds.rope_dim),  # DeepSeek-V3 as if MHA
         ("gqa", 12, 3, 20, 0, 0), ("mqa", 10, 1, 24, 0, 0), ("mla", 6, 6, 16, 40, 8), ("mha", 5, 5, 14, 0, 0),
+        # Arguments a kind does not use are ignored (the statement): here they disagree with the kind.
+        ("mqa", 12, 4, 18, 0, 0), ("mha", 9, 3, 22, 0, 0), ("gqa", 8, 2, 12, 30, 6),
     ]
     # Then one drawn from a seed: a kind, 2 to 4 kv heads (GQA) of 3 or 4 query heads each, head_dim
     # 4 to 32; for MLA a latent of 8 to 64 and a RoPE key of 2 to 16 (0 for the other kinds).

@@ -135,6 +135,17 @@ def _step_models(x_t, k_cache, v_cache, w_qkv, w_o, H) -> dict[str, dict[str, to
     y[_TOP_LEFT] = merge_heads(F.scaled_dot_product_attention(q, K, V, is_causal=True)) @ w_o
     y[Mistake("unscaled-scores", "you did not divide the scores by sqrt(d_k).")] = merge_heads(
         scaled_dot_product_attention(q * math.sqrt(q.shape[-1]), K, V)) @ w_o
+    D = q.shape[1] * q.shape[-1]
+    y[Mistake("scaled-by-sqrt-d_model",
+              "your scores are divided by sqrt(D), D = d_model (all heads together): each head's scores "
+              "are divided by sqrt(d_k), d_k = D / n_heads, the width of one head's queries and keys.",
+              "scaled the scores by 1/sqrt(d_model) instead of 1/sqrt(d_k)")] = merge_heads(
+        scaled_dot_product_attention(q * math.sqrt(q.shape[-1] / D), K, V)) @ w_o
+    y[Mistake("w_o-transposed",
+              "your output is the merged heads times w_o transposed: the output projection is "
+              "merged @ w_o, with w_o as given.",
+              "multiplied the merged heads by w_o.T instead of w_o")] = merge_heads(
+        scaled_dot_product_attention(q, K, V)) @ w_o.T
     y[Mistake("missing-output-projection",
               "you did not apply the output projection w_o to the merged heads.")] = merge_heads(
         scaled_dot_product_attention(q, K, V))
@@ -204,18 +215,24 @@ def decode_step(t: Trial) -> None:
 
 def _flops_model(P: int, N: int, d: int, L: int, use_cache: bool, *, shift: int = 0, steps: int | None = None,
                  prefill: bool = True, cached_proj_over_context: bool = False, quadratic_cached: bool = False,
-                 proj_per_token: int = 8) -> int:
-    """prefill_decode_flops with one mistake switched on (``proj_per_token``: 8 d^2 for Q, K, V, O)."""
+                 proj_per_token: int = 8, cached_proj: bool = True, layers_on_prefill_only: bool = False,
+                 half_n_squared: bool = False) -> int:
+    """prefill_decode_flops with one mistake switched on (``proj_per_token``: 8 d^2 for Q, K, V, O;
+    ``cached_proj``: the cached steps' projections counted; ``half_n_squared``: the cached steps'
+    attention in closed form with sum_t t taken as N^2 // 2)."""
     w = proj_per_token
-    total = w * d * d * P + 4 * d * P * P if prefill else 0
+    pre = w * d * d * P + 4 * d * P * P if prefill else 0
+    total = 0
     for t in range(1, (N if steps is None else steps) + 1):
         ctx = P + t + shift
         if use_cache:
-            proj = w * d * d * (ctx if cached_proj_over_context else 1)
-            total += proj + 4 * d * (ctx * ctx if quadratic_cached else ctx)
+            proj = w * d * d * (ctx if cached_proj_over_context else 1) if cached_proj else 0
+            total += proj + (0 if half_n_squared else 4 * d * (ctx * ctx if quadratic_cached else ctx))
         else:
             total += w * d * d * ctx + 4 * d * ctx * ctx
-    return L * total
+    if use_cache and half_n_squared:
+        total += 4 * d * (N * P + N * N // 2)
+    return L * pre + total if layers_on_prefill_only else L * (pre + total)
 
 
 _OFF_BY_ONE = Mistake("context-one-short",
@@ -256,7 +273,31 @@ def _prefill_mistakes(P: int, N: int, d: int, L: int, use_cache: bool) -> dict[s
                 "you ignored use_cache: without a cache every step recomputes all L tokens, "
                 "8*d^2*L + 4*d*L^2."): other,
     }
+    m[Mistake("layers-on-prefill-only",
+              "your count multiplies the prefill by n_layers but counts the decode steps once: every "
+              "layer does every step's work too, so the whole count (prefill and steps) is times "
+              "n_layers.",
+              "multiplied only the prefill by n_layers")] = _flops_model(P, N, d, L, use_cache,
+                                                                          layers_on_prefill_only=True)
+    if not use_cache:
+        m[Mistake("no-prefill-without-cache",
+                  "without a cache your count leaves out the prefill: the prompt's P tokens are "
+                  "processed once first, 8*d^2*P + 4*d*P^2 per layer, with or without a cache; then "
+                  "each step recomputes its L = P + t tokens.",
+                  "left out the prefill when use_cache is False")] = (
+            _flops_model(P, N, d, L, use_cache, prefill=False))
     if use_cache:
+        m[Mistake("cached-steps-without-projections",
+                  "your cached decode steps count the attention (4*d*L) but not the projections: the "
+                  "new token is still projected to q, k, v and through W_O, 8*d^2 per step and layer.",
+                  "left out the 8*d^2 projections of each cached decode step")] = (
+            _flops_model(P, N, d, L, use_cache, cached_proj=False))
+        m[Mistake("sum-of-t-as-half-n-squared",
+                  "your cached steps' attention FLOPs are short by 4*d*(N/2 rounded up) per layer: the "
+                  "steps t = 1..N attend over L = P + t keys, and the sum of t over 1..N is "
+                  "N*(N+1)/2, not N^2/2 (or add 4*d*L step by step).",
+                  "summed t = 1..N as N^2/2 instead of N(N+1)/2")] = (
+            _flops_model(P, N, d, L, use_cache, half_n_squared=True))
         m[Mistake("cache-recomputes-projections",
                   "with a cache only the new token is projected (8*d^2 per step, per layer): the "
                   "past tokens' keys and values come from the cache, not from recomputing the "
@@ -421,6 +462,34 @@ _K_NOT_WRITTEN = Mistake("key-not-written",
                          "key there. Write both, k_buf[:, :, t % W] = k_new[:, :, 0] and "
                          "v_buf[:, :, t % W] = v_new[:, :, 0].",
                          "wrote the new value but not the new key")
+_TIME_ORDER = Mistake("buffers-in-time-order",
+                      "your k_buf and v_buf come back rolled into time order (the oldest token first, "
+                      "the new one last): a ring buffer stays in slot order, token t in slot t % W "
+                      "for good. Write the new key and value into slot t % W of copies and return "
+                      "those copies as they are (attention does not need the time order).",
+                      "returned the buffers rolled into time order, not in slot order")
+_TIME_ORDER_FULL = Mistake("time-ordered-buffers-once-full",
+                           "once the buffer is full, your k_buf and v_buf come back rolled into time "
+                           "order (the oldest token first, the new one last): a ring buffer stays in "
+                           "slot order, token t in slot t % W for good. Write the new key and value "
+                           "into slot t % W of copies and return those copies as they are (attention "
+                           "does not need the time order).",
+                           "returned the buffers rolled into time order once full, not in slot order")
+_K_INTO_V = Mistake("k_new-in-value-buffer",
+                    "your v_buf holds k_new in slot t % W: the value buffer gets v_new, "
+                    "v_buf[:, :, t % W] = v_new[:, :, 0] (and the key buffer k_new).",
+                    "wrote k_new into the value buffer")
+_V_INTO_K = Mistake("v_new-in-key-buffer",
+                    "your k_buf holds v_new in slot t % W: the key buffer gets k_new, "
+                    "k_buf[:, :, t % W] = k_new[:, :, 0] (and the value buffer v_new).",
+                    "wrote v_new into the key buffer")
+_NO_SLOT_AFTER_WRAP = Mistake("attended-no-slot-after-wrap",
+                              "once the buffer has wrapped, your o is all zeros: it attended to no "
+                              "slot at all (an empty slice of the buffers gives that, such as a "
+                              "start index below 0, which Python counts from the end). A full "
+                              "buffer's window is all W slots, in any order: attention does not "
+                              "need them in time order.",
+                              "attended to an empty set of slots once the buffer wrapped")
 
 
 def _buffer_diagnosis(name: str, got, given: torch.Tensor, new: torch.Tensor, pos: int) -> str:
@@ -562,11 +631,22 @@ def _ring_models(q, k_new, v_new, k_buf, v_buf, pos: int) -> dict[str, dict[str,
     o[_FIRST_W_MINUS_1] = _attend(q, kw[:, :, :m], vw[:, :, :m])
     o[_V_NOT_WRITTEN] = _attend(q, K, v_buf[:, :, :n])
     o[_K_NOT_WRITTEN] = _attend(q, k_buf[:, :, :n], V)
+    slot = pos % W
+    if slot - n + 1 < 0:  # a window slice [slot - n + 1, slot] taken without wrapping: empty
+        o[_NO_SLOT_AFTER_WRAP] = torch.zeros_like(q)
+    o[_K_INTO_V] = _attend(q, K, _written(v_buf, k_new, slot)[:, :, :n])
+    o[_V_INTO_K] = _attend(q, _written(k_buf, v_new, slot)[:, :, :n], V)
     right = _attend(q, K, V)
     for hint in (_EMPTY_SLOTS, _LAST_N, _IS_CAUSAL_74, _TILED):  # where they change nothing: the right output
         o.setdefault(hint, right)
-    k_models = {_UNCHANGED: k_buf, _SWAPPED_74: vw, _K_NOT_WRITTEN: k_buf}
-    v_models = {_UNCHANGED: v_buf, _SWAPPED_74: kw, _V_NOT_WRITTEN: v_buf}
+    k_models = {_UNCHANGED: k_buf, _SWAPPED_74: vw, _K_NOT_WRITTEN: k_buf, _V_INTO_K: _written(k_buf, v_new, slot),
+                _TIME_ORDER: torch.roll(kw, -(slot + 1), dims=2)}
+    v_models = {_UNCHANGED: v_buf, _SWAPPED_74: kw, _V_NOT_WRITTEN: v_buf, _K_INTO_V: _written(v_buf, k_new, slot),
+                _TIME_ORDER: torch.roll(vw, -(slot + 1), dims=2)}
+    if pos >= W:  # rolled only once the buffer is full (before that, the slots are in time order already)
+        k_models[_TIME_ORDER_FULL] = k_models[_TIME_ORDER]
+        v_models[_TIME_ORDER_FULL] = v_models[_TIME_ORDER]
+    o[_TIME_ORDER] = o[_TIME_ORDER_FULL] = right
     for hint, slot in ((_SLOT_T_MINUS_1, (pos - 1) % W), (_SLOT_T_PLUS_1, (pos + 1) % W), (_SLOT_LAST, min(pos, W - 1))):
         if slot != pos % W:
             ks, vs = _written(k_buf, k_new, slot), _written(v_buf, v_new, slot)

@@ -75,6 +75,12 @@ _RECIPE_81 = ("q_proj = 2*n*d*H*d_h, k_proj = v_proj = 2*n*d*H_kv*d_h, o_proj = 
 def _flops_mistakes(n: int, d: int, H: int, H_kv: int, d_h: int) -> dict[str, dict[str, float]]:
     """For each key, the values known wrong implementations give, with their hints."""
     right = ref.attention_flops(n, d, H, H_kv, d_h)
+    split = ref.attention_flops(n, d, H, H_kv, d // H)  # every head d_model // n_heads wide
+    head_dim_from_d = Mistake("head_dim-as-d_model-over-n_heads",
+                              "your counts are those of heads d_model // n_heads wide: each head is "
+                              "head_dim wide, as given (H * head_dim need not equal d_model), in the "
+                              "projections, the scores and the weighted values.",
+                              "took the head width as d_model // n_heads instead of head_dim")
     kv_with_h = {
         Mistake("kv_proj-with-query-heads",
                 "you counted the K and V projections with the query heads: with grouped-query "
@@ -145,6 +151,8 @@ def _flops_mistakes(n: int, d: int, H: int, H_kv: int, d_h: int) -> dict[str, di
                           "your total counts only the attention core: add the four projections."):
                       right["scores"] + right["softmax"] + right["weighted_values"]},
     }
+    for key in ("q_proj", "k_proj", "v_proj", "o_proj", "scores", "weighted_values", "total"):
+        m[key][head_dim_from_d] = split[key]
     return {key: _known(models, right[key]) for key, models in m.items()}
 
 
@@ -223,6 +231,9 @@ def _bytes_mistakes(B: int, H: int, T: int, b: int) -> dict[str, float]:
         Mistake("dtype_bytes-hard-coded-2",
                 "you ignored dtype_bytes (2 bytes, as for fp16, whatever the dtype): multiply by "
                 "dtype_bytes."): B * H * T * T * 2,
+        Mistake("dtype_bytes-hard-coded-4",
+                "your count is that of 4 bytes per score whatever dtype_bytes is (fp32's size): "
+                "multiply the B*H*T*T scores by dtype_bytes, the size the caller gives."): B * H * T * T * 4,
     }, right)
 
 
@@ -470,6 +481,12 @@ def _training_mistakes(cfg, B: int, T: int, attention: str) -> dict[str, dict[st
                   "recomputes one layer at a time, adding that layer's flash activations less d.",
                   "counted recompute's activations as flash's")] = (
             2 * B * T * (L * flash_layer + head))
+    head_each_layer = Mistake("head-in-every-layer",
+                              "your activations count the head's 2d + vocab numbers per token in "
+                              "every layer: the head (the final norm and the log-probabilities) "
+                              "sits once on top of the n_layers layers, so it is counted once.",
+                              "counted the head's activations in every layer instead of once")
+    a[head_each_layer] = acts + 2 * B * T * (L - 1) * head
     a |= _per_token_family(cfg, B, T, attention, acts, full)
     total = right["total"]
     sum_of = "total is the sum of weights, gradients, optimizer and activations."
@@ -512,6 +529,7 @@ def _training_mistakes(cfg, B: int, T: int, attention: str) -> dict[str, dict[st
                    "you returned GB as a float: return the number of bytes, an int (divide by 1e9 "
                    "only to print)."): total / 1e9},
     }
+    m["total"][head_each_layer] = total + 2 * B * T * (L - 1) * head
     for key, right_bytes in ref.STATE_BYTES.items():
         m[key] |= _parameter_family(cfg, key, right_bytes, n)
     return m
