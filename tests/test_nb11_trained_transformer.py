@@ -757,6 +757,22 @@ def kcomp_via_course_helper(w_qk, w_ov):
     return model.composition_score(w_qk, w_ov.T).item()  # the notebook's batched helper
 
 
+
+def loss_log_of_probabilities(logits, targets):  # log of softmax: inf where a probability rounds to 0
+    p = F.softmax(logits, dim=-1)
+    b, t = torch.meshgrid(torch.arange(logits.shape[0]), torch.arange(logits.shape[1]), indexing="ij")
+    return -p[b, t, targets].log().mean()
+
+
+def kcomp_precedence(w_qk, w_ov):  # a / b * c
+    return torch.norm(w_qk @ w_ov.T).item() / torch.norm(w_qk).item() * torch.norm(w_ov).item()
+
+
+def kcomp_sum_of_row_norms(w_qk, w_ov):
+    def n(m):
+        return sum(float(row.norm()) for row in m)
+    return n(w_qk @ w_ov.T) / (n(w_qk) * n(w_ov))
+
 WRONG = {
     "swiglu": [
         (swiglu_gelu, "you used GELU"),
@@ -785,6 +801,7 @@ WRONG = {
         (loss_item, "no .item()"),
         (loss_rebuilt_from_numbers, "detached from the logits"),
         (loss_label_smoothing, "label_smoothing=0.1"),
+        (loss_log_of_probabilities, "softmax rounds that probability to 0 and log(0) = -inf"),
     ],
     "induction_scores": [
         (induction_duplicate_token, "key i - m, the query's previous occurrence"),
@@ -828,6 +845,8 @@ WRONG = {
         (kcomp_rms, "a root mean square"),
         (kcomp_sum_of_entries, "the sum of the product's entries"),
         (kcomp_spectral_product_only, "spectral norm (ord=2) of w_qk @ w_ov.T but the Frobenius norms"),
+        (kcomp_precedence, "Python reads a / b * c as (a / b) * c"),
+        (kcomp_sum_of_row_norms, "you summed the norms of the rows"),
     ],
 }
 
@@ -875,6 +894,10 @@ def loss_mean_of_sequence_means(logits, targets):
     # Equal to the mean over all positions when every sequence has the same length (no padding).
     per = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
     return per.mean(dim=1).mean()
+
+
+def loss_exp_sum_log(logits, targets):  # log of the sum of exps, minus the target's logit
+    return (logits.exp().sum(-1).log() - logits.gather(-1, targets[..., None])[..., 0]).mean()
 
 
 def loss_distribution(logits, targets):
@@ -961,7 +984,7 @@ def kcomp_numpy(w_qk, w_ov):
 RIGHT = {
     "swiglu": [swiglu_manual_sigmoid, swiglu_einsum_float64, swiglu_linear],
     "causal_lm_loss": [loss_transpose, loss_log_softmax_gather, loss_nll_float64, loss_mean_of_sequence_means,
-                       loss_distribution],
+                       loss_distribution, loss_exp_sum_log],
     "induction_scores": [induction_loops, induction_diagonal, induction_mask_einsum, induction_gather],
     "k_composition_score": [kcomp_einsum_float64, kcomp_loops, kcomp_trace, kcomp_transposed_product,
                             kcomp_singular_values, kcomp_numpy],

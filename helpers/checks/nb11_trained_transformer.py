@@ -148,6 +148,12 @@ def _loss_mistakes(logits, targets) -> dict[str, torch.Tensor]:
         Mistake("loss-per-sequence", "you returned one loss per sequence; return the mean over all "
                 "B·T positions, a single number."):
             lambda: per.mean(dim=1),
+        Mistake("log-of-softmax", "your loss is inf where a target's logit lies far below the others "
+                "(about 200 below, in one case): softmax rounds that probability to 0 and log(0) = -inf. "
+                "Take log_softmax(logits) (or F.cross_entropy), which computes logits - "
+                "logsumexp(logits) without forming the tiny probability.",
+                "took log(softmax(logits)), which is -inf where a probability rounds to 0"):
+            lambda: -torch.log(torch.softmax(flat, dim=-1).gather(1, tgt[:, None])).mean(),
     })
 
 
@@ -156,7 +162,8 @@ _LOSS_RECIPE = ("B, T, V = logits.shape; return F.cross_entropy(logits.reshape(B
 
 
 def _loss_inputs():
-    """(logits, targets): B, T, V all different; the last case has float64 logits that require grad."""
+    """(logits, targets): B, T, V all different; one case with targets whose logits lie 200 below
+    the others (float32); the last case has float64 logits that require grad."""
     out = []
     for seed, (B, T, V, dtype) in enumerate([(3, 5, 7, torch.float32), (2, 9, 4, torch.float32),
                                             (4, 3, 11, torch.float64)]):
@@ -164,6 +171,15 @@ def _loss_inputs():
         logits = 2 * torch.randn(B, T, V, generator=g, dtype=dtype)
         targets = torch.randint(V, (B, T), generator=g)
         out.append((logits, targets))
+    # float32 logits where some targets' logits lie 200 below the row's others: their probability rounds
+    # to 0 in softmax, while log_softmax (and the loss, 200 there) stays finite.
+    g = seeded(1210)
+    logits = 2 * torch.randn(2, 4, 6, generator=g)
+    targets = torch.randint(6, (2, 4), generator=g)
+    far = torch.rand(2, 4, generator=g) < 0.5
+    far[0, 0] = True
+    logits.scatter_add_(-1, targets[..., None], torch.where(far, -200.0, 0.0)[..., None])
+    out.insert(len(out) - 1, (logits, targets))
     out[-1] = (out[-1][0].requires_grad_(), out[-1][1])
     return out
 
@@ -392,6 +408,16 @@ _KC_NORMS = {  # option -> (its mistake, clause, norm of a matrix)
                    "you used the largest column norm (a norm over dim=0, then max), not the Frobenius "
                    "norm of the whole matrix",
                    lambda m: m.norm(dim=0).max()),
+    "sum-of-columns": (Mistake("sum-of-column-norms", "you summed the norms of the columns (a norm over dim=0, "
+                       "then a sum); the score uses the Frobenius norm of the whole matrix, the square root of "
+                       "the sum of all the squares: torch.linalg.matrix_norm(m) (or m.norm())."),
+                       "you summed the column norms (a norm over dim=0, then a sum), not the Frobenius norm",
+                       lambda m: m.norm(dim=0).sum()),
+    "sum-of-rows": (Mistake("sum-of-row-norms", "you summed the norms of the rows (a norm over dim=-1, then a "
+                    "sum); the score uses the Frobenius norm of the whole matrix, the square root of the sum "
+                    "of all the squares: torch.linalg.matrix_norm(m) (or m.norm())."),
+                    "you summed the row norms (a norm over dim=-1, then a sum), not the Frobenius norm",
+                    lambda m: m.norm(dim=-1).sum()),
     "inf": (Mistake("max-row-sum-norm", "you used the largest row sum of absolute values (ord=inf); the score "
             "uses the Frobenius norm, torch.linalg.matrix_norm(m) with its default ord='fro'."),
             "you used the infinity norm (ord=inf, the largest row sum of |entries|), not the Frobenius norm",
@@ -415,6 +441,11 @@ _KC_DENOMINATORS = {  # option -> (its mistake, clause, denominator from the two
                   "product of both norms, ||w_qk||_F * ||w_ov||_F."),
                   "you divided by ||w_ov|| only, not by ||w_qk|| * ||w_ov||",
                   lambda a, b: b),
+    "a / b * c": (Mistake("multiplied-by-w_ov-norm", "your score is ||w_qk @ w_ov.T|| / ||w_qk|| * ||w_ov||: "
+                  "Python reads a / b * c as (a / b) * c, so ||w_ov|| multiplies instead of dividing. Put the "
+                  "denominator in parentheses: / (||w_qk||_F * ||w_ov||_F)."),
+                  "you divided by ||w_qk|| and multiplied by ||w_ov|| (a / b * c without parentheses)",
+                  lambda a, b: a / b),
     "none": (Mistake("not-normalised", "you did not normalise: divide ||w_qk @ w_ov.T||_F by ||w_qk||_F "
              "* ||w_ov||_F, so that the score does not depend on the matrices' scale."),
              "you did not divide by the norms ||w_qk|| * ||w_ov||",
