@@ -173,6 +173,8 @@ def test_leak_cases_of_the_check():
     assert found["two correctly masked layers"] == [(i, j) for i in range(6, 9) for j in (2, 3)]
     assert found["a padded encoder whose real positions read the padding"] == [(i, j) for i in range(4) for j in range(4, 7)]
     assert found["three leaks of graded strength (about 1e-1, 1e-2 and 1e-4 of the output)"] == [(1, 3), (2, 6), (5, 0)]
+    assert found["an off-by-one causal mask after each position's feature mean is removed"] == [(i, i + 1) for i in range(6)]
+    assert found["leaks on top of a large offset (1e7) removed again"] == [(1, 4), (3, 5)]
 
 
 def test_a_finite_fill_is_not_told_that_exp_overflowed():
@@ -477,7 +479,7 @@ def leaks_include_allowed(attention_fn, allowed, d_model):
     pairs = []
     for j in range(T):
         x2 = x.clone()
-        x2[0, j] += 1.0
+        x2[0, j] += torch.randn(d_model, dtype=torch.float64, generator=torch.Generator().manual_seed(50 + j))
         moved = (attention_fn(x2) - base).abs().amax(-1)[0] > 1e-6
         pairs += [(i, j) for i in range(T) if moved[i]]  # forgot to keep only disallowed pairs
     return sorted(pairs)
@@ -908,6 +910,86 @@ def leaks_step_too_small(attention_fn, allowed, d_model):
     return sorted(found)
 
 
+# ----------------------------------------------------------------- issue 32, round 2 of the outside review
+
+
+_CACHED_512 = torch.tril(torch.ones(512, 512)).bool()
+
+
+def causal_cached_buffer(T):
+    return _CACHED_512[:T, :T].clone()  # a buffer made once for at most 512 positions
+
+
+def padding_pad_count_loop(lengths, T):
+    m = torch.zeros(len(lengths), 1, 1, T, dtype=torch.bool)
+    for b, n in enumerate(lengths.tolist()):
+        m[b, 0, 0, : T - n] = True  # lengths read as the number of padded positions
+    return m
+
+
+def padding_same_axis(lengths, T):
+    return (torch.arange(T) < lengths).reshape(-1, 1, 1, T)  # T positions against B lengths: a broadcast error
+
+
+def softmax_guard_on_last_axis(scores, allowed):
+    p = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+    return p.masked_fill(~allowed.any(dim=-1), 0.0)  # [.., T_q] against [.., T_q, T_k]
+
+
+def softmax_zero_fill_then_zeroed(scores, allowed):
+    p = torch.softmax(scores.masked_fill(~allowed, 0.0), dim=-1)
+    return p.masked_fill(~allowed, 0.0)
+
+
+def softmax_fill_row_min_minus_5(scores, allowed):
+    low = scores.amin(dim=-1, keepdim=True) - 5
+    return torch.softmax(torch.where(allowed, scores, low), dim=-1)
+
+
+def prefix_block_and_causal(T, prefix_len):
+    m = torch.zeros(T, T, dtype=torch.bool)
+    m[:prefix_len, :prefix_len] = True
+    return m & torch.ones(T, T, dtype=torch.bool).tril()
+
+
+def prefix_block_rows_from_one(T, prefix_len):
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    return (j <= i) | ((i >= 1) & (i < prefix_len) & (j < prefix_len))
+
+
+def packed_same_or_causal(seq_lens):
+    ids = torch.repeat_interleave(torch.arange(len(seq_lens)), torch.tensor(list(seq_lens)))
+    causal = torch.ones(len(ids), len(ids), dtype=torch.bool).tril()
+    return torch.logical_or(ids[:, None] == ids[None, :], causal)
+
+
+def leaks_uniform_bump(attention_fn, allowed, d_model):
+    T = allowed.shape[-1]
+    x = torch.randn(1, T, d_model, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    base = attention_fn(x)
+    found = set()
+    for j in range(T):
+        x2 = x.clone()
+        x2[0, j] = x2[0, j] + 0.5  # the same number on every feature
+        moved = (attention_fn(x2) - base)[0].abs().amax(-1) > 1e-6 * (1 + base.abs().max())
+        found |= {(i, j) for i in range(T) if moved[i] and not allowed[i, j]}
+    return sorted(found)
+
+
+def leaks_in_float32(attention_fn, allowed, d_model):
+    T = allowed.shape[-1]
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(1, T, d_model, generator=g)  # float32
+    base = attention_fn(x)
+    found = []
+    for j in range(T):
+        x2 = x.clone()
+        x2[0, j] += torch.randn(d_model, generator=g)
+        moved = (attention_fn(x2) - base)[0].abs().amax(-1) > 1e-6 * (1 + base.abs().max())
+        found += [(i, j) for i in range(T) if moved[i] and not allowed[i, j]]
+    return sorted(found)
+
+
 WRONG = {
     "causal_mask": [
         (causal_inverted, "the mask is inverted"),
@@ -927,6 +1009,7 @@ WRONG = {
         (causal_while_last_row, "the last row (query T-1) is all False"),
         (causal_first_row_skipped, "some rows of your mask are all False"),
         (causal_one_too_big, "[T + 1, T + 1]"),
+        (causal_cached_buffer, "the causal triangle of a fixed largest size"),
     ],
     "padding_mask": [
         (padding_flat, "not [B, T]"),
@@ -947,6 +1030,8 @@ WRONG = {
         (padding_width_of_longest, "not lengths.max()"),
         (padding_keys_by_batch, "your mask is [T, B], keys first"),
         (padding_padded_keys_strictly_after, "your mask is inverted and off by one"),
+        (padding_pad_count_loop, "allows the first T - lengths[b] keys"),
+        (padding_same_axis, "met the axis of the B lengths"),
     ],
     "masked_softmax": [
         (softmax_nan_rows, "rows with nothing allowed came out NaN"),
@@ -972,6 +1057,9 @@ WRONG = {
         (softmax_max_over_queries, "the maximum you subtract is not each row's"),
         (softmax_scaled_by_sqrt_keys, "you scaled the scores"),
         (softmax_log_weights, "your weights are log-probabilities"),
+        (softmax_guard_on_last_axis, "two tensors whose shapes do not broadcast"),
+        (softmax_zero_fill_then_zeroed, "zeroing their weights afterwards leaves rows that sum to less than 1"),
+        (softmax_fill_row_min_minus_5, "only a little below the scores"),
     ],
     "prefix_lm_mask": [
         (prefix_sees_future, "the prefix sees the future"),
@@ -990,6 +1078,8 @@ WRONG = {
         (prefix_with_batch_axes, "return the [T, T] mask itself"),
         (prefix_slice_one_short, "one too small"),
         (prefix_last_row_left, "the whole prefix for a prefix row"),
+        (prefix_block_and_causal, "combine the two with |, not &"),
+        (prefix_block_rows_from_one, "some prefix rows (query i < prefix_len, the first here)"),
     ],
     "packed_causal_mask": [
         (packed_plain_causal, "across sequence boundaries"),
@@ -1012,6 +1102,7 @@ WRONG = {
         (packed_shortest_first, "your blocks are in order of size"),
         (packed_sees_previous, "also reads the whole previous sequence"),
         (packed_first_token_visible, "some tokens read keys of another sequence"),
+        (packed_same_or_causal, "combine the two rules with &, not |"),
     ],
     "find_mask_leaks": [
         (leaks_report_everything, "you reported every disallowed pair, on every case"),
@@ -1040,6 +1131,8 @@ WRONG = {
         (leaks_relative_tolerance_too_big, "missed only weak ones"),
         (leaks_step_too_small, "reported no pair on any case"),
         (leaks_absolute_tolerance, "your tolerance is too loose"),
+        (leaks_uniform_bump, "adds the same number to every feature"),
+        (leaks_in_float32, "float32 keeps about 7 significant digits"),
     ],
 }
 
@@ -1064,6 +1157,15 @@ def causal_loops(T):
 
 def causal_not_triu(T):
     return ~torch.ones(T, T, dtype=torch.bool).triu(1)
+
+
+_BUFFER = [torch.ones(0, 0, dtype=torch.bool)]
+
+
+def causal_growing_buffer(T):
+    if _BUFFER[0].shape[0] < T:  # a cached buffer, rebuilt larger when T exceeds it
+        _BUFFER[0] = torch.ones(2 * T, 2 * T, dtype=torch.bool).tril()
+    return _BUFFER[0][:T, :T].clone()
 
 
 # ----------------------------------------------------------------- 3.2 padding_mask
@@ -1181,14 +1283,28 @@ def leaks_jacobian(attention_fn, allowed, d_model):
     return [(i, j) for i in range(T) for j in range(T) if moved[i, j] and not allowed[i, j]]
 
 
+def leaks_small_bump_tight_tolerance(attention_fn, allowed, d_model):
+    T = allowed.shape[-1]
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(1, T, d_model, generator=g, dtype=torch.float64)
+    base = attention_fn(x)
+    pairs = set()
+    for j in range(T):
+        x_j = x.clone()
+        x_j[0, j] += 1e-2 * torch.randn(d_model, generator=g, dtype=torch.float64)
+        moved = (attention_fn(x_j) - base)[0].abs().amax(-1) > 1e-8 * (1 + base.abs().max())
+        pairs |= {(i, j) for i in range(T) if moved[i] and not allowed[i, j]}
+    return sorted(pairs)
+
+
 RIGHT = {
-    "causal_mask": [causal_arange, causal_loops, causal_not_triu],
+    "causal_mask": [causal_arange, causal_loops, causal_not_triu, causal_growing_buffer],
     "padding_mask": [padding_expand_view, padding_loops],
     "masked_softmax": [softmax_big_negative_and_zero_rows, softmax_finfo_min, softmax_nan_to_num, softmax_by_hand,
                        softmax_float64_log_space],
     "prefix_lm_mask": [prefix_block_assign, prefix_arange],
     "packed_causal_mask": [packed_block_diag, packed_repeat_interleave, packed_loops],
-    "find_mask_leaks": [leaks_vector_perturbation, leaks_jacobian],
+    "find_mask_leaks": [leaks_vector_perturbation, leaks_jacobian, leaks_small_bump_tight_tolerance],
 }
 
 
@@ -1211,7 +1327,7 @@ def _mask_cases():
     from helpers.checks.core import draw, seeded
 
     g = seeded(350)
-    causal = [(T,) for T in (5, 1, 8, draw(g, 2, 65))]
+    causal = [(T,) for T in (5, 1, 8, draw(g, 2, 65), 1025 + draw(g, 0, 40))]
     pad = [(torch.tensor([3, 6, 1, 0]), 6), (torch.tensor([2, 5], dtype=torch.int32), 7), (torch.tensor([4, 4, 1]), 4)]
     g = seeded(351)
     T, B = draw(g, 6, 33), draw(g, 2, 6)
