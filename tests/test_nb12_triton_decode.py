@@ -241,7 +241,7 @@ if td is not None:
         END_OFF: tl.constexpr, KV_MOD: tl.constexpr, NORMALISE: tl.constexpr,
         GUARD_EMPTY: tl.constexpr, GRID: tl.constexpr, EXP2: tl.constexpr = False,
         RESCALE: tl.constexpr = True, FLOOR: tl.constexpr = False, LSE_M: tl.constexpr = False,
-        UNMASKED: tl.constexpr = False, SCORE_0: tl.constexpr = False,
+        UNMASKED: tl.constexpr = False, SCORE_0: tl.constexpr = False, SPLIT_TABLE: tl.constexpr = False,
     ):
         """A learner's split kernel: one program per (split, query head), one page per
         iteration, exp (not exp2), a broadcast product; mistakes switched on by the flags."""
@@ -268,7 +268,9 @@ if td is not None:
         l_sum = tl.zeros([1], tl.float32)
         acc = tl.zeros([HEAD_DIM], tl.float32)
         for p in range(first, last):
-            if TABLE:
+            if SPLIT_TABLE:  # the split's pages read from the table's first entries
+                blk = tl.load(BT + b * stride_tb + (p - first))
+            elif TABLE:
                 blk = tl.load(BT + b * stride_tb + p)
             else:
                 blk = b * MAX_BLOCKS + p
@@ -412,6 +414,8 @@ if td is not None:
         (_learner("decode_no_rescale", RESCALE=False), "must be rescaled by alpha = exp(m - m_new)"),
         (_learner("decode_floor_pages", FLOOR=True), "skipped the partly filled last page"),
         (_learner("decode_lse_is_m", LSE_M=True), "you stored m (the chunk's max score)"),
+        (_learner("decode_split_table_from_entry_0", merge="triton", SPLIT_TABLE=True),
+         "each split read its pages from the block table's first entries"),
         (decode_in_pytorch, "no Triton kernel ran"),
         (decode_gathers_in_pytorch, "gathered the cache through the block table in PyTorch"),
     ]

@@ -88,7 +88,7 @@ def decode64(q, k_pages, v_pages, block_tables, seq_lens, scale: float | None = 
              tables: str = "right", kv_map: str = "right", normalise: bool = True,
              chunks: tuple[int, int] | None = None, combine: str = "lse", base: str = "e",
              rescale: int | None = None, lse: str = "right", floor_pages: bool = False,
-             zero_scores: int | None = None) -> torch.Tensor:
+             zero_scores: int | None = None, split_tables: bool = False) -> torch.Tensor:
     """Paged decoding in float64 on the CPU -> ``[B, H, d]``, with one mistake switched on:
     ``tables`` "in-order" (block j for every sequence) or "flat" (block b * max_blocks + j);
     ``kv_map`` "mod" (kv head h % H_kv) or "div" (h // H_kv); ``normalise=False`` (out not divided
@@ -100,7 +100,9 @@ def decode64(q, k_pages, v_pages, block_tables, seq_lens, scale: float | None = 
     lse is its max score; "log2": in base-2 units, lse / ln 2; "ln2": lse * ln 2, what a merge with
     exp2 of natural lses amounts to); ``floor_pages`` (only the seq_len // page full pages are read);
     ``zero_scores=T``: the slots from seq_len to the next multiple of T are loaded as 0 (masked) but
-    keep their score 0 instead of -inf."""
+    keep their score 0 instead of -inf; ``split_tables`` (with ``chunks``): each chunk reads its keys
+    through the block table from entry 0 (key p of the chunk that starts at key lo from block
+    block_tables[b, (p - lo) // page], slot p % page), as a split that forgot its own offset."""
     q, k_pages, v_pages = (x.detach().to("cpu", torch.float64) for x in (q, k_pages, v_pages))
     block_tables, seq_lens = block_tables.cpu(), seq_lens.cpu()
     B, H, d = q.shape
@@ -122,6 +124,11 @@ def decode64(q, k_pages, v_pages, block_tables, seq_lens, scale: float | None = 
             raise IndexError("this mistake reads past the cache here")
         keys = k_pages[blocks].flatten(0, 1)[:n][:, kv]  # [n, H, d]
         vals = v_pages[blocks].flatten(0, 1)[:n][:, kv]
+        if split_tables and chunks is not None:
+            per_keys = math.ceil(math.ceil(n / chunks[0]) / chunks[1]) * chunks[1]
+            pos = torch.arange(n)
+            entry = block_tables[b, ((pos - pos // per_keys * per_keys) // page).tolist()].long()
+            keys, vals = k_pages[entry, pos % page][:, kv], v_pages[entry, pos % page][:, kv]
         s = torch.einsum("hd,nhd->hn", q[b], keys) * scale  # [H, n]
         if zero_scores:
             extra = math.ceil(n / zero_scores) * zero_scores - n
@@ -229,6 +236,12 @@ _M = {
                                  "its softmax denominator: you stored m (the chunk's max score), so "
                                  "the merge weighs the chunks by their largest score only.",
                                  "stored lse = m for each chunk (forgot + log(l))"),
+    "split-table-from-entry-0": Mistake("split-table-from-entry-0", "each split read its pages from the "
+                                        "block table's first entries: the split whose keys start at page "
+                                        "`start` reads its j-th page from block_tables[b, start + j] (the "
+                                        "page's index in the whole sequence), not block_tables[b, j].",
+                                        "each split read the block table from entry 0, not from its own "
+                                        "first page"),
 }
 
 
@@ -263,6 +276,8 @@ def _mistake_models(c: dict) -> list[tuple[Mistake, torch.Tensor]]:
         variants += [("lse-without-log-l", dict(chunks=(n_splits, tile), lse="m")) for tile in tiles]
         variants += [("lse-base-mismatch", dict(chunks=(n_splits, tile), lse=unit))
                      for tile in tiles for unit in ("log2", "ln2")]
+        variants += [("split-table-from-entry-0", dict(chunks=(n_splits, tile), split_tables=True))
+                     for tile in sorted({page, 16, 32, 64})]
     models = []
     for slug, kw in variants:
         kw.setdefault("scale", scale)
