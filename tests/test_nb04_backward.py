@@ -224,6 +224,11 @@ def jac_identity_plus_half_outer(s):
     return torch.diag_embed(s) + torch.eye(len(s), dtype=s.dtype) - 0.5 * s[:, None] * s[None, :]
 
 
+def jac_times_float32_ones(s):
+    n = s.shape[0]
+    return (torch.diag(s) - torch.outer(s, s)) * torch.ones(n, n)  # float32 ones: float16 s comes back float32
+
+
 def jac_numpy_array(s):
     import numpy as np
 
@@ -606,6 +611,7 @@ WRONG = {
         (jac_minus_s_times_one_minus_s, "you subtracted s_i (1 - s_j)"),
         (jac_numpy_array, "returned a NumPy array"),
         (jac_identity_plus_half_outer, "your J is 1 diag(s) - 0.5 s s^T + 1 I"),
+        (jac_times_float32_ones, "your J is float32, where the inputs' dtype, float16, is expected"),
     ],
     "softmax_backward": [
         (sb_no_subtraction, "dropped the subtraction"),
@@ -686,6 +692,11 @@ def jacobian_loops_float64(s):
 def jacobian_autograd(s):
     # softmax(log s) = s: the Jacobian of softmax at logits log s, by autograd (allowed in 4.1).
     return torch.autograd.functional.jacobian(lambda z: torch.softmax(z, -1), s.log())
+
+
+def jacobian_eye_in_dtype(s):
+    """I * s (the identity in s's dtype) minus the outer product by broadcasting."""
+    return torch.eye(len(s), dtype=s.dtype) * s - s.unsqueeze(-1) * s
 
 
 def jacobian_symmetric_transposed(s):
@@ -771,7 +782,8 @@ def attention_backward_per_head(q, k, v, grad_out, causal):
 
 
 RIGHT = {
-    "softmax_jacobian": [jacobian_diag_embed, jacobian_loops_float64, jacobian_autograd, jacobian_symmetric_transposed],
+    "softmax_jacobian": [jacobian_diag_embed, jacobian_loops_float64, jacobian_autograd, jacobian_symmetric_transposed,
+                         jacobian_eye_in_dtype],
     "softmax_backward": [softmax_backward_einsum, softmax_backward_float64, softmax_backward_row_loop],
     "attention_backward": [attention_backward_einsum, attention_backward_recomputes_p, attention_backward_delta_form,
                            attention_backward_per_head],

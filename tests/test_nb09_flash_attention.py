@@ -1241,6 +1241,33 @@ def tiled_lse_is_l(q, k, v, causal, block_size):
     return tiled_learner(q, k, v, causal, block_size, lse_of=lambda m, l: l)
 
 
+def tiled_one_max_per_tile(q, k, v, causal, block_size):
+    """The tile's running max is one number per (batch, head), shared by its rows, in float64 and einsum:
+    right unless a row's scores lie far below another row's of the tile (then exp underflows to 0)."""
+    B, H, T, d = q.shape
+    q64, k64, v64 = q.double(), k.double(), v.double()
+    outs, lses = [], []
+    for qs in range(0, T, block_size):
+        qb = q64[:, :, qs:qs + block_size]
+        m = torch.full((B, H, 1), _INF, dtype=torch.float64)
+        l = torch.zeros(B, H, qb.shape[2], dtype=torch.float64)
+        acc = torch.zeros_like(qb)
+        for ks in range(0, T, block_size):
+            s = torch.einsum("bhid,bhjd->bhij", qb, k64[:, :, ks:ks + block_size]) / math.sqrt(d)
+            if causal:
+                i = torch.arange(qs, qs + qb.shape[2])[:, None]
+                s = s.masked_fill(torch.arange(ks, ks + s.shape[-1])[None, :] > i, _INF)
+            m_new = torch.maximum(m, s.amax(dim=(-2, -1))[..., None])  # one max for the whole tile
+            p = torch.exp(s - m_new[..., None])
+            alpha = torch.exp(m - m_new)
+            l = l * alpha + p.sum(-1)
+            acc = acc * alpha[..., None] + torch.einsum("bhij,bhjd->bhid", p, v64[:, :, ks:ks + block_size])
+            m = m_new
+        outs.append(acc / l[..., None])
+        lses.append(m + l.log())
+    return torch.cat(outs, dim=2).to(q.dtype), torch.cat(lses, dim=2).float()
+
+
 WRONG = {
     "online_softmax": [
         (online_no_rescale, "rescale it, l = l * exp(m - m_new)"),
@@ -1308,6 +1335,7 @@ WRONG = {
         (tiled_values_of_the_query_block, "the value tile was taken at the query block's rows"),
         (tiled_rescale_after_add, "acc was rescaled after adding the new tile"),
         (tiled_keys_as_values, "p was multiplied by the key tile"),
+        (tiled_one_max_per_tile, "so the rows of a tile shared one max"),
     ],
 }
 
@@ -1327,6 +1355,7 @@ if triton is not None:
         SKIP_DIAG: tl.constexpr, SCALE_MODE: tl.constexpr,  # 0: sm_scale * log2(e); 1: no sm_scale; 2: no log2(e)
         RESCALE: tl.constexpr, NORMALISE: tl.constexpr, LSE_LOG2: tl.constexpr, LOADS_IGNORE_BATCH: tl.constexpr,
         FULL_KEY_BLOCKS_ONLY: tl.constexpr = False,
+        KEY_BIAS_IN_BLOCK: tl.constexpr = False,  # keys >= T hidden by an additive bias on offs_n (block-relative)
         GRID: tl.constexpr = 0,  # 0: (query blocks, B * H); 1: (B * H, query blocks); 2: (query blocks, H, B)
     ):
         if GRID == 0:
@@ -1377,7 +1406,9 @@ if triton is not None:
                 k = tl.load(k_ptrs)
                 v = tl.load(v_ptrs)
             qk = tl.dot(q, tl.trans(k)) * qk_scale
-            if MASK_SCORES:
+            if KEY_BIAS_IN_BLOCK:
+                qk += tl.where(offs_n < T, 0.0, float("-inf"))[None, :]
+            elif MASK_SCORES:
                 qk = tl.where(cols[None, :] < T, qk, float("-inf"))
             if CAUSAL:
                 if CAUSAL_MODE == 0:
@@ -1654,7 +1685,8 @@ if triton is not None:
 
     WRONG["flash_attention_triton"] = [
         (_forward("fwd_unmasked_loads", MASK_LOADS=False), "read past the end of q, k or v"),
-        (_forward("fwd_keys_past_T_not_masked", MASK_SCORES=False), "set the scores of those keys to -inf"),
+        (_forward("fwd_keys_past_T_not_masked", MASK_SCORES=False),
+         "Set the scores of those keys to -inf, by their position in the sequence"),
         (_forward("fwd_unmasked_store", MASK_STORE=False), "wrote past the end"),
         (_forward("fwd_grid_floor", grid_floor=True), "never written"),
         (_forward("fwd_causal_strict", CAUSAL_MODE=1), "offs_m[:, None] >= offs_n[None, :]"),
@@ -1676,6 +1708,8 @@ if triton is not None:
         (triton_forward_copies_numpy, "took q, k or v out of PyTorch"),
         (triton_forward_laundered_through_copies, "computed with q, k and v in PyTorch"),
         (triton_forward_returns_meta, "meta device"),
+        (_forward("fwd_key_bias_block_relative", KEY_BIAS_IN_BLOCK=True),
+         "your key mask works in the first key block only"),
     ]
     WRONG["flash_attention_triton_backward"] = [
         (_backward("bwd_causal_blocks_but_no_mask", CAUSAL_MODE=3), "causal mask is missing in the backward pass"),

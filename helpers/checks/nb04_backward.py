@@ -140,14 +140,19 @@ def softmax_jacobian(t: Trial) -> None:
             "formed the outer product from shapes that do not fit"),
     }
     cases = [torch.tensor([0.7, 0.2, 0.1])]  # seed 003's worked example
-    for seed, (n, dtype) in enumerate([(5, torch.float64), (7, torch.float32), (4, torch.float32)]):
-        cases.append(torch.softmax(1.5 * torch.randn(n, generator=seeded(400 + seed), dtype=dtype), dim=-1))
-    cases = [(s, ref.softmax_jacobian(s), eager_mistakes(_jacobian_mistakes(s))) for s in cases]
-    for s, expected, mistakes in cases:
+    # float64 and float16 too: J keeps s's dtype (a float32 torch.eye(n) or torch.zeros(n, n) would turn
+    # a float16 s into float32; float64 wins over a float32 factor, so float64 alone does not show it)
+    for seed, (n, dtype) in enumerate([(5, torch.float64), (7, torch.float32), (4, torch.float32), (6, torch.float16)]):
+        made = torch.float32 if dtype == torch.float16 else dtype
+        cases.append(torch.softmax(1.5 * torch.randn(n, generator=seeded(400 + seed), dtype=made), dim=-1).to(dtype))
+    # the expected J in float64, rounded to s's dtype once; float16 rounds s_i s_j (|J| <= 1/4) to 2^-13 or so
+    cases = [(s, ref.softmax_jacobian(s.double()).to(s.dtype), eager_mistakes(_jacobian_mistakes(s)),
+              dict(atol=1e-3, rtol=1e-2) if s.dtype == torch.float16 else {}) for s in cases]
+    for s, expected, mistakes, tol in cases:
         got = t.call(s, case=describe_case(s=s) + f" = {[round(x, 4) for x in s.tolist()]}")
         _refuse_numpy(t, got, "J")
         t.tensor(got, expected, what="J", mistakes=mistakes, diagnosis=_jacobian_terms(got, s),
-                 hint="J = torch.diag(s) - torch.outer(s, s): J[i, j] = s_i (delta_ij - s_j).")
+                 hint="J = torch.diag(s) - torch.outer(s, s): J[i, j] = s_i (delta_ij - s_j).", **tol)
 
 
 # --------------------------------------------------------------------------- 4.2

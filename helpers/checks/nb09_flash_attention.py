@@ -22,6 +22,7 @@ import torch
 
 from .. import nb09_flash_attention as ref
 from .core import Trial, describe_case, eager_mistakes, exercise, seeded
+from .diagnose import ranges_text
 from .feedback import Mistake, wrong_signature
 from .instruments import (
     MAX_LIKE,
@@ -610,6 +611,35 @@ def _hidden_diagonal(got: Any, q, k, v, causal: bool, bs: int) -> str:
                    "(query 0 then sees key 0, no special case needed).")
 
 
+def _shared_max(got: Any, expected: torch.Tensor, q, k, causal: bool, bs: int) -> str:
+    """One max shared by the rows of a tile (or wider): on a case where some rows' scores lie far below
+    another row's of the same query tile, exactly those rows come out NaN (or 0), the others right."""
+    if not (isinstance(got, torch.Tensor) and got.shape == expected.shape and got.is_floating_point()):
+        return ""
+    T = q.shape[-2]
+    s = q.detach().double() @ k.detach().double().transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if causal:
+        s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    row_max = s.amax(dim=-1)  # [B, H, T]
+    drowned = torch.zeros_like(row_max, dtype=torch.bool)
+    for qs in range(0, T, bs):  # exp(x) underflows to 0 in float32 below x = -104; float64 below -745
+        tile = row_max[..., qs:qs + bs]
+        drowned[..., qs:qs + bs] = tile < tile.amax(dim=-1, keepdim=True) - 800
+    g = got.detach().double()
+    wrong = ~torch.isclose(g, expected.detach().double(), atol=1e-5, rtol=1e-4).all(dim=-1)
+    if not bool(drowned.any()) or not torch.equal(wrong, drowned):
+        return ""
+    bad = g[drowned]
+    if not bool((~torch.isfinite(bad) | (bad == 0)).all()):
+        return ""
+    rows = ranges_text(drowned.reshape(-1, T).any(0).nonzero().flatten().tolist())
+    return Mistake("max-shared-by-tile-rows", f"rows {rows} came out NaN or 0, the other rows are right: their "
+                   "scores lie far below another row's of the same query tile, and exp(s - m) underflowed to 0 for "
+                   "every key, so the rows of a tile shared one max. Keep one running max per query row: m_new = "
+                   "torch.maximum(m, s.amax(dim=-1)), of shape [B, H, rows of the tile].",
+                   "one max shared by the rows of a tile: rows far below it underflow to NaN")
+
+
 def _ragged_mistakes(q, k, v, causal: bool, bs: int, got: Any) -> dict[str, Callable]:
     """The mistakes of a ragged T (not a multiple of the block), modelled from the learner's own last rows."""
     T = q.shape[-2]
@@ -710,6 +740,7 @@ _TILED_CASES = [
     (1, 3, 30, 16, True, 7),
     (3, 1, 1, 4, True, 8),
     (1, 2, 5, 6, False, 16),
+    (1, 1, 10, 8, False, 4),  # the last: query 0's scores (~1000) far above the other rows' (one max per row)
 ]
 
 
@@ -727,6 +758,8 @@ def flash_attention_tiled(t: Trial) -> None:
     cases = []
     for i, (B, H, T, d, causal, bs) in enumerate(_TILED_CASES):
         q, k, v = _qkv(B, H, T, d, seed=910 + i)
+        if i == len(_TILED_CASES) - 1:  # query 0 scores 1000 on key 3 (the others score ~5): rows in query 0's tile
+            q[..., 0, :] = k[..., 3, :] * (1000 * math.sqrt(d) / k[..., 3, :].pow(2).sum(-1, keepdim=True))
         cases.append((q, k, v, causal, bs, *ref.flash_attention_tiled(q, k, v, causal, bs),
                       eager_mistakes(_tiled_out_mistakes(q, k, v, causal, bs)),
                       eager_mistakes(_tiled_lse_mistakes(q, k, v, causal, bs))))
@@ -739,7 +772,7 @@ def flash_attention_tiled(t: Trial) -> None:
         out, lse = t.tuple(got, 2, ("out", "lse"))
         t.tensor(out, ref_out, what="out", hint=_TILED_HINT,
                  mistakes={**out_mistakes, **_ragged_mistakes(q, k, v, causal, bs, out)},
-                 diagnosis=_hidden_diagonal(out, q, k, v, causal, bs))
+                 diagnosis=_hidden_diagonal(out, q, k, v, causal, bs) or _shared_max(out, ref_out, q, k, causal, bs))
         if isinstance(lse, torch.Tensor) and lse.shape != ref_lse.shape:
             t.fail(f"lse: expected shape {list(ref_lse.shape)} (one number per query row), got {list(lse.shape)}.",
                    Mistake("lse-wrong-shape", "lse = m + log(l) has the shape of the running max: "

@@ -355,10 +355,11 @@ def _weights_hint(P: torch.Tensor, P_ref: torch.Tensor, raw: torch.Tensor, causa
             if ragged and bool((sums < 1).all()):
                 return Mistake("padded-keys-not-masked", f"T = {T} is not a multiple of the block "
                                "here, and keys at positions >= T got weight: the weights on the "
-                               f"real keys sum to less than 1 (row 0: {float(sums[0]):.3f}). After "
-                               "loading k and v with mask=offs_n[:, None] < T, other=0.0, set the "
-                               "scores of those keys to -inf: qk = tl.where(offs_n[None, :] < T, "
-                               "qk, float('-inf')).",
+                               f"real keys sum to less than 1 (row 0: {float(sums[0]):.3f}). Set the "
+                               "scores of those keys to -inf, by their position in the sequence (offs_n "
+                               "counts from the key block's start): qk = tl.where((start_n + "
+                               "offs_n)[None, :] < T, qk, float('-inf')), after loading k and v with "
+                               "mask=(start_n + offs_n)[:, None] < T, other=0.0.",
                                "keys at positions >= T got weight (scores not set to -inf)")
             return Mistake("running-sum-not-row-sum", "each query row's weights are right up to a factor "
                            f"(rows sum to {float(sums.min()):.4g} to {float(sums.max()):.4g}, not 1): the running "
@@ -418,15 +419,21 @@ _FWD_HINT = ("per key block: qk = tl.dot(q, tl.trans(k)) * sm_scale * log2(e); m
              "acc = acc * alpha[:, None] + tl.dot(p, v); then out = acc / l_i[:, None].")
 
 
+_SHORT_T = 12  # a sequence shorter than any key block: a block-relative key mask is right on it
+
+
 def _forward_cases(dev: torch.device) -> list[dict]:
     """Every case of 9.3 with its expected values, built before the learner's code runs."""
     specs = []
     # 1-2: T = 128, a multiple of every block size, and v one-hot: out is the attention weights.
     for causal in (False, True):
         specs.append((*_probe(128, seed=930 + causal), causal, torch.float32, "probe"))
-    # 3-4: T = 100 is ragged for every block size from 8 to 64 (and shorter than 128).
+    # 3 and 5: T = 100 is ragged for every block size from 8 to 64 (and shorter than 128). 4: T = 12 is
+    # shorter than any key block (tl.dot needs 16): a key mask relative to the block is right on it only.
     for causal in (False, True):
         specs.append((*_probe(100, seed=932 + causal), causal, torch.float32, "ragged-probe"))
+        if not causal:
+            specs.append((*_probe(_SHORT_T, seed=936), False, torch.float32, "short-probe"))
     # then several batches and heads, short and ragged T.
     for i, (B, H, T, d, causal, dtype) in enumerate(_FORWARD_CASES):
         specs.append((*_qkv(B, H, T, d, seed=940 + i, spread=1.0), causal, dtype, "full"))
@@ -440,9 +447,20 @@ def _forward_cases(dev: torch.device) -> list[dict]:
     return cases
 
 
-def _forward_case(t: Trial, c: dict, passed: list[str]) -> None:
-    """Run one forward case (see _forward_cases) and compare, naming what it can recognise."""
+def _first_block_mask(T: int, row0: float) -> Mistake:
+    return Mistake("key-mask-in-first-block-only", f"keys at positions >= T get weight at T = {T} (the weights on "
+                   f"the real keys sum to {row0:.3f} in row 0), though they were hidden when T = {_SHORT_T} fit in "
+                   "one key block: your key mask works in the first key block only. offs_n counts from the block's "
+                   "start, so compare the key's position in the sequence: qk = tl.where((start_n + offs_n)[None, :] "
+                   "< T, qk, float('-inf')).",
+                   "masked the keys >= T with the block-relative offs_n (first key block only)")
+
+
+def _forward_case(t: Trial, c: dict, passed: list[str], key_masks: list | None = None) -> None:
+    """Run one forward case (see _forward_cases) and compare, naming what it can recognise. ``key_masks``:
+    the two key-mask mistakes a ragged probe could not tell apart, for the short probe (kept across cases)."""
     __tracebackhide__ = True
+    key_masks = [] if key_masks is None else key_masks
     dev = kernel_device()
     qg, kg, vg = c["args"]
     causal, dtype, kind, expected = c["causal"], c["dtype"], c["kind"], c["out"]
@@ -453,19 +471,25 @@ def _forward_case(t: Trial, c: dict, passed: list[str]) -> None:
     if isinstance(out, torch.Tensor) and out.shape == expected.shape:
         _dtype_check(t, out, dtype, "out")
     tol = _tol(dtype, dev, "probe" if "probe" in kind else "fwd")
-    diagnosis, what = "", "out"
+    diagnosis, what, mistakes = "", "out", {}
     if isinstance(out, torch.Tensor) and out.shape == expected.shape and out.dtype == dtype and not _close(out, expected, **tol):
         diagnosis, where = _unwritten(out, "out")
         P = out.detach().double().cpu()[0, 0, :, :T]
         if not diagnosis and not where and "probe" in kind:
-            if kind == "ragged-probe" and torch.isnan(P).any() and "probe" in passed:
+            if kind in ("ragged-probe", "short-probe") and torch.isnan(P).any() and "probe" in passed:
                 diagnosis = Mistake("unmasked-loads", "NaN now that T is not a multiple of the "
                                     "block (the cases with T = 128 passed): your kernel read past "
                                     "the end of q, k or v (the memory after them holds NaN here). "
                                     "Mask the loads: tl.load(k_ptrs, mask=offs_n[:, None] < T, "
                                     "other=0.0), and the same for q (offs_m) and v.",
                                     "loads past the end of q, k or v are not masked (ragged T)")
-            diagnosis = diagnosis or _weights_hint(P, c["P64"][0, 0], c["raw"][0, 0], causal, d, kind == "ragged-probe")
+            diagnosis = diagnosis or _weights_hint(P, c["P64"][0, 0], c["raw"][0, 0], causal, d, kind != "probe")
+        if getattr(diagnosis, "slug", "") == "padded-keys-not-masked" and kind == "ragged-probe":
+            # Keys >= T weighed at T = 100: no key mask at all, or one that works in the first key block only
+            # (offs_n, relative to the block, compared with T). The short probe that follows tells them apart:
+            # a kernel right on it (T < every key block) refutes "no mask" and leaves the first-block-only mask.
+            key_masks[:] = [diagnosis, _first_block_mask(T, float(P.sum(-1)[0]))]
+            mistakes = {m: out for m in key_masks}
         if not diagnosis and not where:
             diagnosis, where = _slices(out, expected, tol, "out")
         if (not diagnosis or getattr(diagnosis, "slug", "") == "running-sum-not-row-sum") and not where:
@@ -484,7 +508,15 @@ def _forward_case(t: Trial, c: dict, passed: list[str]) -> None:
                                     "up to the end of this query block, (start_m + 1) * BLOCK_M.",
                                     "wrong with causal=True only (mask or loop bounds)")
         what = f"out ({where})" if where else "out"
-    t.tensor(out, expected, what=what, hint=_FWD_HINT, diagnosis=diagnosis, **tol)
+    if kind == "short-probe" and key_masks and isinstance(out, torch.Tensor) and out.shape == expected.shape:
+        right = out.dtype == dtype and _close(out, expected, **tol)
+        P = out.detach().double().cpu()[0, 0, :, :T]
+        sums = P.sum(-1)
+        padded = (not right and bool(torch.isfinite(P).all()) and bool((sums < 1 - 1e-3).all())
+                  and torch.allclose(P / sums[:, None], c["P64"][0, 0], atol=1e-4, rtol=1e-2))
+        wrong = expected + 1  # a model no output of this case matches: the mistake is refuted
+        mistakes = {key_masks[0]: out if padded else wrong, key_masks[1]: expected if right else wrong}
+    t.tensor(out, expected, what=what, hint=_FWD_HINT, diagnosis=diagnosis, mistakes=mistakes, **tol)
     if T > 1:  # with one key, out = v: a kernel's output is then also a copy of an input
         _written_by_kernel(t, prov, out, "out", {"q", "k", "v"})
     if lse is not None:
@@ -538,8 +570,9 @@ def flash_attention_triton(t: Trial) -> None:
     t.error_hints = _TRITON_ERRORS
     t.forbidden_references = set(_COURSE_FUNCTIONS)
     passed: list[str] = []
+    key_masks: list = []
     for case in _forward_cases(kernel_device()):
-        _forward_case(t, case, passed)
+        _forward_case(t, case, passed, key_masks)
 
 
 # =========================================================================== 9.4 Triton backward
