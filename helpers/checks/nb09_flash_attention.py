@@ -33,6 +33,7 @@ from .instruments import (
     op_name,
     warm_up,
 )
+from .nb04_backward import _weighed
 from .watchers import logged
 
 __all__ = ["online_softmax", "flash_attention_tiled"]
@@ -47,29 +48,6 @@ def call_logged(t: Trial, *args: Any, sources: dict[str, int], case: str) -> tup
     warm_up()
     got, seen = t.call_watched(logged, args, sources, case=case)
     return got, Watched(seen["ops"], seen["exported"], seen["scalar_reads"])
-
-
-def _weighed(models: dict, got: Any, atol: float, rtol: float) -> dict:
-    """``models`` (mistake -> its output on this comparison) as the core should weigh them against
-    ``got`` at this comparison's own tolerance (the core matches at atol 1e-5, rtol 1e-4): a model that
-    fits ``got`` at (atol, rtol) becomes ``got`` itself; one that does not, but that the core's
-    tolerance would take for ``got``, becomes NaN (it is not what the learner did)."""
-    if not (isinstance(got, torch.Tensor) and got.is_floating_point()):
-        return dict(models)
-    g = got.detach().double().cpu()
-    out = {}
-    for hint, m in models.items():
-        if not (isinstance(m, torch.Tensor) and m.shape == got.shape and m.device == got.device):
-            out[hint] = m
-            continue
-        w = m.detach().double().cpu()
-        if bool(torch.isclose(g, w, atol=atol, rtol=rtol, equal_nan=True).all()):
-            out[hint] = got
-        elif bool(torch.isclose(g, w, atol=1e-5, rtol=1e-4, equal_nan=True).all()):
-            out[hint] = torch.full_like(m, float("nan"))
-        else:
-            out[hint] = m
-    return out
 
 
 _COURSE_FUNCTIONS = {"online_softmax", "flash_attention_tiled", "flash_attention_triton",
