@@ -15,7 +15,7 @@ from helpers.checks import EXERCISES, CheckFailed
 from helpers.checks import nb03_masks as c3
 from helpers.checks.nb03_masks import _leak_cases, toy_attention
 from helpers.nb01_qkv_shapes import scaled_dot_product_attention
-from tests.exercise_cases import assert_accepted, assert_rejected, right_cases, wrong_cases
+from tests.exercise_cases import assert_accepted, assert_rejected, first_fast, right_cases, wrong_cases
 
 # =============================================================== lesson: helpers.nb03_masks
 
@@ -1308,7 +1308,8 @@ RIGHT = {
 }
 
 
-@pytest.mark.parametrize(("name", "wrong", "hint"), wrong_cases(WRONG))
+# make test runs the first 8 wrong answers of each exercise (the commonest); make test-all all of them
+@pytest.mark.parametrize(("name", "wrong", "hint"), first_fast(wrong_cases(WRONG), dict.fromkeys(WRONG, 8)))
 def test_check_rejects_wrong(name, wrong, hint):
     assert_rejected(name, wrong, hint)
 
@@ -1352,7 +1353,8 @@ def _key(args):
 _PROPERTY_SLUGS = {"rows-missing", "sequences-missing", "blocks-of-wrong-sizes"}
 
 
-@pytest.mark.parametrize("name", ["causal_mask", "padding_mask", "prefix_lm_mask", "packed_causal_mask"])
+@pytest.mark.parametrize("name", ["causal_mask", *(pytest.param(n, marks=pytest.mark.slow)
+                                                  for n in ("padding_mask", "prefix_lm_mask", "packed_causal_mask"))])
 def test_every_mask_mistake_model_is_named_as_itself(name):
     """A learner whose mask is a mistake's model on every case is told that mistake, in its words: no two
     mistakes coincide on all the cases, and each one shows on some case."""
@@ -1373,6 +1375,7 @@ def test_every_mask_mistake_model_is_named_as_itself(name):
         assert str(hint) in result.message, (hint.slug, result.message)
 
 
+@pytest.mark.slow
 def test_every_softmax_mistake_model_is_named_as_itself():
     cases = c3._softmax_cases()
     per_case = [c3.eager_mistakes(c3._softmax_models(s, a, masks.masked_softmax(s, a), None)) for s, a in cases]
@@ -1390,6 +1393,7 @@ def test_every_softmax_mistake_model_is_named_as_itself():
         assert result.mistake_id == f"3.3/{hint.slug}", (hint.slug, result.message)
 
 
+@pytest.mark.slow
 def test_every_leak_mistake_is_named_as_itself():
     """3.6: a learner whose pairs are a mistake's prediction on every case is told that mistake."""
     cases = [(fn, allowed, d, masks.find_mask_leaks(fn, allowed, d), den, roundoff)
@@ -1437,7 +1441,7 @@ def _one_trial_finder(seed):
     return find
 
 
-@pytest.mark.parametrize("salt", [1, 23, pytest.param(4, marks=pytest.mark.slow), pytest.param(54, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("salt", [1, *(pytest.param(s, marks=pytest.mark.slow) for s in (23, 4, 54))])
 def test_a_correct_one_trial_finder_passes_whatever_its_randomness_and_the_salt(salt):
     """Issue 32's review: under some grading salts a leak came out weak enough (through the softmax
     denominator or a second layer) for a correct one-trial finder to miss it. The check draws weights
