@@ -25,9 +25,11 @@ import collections
 import functools
 import json
 import os
+import re
 import signal
 import sys
 import types
+from pathlib import Path
 
 import nbformat
 import numpy as np
@@ -35,11 +37,13 @@ import pytest
 import torch
 
 import helpers.nb01_qkv_shapes as att
-from helpers import checks, reference
+from helpers import checks, reference, registry
 from helpers.checks import EXERCISES, CheckFailed, core, feedback, guard
 from helpers.runtime import configure_triton
 from helpers.tools import notebooks as nbtools
 from tests.exercise_cases import all_cases
+
+ROOT = Path(__file__).resolve().parents[1]
 
 configure_triton()  # as setup() does in a notebook: Triton's interpreter on before any kernel exists
 
@@ -126,33 +130,42 @@ def test_check_explains_a_non_function(bad):
         checks.qkv_projection(bad)
 
 
-# The graded exercises of the course contract (EXERCISES.md): id -> function name.
-CONTRACT = {
-    "1.1": "qkv_projection", "1.2": "merge_heads", "1.3": "scaled_dot_product_attention",
-    "2.1": "scaled_scores", "2.2": "attention_entropy", "2.3": "dot_product_std",
-    "3.1": "causal_mask", "3.2": "padding_mask", "3.3": "masked_softmax", "3.4": "prefix_lm_mask",
-    "3.5": "packed_causal_mask", "3.6": "find_mask_leaks",
-    "4.1": "softmax_jacobian", "4.2": "softmax_backward", "4.3": "attention_backward",
-    "5.1": "multi_head_attention", "5.2": "mha_param_count", "5.3": "ablate_head",
-    "6.1": "repeat_kv", "6.2": "grouped_query_attention", "6.3": "kv_values_per_token", "6.4": "mla_absorbed_scores",
-    "7.1": "kv_cache_bytes", "7.2": "decode_step", "7.3": "prefill_decode_flops", "7.4": "ring_buffer_decode_step",
-    "8.1": "attention_flops", "8.2": "score_matrix_bytes", "8.3": "max_seq_len_for_scores", "8.4": "training_memory",
-    "9.1": "online_softmax", "9.2": "flash_attention_tiled", "9.3": "flash_attention_triton",
-    "9.4": "flash_attention_triton_backward",
-    "10.1": "rope", "10.2": "alibi_bias", "10.3": "llama3_rope_frequencies",
-    "11.1": "swiglu", "11.2": "causal_lm_loss", "11.3": "induction_scores", "11.4": "k_composition_score",
-    "12.1": "gather_paged_kv", "12.2": "merge_partials", "12.3": "blocks_in_use", "12.4": "paged_decode_triton",
-}
-BONUS = {"9.4", "12.4"}  # the Triton exercises beyond the forward kernel: scored apart, never block a pass
+def test_the_registry_and_the_code_agree():
+    """helpers/registry.py is the one hand-kept list of exercises: every line has its check (in the
+    check module it names, exported), its reference (in the lesson module's ``__all__`` and in
+    ``helpers.reference``), and every check is on a line. Each failure says what to change."""
+    import importlib
 
-
-def test_exercise_registry_matches_the_contract():
-    for name, ex in EXERCISES.items():
-        assert CONTRACT.get(ex.id) == name, f"check {name} has id {ex.id}; the contract says {CONTRACT.get(ex.id)}"
-        assert ex.points == ex.stars, ex
-        assert ex.bonus == (ex.id in BONUS), f"{ex.id}: the bonus exercises are {sorted(BONUS)}"
-        assert hasattr(reference, name), f"helpers.reference.{name} is missing"
-        assert hasattr(checks, name), f"helpers.checks.{name} is not exported"
+    problems = []
+    listed = registry.by_name()
+    ids = [e.id for e in registry.EXERCISES]
+    problems += [f"exercise id {i} is on two lines of helpers/registry.py" for i in {i for i in ids if ids.count(i) > 1}]
+    for name, ex in listed.items():
+        where = f"helpers/registry.py line of {ex.id} {name}"
+        if not re.fullmatch(r"[1-9][0-9]?\.[1-9][0-9]?", ex.id) or int(ex.id.split(".")[0]) != int(ex.notebook[:2]):
+            problems.append(f"{where}: the id must be <notebook number>.<n> (notebook {ex.notebook})")
+        if ex.stars not in (1, 2, 3):
+            problems.append(f"{where}: stars must be 1, 2 or 3 (★ warm-up, ★★ core, ★★★ hard)")
+        if not (ROOT / "notebooks" / f"{ex.notebook}.ipynb").exists():
+            problems.append(f"{where}: there is no notebooks/{ex.notebook}.ipynb")
+        lesson = importlib.import_module(f"helpers.{ex.module_name}")
+        if not callable(getattr(lesson, name, None)):
+            problems.append(f"helpers/{ex.module_name}.py has no function {name} (the exercise's reference)")
+        elif name not in getattr(lesson, "__all__", [name]):
+            problems.append(f"add {name!r} to __all__ in helpers/{ex.module_name}.py (its reference)")
+        elif getattr(reference, name, None) is not getattr(lesson, name) and \
+                getattr(getattr(reference, name, None), "__module__", "") != "helpers.reference":  # a lazy import
+            problems.append(f"helpers.reference.{name} is not helpers.{ex.module_name}.{name}: one definition, re-exported")
+        if not hasattr(reference, name):
+            problems.append(f"helpers.reference.{name} is missing: helpers/reference.py imports the topic modules' __all__")
+        check = getattr(checks, name, None)
+        if getattr(check, "exercise", None) != ex:
+            problems.append(f"no check for {name}: write `@exercise() def {name}(t: Trial)` in helpers/checks/{ex.module_name}.py")
+        elif check.__module__ != f"helpers.checks.{ex.module_name}":
+            problems.append(f"the check of {name} is in {check.__module__}; the registry says helpers.checks.{ex.module_name}")
+    problems += [f"the check {name} ({ex.id}) is not in helpers/registry.py: add its line there"
+                 for name, ex in EXERCISES.items() if name not in listed]
+    assert not problems, "\n".join(problems)
 
 
 # =========================================================================== the machinery's units
@@ -162,7 +175,7 @@ def test_exercise_registry_matches_the_contract():
 def toy():
     """A registered toy check (removed again afterwards): 2 * x, with one recognised mistake."""
 
-    @core.exercise("0.1", "double a tensor", points=1, stars=1, notebook="01_qkv_shapes", section="2. Shapes")
+    @core.exercise(entry=feedback.Exercise("0.1", "toy_double", "double a tensor", 1, "01_qkv_shapes", "2. Shapes"))
     def toy_double(t):
         x = torch.arange(6.0).reshape(2, 3)
         expected = 2 * x
@@ -218,7 +231,7 @@ def test_repeats_are_counted_per_exercise(toy):
 
 
 def test_exercise_pointer_without_a_section():
-    ex = feedback.Exercise("9.9", "x", "t", 1, 1, "09_flash_attention")
+    ex = feedback.Exercise("9.9", "x", "t", 1, "09_flash_attention")
     assert ex.pointer == "notebooks/09_flash_attention.ipynb"
 
 
@@ -238,7 +251,7 @@ def test_a_failure_printed_in_a_learners_session_breaks_between_words(monkeypatc
     """In a learner's own session a failure goes to stderr, which JupyterLab shows with
     `word-break: break-all`: a line longer than the output area is cut anywhere, mid-word too.
     So the message is wrapped at word boundaries before it is written (it once was not)."""
-    ex = feedback.Exercise("0.1", "toy_double", "double a tensor", 1, 1, "01_qkv_shapes")
+    ex = feedback.Exercise("0.1", "toy_double", "double a tensor", 1, "01_qkv_shapes")
     hint = "you added 2 instead of multiplying by 2: " + " ".join(f"multiplication{i}" for i in range(30))
     error = CheckFailed(f"0.1 toy_double failed\n  hint: {hint}", hint, exercise=ex)
     with monkeypatch.context() as m:  # undone before the integrity guard looks

@@ -30,10 +30,6 @@ def gen(seed):
     return torch.Generator().manual_seed(seed)
 
 
-def test_all_lists_exactly_the_graded_functions():
-    assert positions.__all__ == ["rope", "alibi_bias", "llama3_rope_frequencies"]
-
-
 # ----------------------------------------------------------------- RoPE
 
 
@@ -364,7 +360,6 @@ def test_repeat_half_metrics_of_a_perfect_copier_and_their_shapes():
     model = PositionedTransformer(SMALL, "nope", generator=gen(29))
     untrained = repeat_half_metrics(model, tokens)
     assert untrained["accuracy"] < 0.5 and untrained["loss"] > 1 and 0 <= untrained["induction"] <= 1
-
 
 
 def test_ablation_run_is_notebook_11s_training_then_the_metrics_of_its_model():
@@ -831,7 +826,6 @@ def llama3_short_threshold_times_2pi(inv_freq, factor, low_freq_factor, high_fre
     out = torch.lerp(inv_freq / factor, inv_freq, smooth)
     out = torch.where(wavelen > long, inv_freq / factor, out)
     return torch.where(wavelen < 2 * math.pi * short, inv_freq, out)  # the 2π on the wrong side
-
 
 
 def _meta_scale(freq, factor, low_freq_factor, high_freq_factor, original_max_len, swapped=False):

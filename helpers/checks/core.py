@@ -51,6 +51,7 @@ from typing import Any
 import torch
 import torch.nn.functional  # noqa: F401  (watched by the integrity guard)
 
+from .. import registry
 from .calling import CALL_MISTAKES, Remote, _run_watcher, protected_call
 from .diagnose import factor_facts, nonfinite_facts, number_facts, shape_value_facts, tensor_facts
 from .feedback import (
@@ -743,22 +744,23 @@ def run_check(name: str, fn: Any) -> CheckResult:
 _CHECKS: dict[str, Callable] = {}
 
 
-def exercise(id: str, title: str, points: int, stars: int, notebook: str, time_limit: float | None = None,
-             bonus: bool = False, section: str | None = None):
-    """Turn ``body(t: Trial)`` into the check ``checks.<name>(fn)`` for exercise ``id``.
+def exercise(time_limit: float | None = None, *, entry: Exercise | None = None):
+    """Turn ``body(t: Trial)`` into the check ``checks.<name>(fn)`` of the exercise whose function
+    is ``body``'s name, as ``helpers/registry.py`` lists it (id, title, stars, notebook, section,
+    bonus); ``entry`` gives one that is not in the registry (the machinery's tests).
 
-    ``section`` names the section of ``notebooks/<notebook>.ipynb`` the exercise builds on (shown
-    when a failure has no recognised cause). The check prints one line (and the model answer)
-    when everything passes; otherwise it raises :class:`CheckFailed`, except that an unattempted
-    exercise in an interactive session only shows a notice. Either way the outcome is recorded.
-    ``time_limit`` (seconds per call of the learner's function) defaults to
-    ``DEFAULT_TIME_LIMIT_S``, read when the check runs. ``check.evaluate(fn)`` runs it silently
+    The section named there is shown when a failure has no recognised cause. The check prints one
+    line (and the model answer) when everything passes; otherwise it raises :class:`CheckFailed`,
+    except that an unattempted exercise in an interactive session only shows a notice. Either way
+    the outcome is recorded. ``time_limit`` (seconds per call of the learner's function) defaults
+    to ``DEFAULT_TIME_LIMIT_S``, read when the check runs. ``check.evaluate(fn)`` runs it silently
     and returns the :class:`CheckResult`.
     """
+    if callable(time_limit):
+        raise TypeError("write @exercise() with its parentheses")
 
     def decorate(body: Callable[[Trial], None]) -> Callable[[Callable], None]:
-        ex = Exercise(id=id, name=body.__name__, title=title, points=points, stars=stars, notebook=notebook,
-                      bonus=bonus, section=section)
+        ex = entry if entry is not None else registry.lookup(body.__name__)
         if ex.name in EXERCISES:
             raise ValueError(f"two checks are named {ex.name}")
         EXERCISES[ex.name] = ex

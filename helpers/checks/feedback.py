@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.nn.functional  # noqa: F401  (watched by the integrity guard)
 
+from ..registry import Exercise  # noqa: F401  (re-exported: checks and tests name it here)
 from .guard import _isinstance, _issubclass, _len, _Parameter, _Tensor, _type
 
 # --------------------------------------------------------------------------- constants for the course
@@ -44,34 +45,6 @@ WRAP_WIDTH = 92  # columns at which messages shown in a notebook are wrapped (at
 MODEL_ANSWERS_FILE = "model_answers.json"  # package data of `helpers`, written by `make exercises`
 
 # --------------------------------------------------------------------------- exercises and results
-
-
-@dataclass(frozen=True)
-class Exercise:
-    """One graded exercise: id "1.1", function name, title, points, stars, notebook stem, whether
-    it is a bonus (its points are reported apart and never block a pass), and the section of the
-    teaching notebook it builds on (named in first-failure pointers)."""
-
-    id: str
-    name: str
-    title: str
-    points: int
-    stars: int
-    notebook: str
-    bonus: bool = False
-    section: str | None = None
-
-    @property
-    def order(self) -> tuple[int, ...]:
-        """The exercise's place in the course, to sort by: "10.3" -> (10, 3)."""
-        return tuple(int(part) for part in self.id.split("."))
-
-    @property
-    def pointer(self) -> str:
-        """Where to revisit: ``notebooks/05_multihead.ipynb, section 3. Why W_O exists``."""
-        where = f"notebooks/{self.notebook}.ipynb"
-        return f"{where}, section {self.section}" if self.section else where
-
 
 
 _SLUG = re.compile(r"[A-Za-z0-9_.]+(?:-[A-Za-z0-9_.]+)*")

@@ -1,4 +1,4 @@
-"""Checks for notebook 01_qkv_shapes: exercises 1.1-1.3.
+"""Checks for notebook 01_qkv_shapes (its exercises: helpers/registry.py).
 
 Every case and its expected output are built before the learner's function first runs; the
 mistakes each check recognises are outputs of known wrong implementations, named at the first
@@ -13,10 +13,11 @@ import math
 import torch
 
 from .. import nb01_qkv_shapes as ref
+from ..registry import in_module
 from .core import Trial, describe_case, eager_mistakes, exercise, seeded
 from .feedback import Mistake
 
-NB = "01_qkv_shapes"
+__all__ = in_module(__name__)  # its exercises' checks, as helpers/registry.py lists them
 
 # Shapes are chosen so that no two of B, T, H, d_k are equal: a transposed or swapped axis
 # then shows up as a wrong shape or wrong values, never as a lucky pass.
@@ -174,8 +175,7 @@ def _column_diagnosis(got, x: torch.Tensor, w: torch.Tensor, H: int, i: int) -> 
         return ""
 
 
-@exercise("1.1", "Q/K/V projection and head split", points=1, stars=1, notebook=NB,
-          section="2. The seven steps, with every shape")
+@exercise()
 def qkv_projection(t: Trial) -> None:
     t.error_hints = {
         r"shape '\[.*\]' is invalid|view size is not compatible": Mistake(
@@ -324,8 +324,7 @@ def _merge_diagnosis(got, o: torch.Tensor, expected: torch.Tensor) -> str:
         return ""
 
 
-@exercise("1.2", "merge heads back to [B, T, D]", points=1, stars=1, notebook=NB,
-          section="2. The seven steps, with every shape")
+@exercise()
 def merge_heads(t: Trial) -> None:
     t.error_hints = {
         r"view size is not compatible|view\(\)": Mistake(
@@ -570,8 +569,7 @@ def _overflow_case(g: torch.Generator) -> tuple:
     return q, k, v
 
 
-@exercise("1.3", "scaled dot-product attention", points=1, stars=1, notebook=NB,
-          section="1. What queries, keys and values are for")
+@exercise()
 def scaled_dot_product_attention(t: Trial) -> None:
     t.error_hints = {
         r"cannot be multiplied|must match the size|size of tensor a|"

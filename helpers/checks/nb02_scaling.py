@@ -1,4 +1,4 @@
-"""Checks for notebook 02_scaling: exercises 2.1-2.3.
+"""Checks for notebook 02_scaling (its exercises: helpers/registry.py).
 
 Every case and its expected output are built before the learner's function first runs; the
 mistakes each check recognises are outputs of known wrong implementations, named at the first
@@ -13,13 +13,13 @@ import torch
 
 from .. import nb01_qkv_shapes as attention
 from .. import nb02_scaling as scaling
+from ..registry import in_module
 from . import watchers
 from .core import Trial, describe, describe_case, eager_mistakes, exercise, salted, seeded
 from .feedback import Mistake
 
-__all__ = ["scaled_scores", "attention_entropy", "dot_product_std"]
+__all__ = in_module(__name__)  # its exercises' checks, as helpers/registry.py lists them
 
-NB = "02_scaling"
 
 
 # --------------------------------------------------------------------------- 2.1 scaled_scores
@@ -134,7 +134,7 @@ def _scale_diagnosis(got, q: torch.Tensor, k: torch.Tensor, expected: torch.Tens
     return ""
 
 
-@exercise("2.1", "scaled scores", points=1, stars=1, notebook=NB, section="1. The variance argument")
+@exercise()
 def scaled_scores(t: Trial) -> None:
     t.error_hints = {
         r"cannot be multiplied|must match the size|size of tensor a|Expected size for first two dimensions|"
@@ -268,8 +268,7 @@ def _entropy_mistakes(p: torch.Tensor) -> dict:
         )] = lambda eps=eps: -(p * (p + eps).log()).sum(-1)
     return mistakes
 
-@exercise("2.2", "attention entropy", points=1, stars=1, notebook=NB,
-          section="2. What the scale does to the softmax: entropy and peak weight")
+@exercise()
 def attention_entropy(t: Trial) -> None:
     cases = []
     g = seeded(400)
@@ -543,7 +542,7 @@ def _spread(t: Trial) -> None:
     t.fail(head, _TOO_FEW_PAIRS)
 
 
-@exercise("2.3", "empirical std of q·k", points=2, stars=2, notebook=NB, section="1. The variance argument")
+@exercise()
 def dot_product_std(t: Trial) -> None:
     expected = {d_k: math.sqrt(d_k) for d_k, _, _ in _VALUE_CASES}
     values, cases = {}, {}

@@ -1,4 +1,4 @@
-"""Checks for notebook 03_masks: exercises 3.1-3.6."""
+"""Checks for notebook 03_masks (its exercises: helpers/registry.py)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import torch
 
 from .. import nb01_qkv_shapes as att
 from .. import nb03_masks as ref
+from ..registry import in_module
 from .core import Trial, describe, describe_case, draw, eager_mistakes, exercise, seeded
 from .feedback import Mistake
 from .probes import ToyAttention
 
-__all__ = ["causal_mask", "padding_mask", "masked_softmax", "prefix_lm_mask", "packed_causal_mask", "find_mask_leaks"]
+__all__ = in_module(__name__)  # its exercises' checks, as helpers/registry.py lists them
 
-NB = "03_masks"
 
 POLARITY = ("the mask is inverted: True means *may attend* (the convention of "
             "torch.nn.functional.scaled_dot_product_attention), False means blocked.")
@@ -193,7 +193,7 @@ def _causal_models(T: int, got) -> dict:
     }
 
 
-@exercise("3.1", "causal mask", points=1, stars=1, notebook=NB, section="1. A mask is a yes/no table")
+@exercise()
 def causal_mask(t: Trial) -> None:
     g = seeded(350)
     # then a T drawn (2-64) from a seed, and a T past 1024 (a mask sliced from a buffer of fixed size stops there)
@@ -342,7 +342,7 @@ def _padding_models(lengths: torch.Tensor, T: int, got) -> dict:
     }
 
 
-@exercise("3.2", "padding mask", points=2, stars=2, notebook=NB, section="2.1 Padding: a mask on keys, shaped to broadcast")
+@exercise()
 def padding_mask(t: Trial) -> None:
     # B != T everywhere; a zero length (all keys padding) and a full length are included.
     cases = [(torch.tensor([3, 6, 1, 0]), 6), (torch.tensor([2, 5], dtype=torch.int32), 7), (torch.tensor([4, 4, 1]), 4)]
@@ -644,8 +644,7 @@ def _softmax_cases() -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(s1, a1), (s2, a2), (s5, a5), (s3, a3), (s4, a4), (s6, a6)]
 
 
-@exercise("3.3", "masked softmax", points=2, stars=2, notebook=NB,
-          section="4.4 A row with nothing allowed: NaN, and how it spreads")
+@exercise()
 def masked_softmax(t: Trial) -> None:
     reshaped = Mistake(
         "reshaped-broadcast-mask",
@@ -821,7 +820,7 @@ def _prefix_models(T: int, p: int, got) -> dict:
     }
 
 
-@exercise("3.4", "prefix-LM mask", points=2, stars=2, notebook=NB, section="2.2 Prefix-LM: a bidirectional prefix, then causal")
+@exercise()
 def prefix_lm_mask(t: Trial) -> None:
     g = seeded(352)  # the last case drawn from a seed: T 2-32, 0 <= prefix_len <= T
     T_drawn = draw(g, 2, 33)
@@ -1009,8 +1008,7 @@ def _packed_models(seq_lens: tuple, got) -> dict:
     }
 
 
-@exercise("3.5", "packed (block-diagonal causal) mask", points=2, stars=2, notebook=NB,
-          section="2.3 Packed sequences: block-diagonal causal (varlen)")
+@exercise()
 def packed_causal_mask(t: Trial) -> None:
     # The learner gets a list of its own; the machinery of t.call notices if it is changed in place.
     g = seeded(353)  # the last case drawn from a seed: 1 to 4 sequences of 1 to 5 tokens
@@ -1401,7 +1399,7 @@ def _leak_info(fn, allowed: torch.Tensor, d_model: int, denominator: set, roundo
                 offset_leaks={(a, b) for a, b, _ in getattr(fn, "leaks", ())} if offset else set())
 
 
-@exercise("3.6", "find mask leaks by perturbation", points=3, stars=3, notebook=NB, section="5. Mask tests: perturb and watch")
+@exercise()
 def find_mask_leaks(t: Trial) -> None:
     t.error_hints = {
         r"attention_fn expects": _WRONG_PROBE,

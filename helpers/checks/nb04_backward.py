@@ -1,4 +1,4 @@
-"""Checks for notebook 04_backward: exercises 4.1-4.3."""
+"""Checks for notebook 04_backward (its exercises: helpers/registry.py)."""
 
 from __future__ import annotations
 
@@ -8,15 +8,15 @@ import torch
 
 from .. import nb01_qkv_shapes as att
 from .. import nb04_backward as ref
+from ..registry import in_module
 from . import watchers
 from .core import Trial, describe_case, eager_mistakes, exercise, seeded
 from .feedback import Mistake
 from .instruments import warm_up
 from .watchers import FORWARD_PASSES
 
-__all__ = ["softmax_jacobian", "softmax_backward", "attention_backward"]
+__all__ = in_module(__name__)  # its exercises' checks, as helpers/registry.py lists them
 
-NB = "04_backward"
 
 
 
@@ -131,7 +131,7 @@ def _jacobian_terms(got, s: torch.Tensor) -> str:
                    "J is a combination of diag(s), s s^T and I with the wrong coefficients")
 
 
-@exercise("4.1", "the softmax Jacobian", points=1, stars=1, notebook=NB, section="1. The softmax Jacobian")
+@exercise()
 def softmax_jacobian(t: Trial) -> None:
     t.error_hints = {
         r"cannot be multiplied|size of tensor|mismatch": Mistake(
@@ -253,8 +253,7 @@ def _row_term_diagnosis(got, p: torch.Tensor, g: torch.Tensor) -> str:
                    "the number subtracted per row in p * (grad_p - c) is not sum(p * grad_p)")
 
 
-@exercise("4.2", "softmax backward without the Jacobian", points=2, stars=2, notebook=NB,
-          section="2. Backward through softmax without the Jacobian")
+@exercise()
 def softmax_backward(t: Trial) -> None:
     t.error_hints = {
         r"must match the size|size of tensor": Mistake(
@@ -532,8 +531,7 @@ _WRONG_ORDER = Mistake(
     "the inputs q, k, v.")
 
 
-@exercise("4.3", "attention backward by hand", points=3, stars=3, notebook=NB,
-          section="4. One attention head, backward by hand")
+@exercise()
 def attention_backward(t: Trial) -> None:
     t.error_hints = {
         r"saved tensor hooks|does not require grad|grad_fn|torch\.func|forward AD|dual":

@@ -1,4 +1,4 @@
-"""Checks for notebook 05_multihead: exercises 5.1-5.3.
+"""Checks for notebook 05_multihead (its exercises: helpers/registry.py).
 
 Every case and every output it is compared with (the reference's and those of the recognised
 mistakes) is computed before the learner's function runs. Shapes: no two of B, T, H, d_k equal,
@@ -15,12 +15,12 @@ import torch
 from .. import nb05_multihead as ref
 from ..nb01_qkv_shapes import merge_heads, split_heads
 from ..nb03_masks import causal_mask, masked_softmax
+from ..registry import in_module
 from .core import Trial, describe_case, draw, eager_mistakes, exercise, flipped_causal, seeded
 from .feedback import Mistake, wrong_signature
 
-__all__ = ["multi_head_attention", "mha_param_count", "ablate_head"]
+__all__ = in_module(__name__)  # its exercises' checks, as helpers/registry.py lists them
 
-NB = "05_multihead"
 
 # (B, T, D, H): d_k = D / H; no two of B, T, H, d_k equal.
 _MHA_CASES = [(2, 5, 12, 3), (1, 7, 24, 4), (3, 6, 20, 5)]
@@ -139,8 +139,7 @@ _SHAPE_ERRORS = {
 }
 
 
-@exercise("5.1", "multi-head attention from plain matrices", points=2, stars=2, notebook=NB,
-          section="1. Multi-head attention from plain matrices")
+@exercise()
 def multi_head_attention(t: Trial) -> None:
     t.error_hints = dict(_SHAPE_ERRORS)
     cases = []
@@ -217,8 +216,7 @@ def _count_mistakes(D: int, H: int, bias: bool) -> dict[str, int]:
     return m
 
 
-@exercise("5.2", "parameters of a multi-head attention layer", points=1, stars=1, notebook=NB,
-          section="3. Parameters and FLOPs")
+@exercise()
 def mha_param_count(t: Trial) -> None:
     t.error_hints = {r"takes \d+ positional argument": wrong_signature(
         "mha_param_count(d_model, n_heads, bias).")}
@@ -303,8 +301,7 @@ def _ablate_models(x, w_qkv, w_o, H: int, head: int, causal: bool) -> dict[str, 
     return eager_mistakes(models)
 
 
-@exercise("5.3", "head ablation", points=2, stars=2, notebook=NB,
-          section="6. Heads as diagnostics")
+@exercise()
 def ablate_head(t: Trial) -> None:
     t.error_hints = dict(_SHAPE_ERRORS)
     t.error_hints[r"takes \d+ positional argument"] = wrong_signature(

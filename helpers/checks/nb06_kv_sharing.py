@@ -1,4 +1,4 @@
-"""Checks for notebook 06_kv_sharing: exercises 6.1-6.4.
+"""Checks for notebook 06_kv_sharing (its exercises: helpers/registry.py).
 
 Every case and every output it is compared with is computed before the learner's function runs.
 Shapes: no two of B, H, H_kv, T, d (and d_c, d_h) are equal, and H_kv > 1 where the tiled and the
@@ -23,14 +23,14 @@ from .. import nb06_kv_sharing as ref
 from ..configs import MODELS
 from ..nb01_qkv_shapes import scaled_dot_product_attention
 from ..nb03_masks import causal_mask
+from ..registry import in_module
 from . import watchers
 from .core import Trial, describe_case, draw, eager_mistakes, exercise, flipped_causal, seeded
 from .feedback import Mistake, wrong_signature
 from .instruments import op_name, warm_up
 
-__all__ = ["repeat_kv", "grouped_query_attention", "kv_values_per_token", "mla_absorbed_scores"]
+__all__ = in_module(__name__)  # its exercises' checks, as helpers/registry.py lists them
 
-NB = "06_kv_sharing"
 
 
 # =========================================================================== 6.1
@@ -40,8 +40,7 @@ def _tiled(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     return x.repeat(1, n_rep, 1, 1)
 
 
-@exercise("6.1", "repeat the key/value heads", points=1, stars=1, notebook=NB,
-          section="2. repeat_kv, SDPA and the Triton kernel")
+@exercise()
 def repeat_kv(t: Trial) -> None:
     t.error_hints = {
         r"takes \d+ positional argument": wrong_signature("repeat_kv(x, n_rep)."),
@@ -178,8 +177,7 @@ def _gqa_mistakes(q, k, v, causal: bool) -> dict[str, torch.Tensor]:
     return eager_mistakes(models)
 
 
-@exercise("6.2", "grouped-query attention", points=2, stars=2, notebook=NB,
-          section="2. repeat_kv, SDPA and the Triton kernel")
+@exercise()
 def grouped_query_attention(t: Trial) -> None:
     t.error_hints = {
         r"must match the size|size of tensor|cannot be multiplied|Expected size": Mistake(
@@ -271,8 +269,7 @@ def _values_mistakes(kind: str, H: int, H_kv: int, d_h: int, d_c: int, d_r: int)
     return {h: v for h, v in m.items() if v != right}
 
 
-@exercise("6.3", "cached values per token per layer", points=1, stars=1, notebook=NB,
-          section="3. What a token costs in the cache")
+@exercise()
 def kv_values_per_token(t: Trial) -> None:
     t.error_hints = {
         r"takes \d+ positional argument": wrong_signature(
@@ -335,8 +332,7 @@ def _mla_model(q, c_kv, w_uk, scale: float = 1.0, first_head: bool = False) -> t
 _MLA_CASES = [(2, 3, 5, 11, 8, 7), (1, 5, 1, 13, 4, 9), (3, 5, 11, 7, 8, 9), (1, 3, 7, 17, 16, 5)]
 
 
-@exercise("6.4", "MLA scores against the latent (absorbed W_UK)", points=3, stars=3, notebook=NB,
-          section="6.3 Absorption")
+@exercise()
 def mla_absorbed_scores(t: Trial) -> None:
     t.error_hints = {
         r"cannot be multiplied|must match the size|size of tensor|Expected size": Mistake(

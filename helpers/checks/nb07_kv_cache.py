@@ -1,4 +1,4 @@
-"""Checks for notebook 07_kv_cache: exercises 7.1-7.4.
+"""Checks for notebook 07_kv_cache (its exercises: helpers/registry.py).
 
 Every case, expected value and mistake model is computed before the learner's function runs.
 7.2 compares the returned caches as well as the output, on single steps (a cache of 7 tokens, an
@@ -22,13 +22,13 @@ from ..nb01_qkv_shapes import merge_heads, qkv_projection, scaled_dot_product_at
 from ..nb03_masks import sliding_window_mask
 from ..nb05_multihead import multi_head_attention
 from ..nb06_kv_sharing import repeat_kv
+from ..registry import in_module
 from .core import Trial, describe_case, draw, exercise, seeded
 from .feedback import Mistake, wrong_signature
 from .nb08_flops_memory import _known, check_count
 
-__all__ = ["kv_cache_bytes", "decode_step", "prefill_decode_flops", "ring_buffer_decode_step"]
+__all__ = in_module(__name__)  # its exercises' checks, as helpers/registry.py lists them
 
-NB = "07_kv_cache"
 
 
 # --------------------------------------------------------------------------- 7.1 kv_cache_bytes
@@ -66,7 +66,7 @@ def _cache_mistakes(B: int, T: int, L: int, H_kv: int, d: int, b: int) -> dict[s
     }, right)
 
 
-@exercise("7.1", "bytes of a KV cache", points=1, stars=1, notebook=NB, section="5. How big the cache gets")
+@exercise()
 def kv_cache_bytes(t: Trial) -> None:
     t.error_hints = {
         r"takes \d+ positional argument": wrong_signature(
@@ -167,7 +167,7 @@ def _compare_step(t: Trial, got, expected: tuple, models: dict) -> tuple[torch.T
     return k, v
 
 
-@exercise("7.2", "one decode step with a KV cache", points=3, stars=3, notebook=NB, section="2. One decode step")
+@exercise()
 def decode_step(t: Trial) -> None:
     t.error_hints = {
         r"takes \d+ positional argument": wrong_signature(
@@ -312,8 +312,7 @@ def _prefill_mistakes(P: int, N: int, d: int, L: int, use_cache: bool) -> dict[s
     return _known(m, right)
 
 
-@exercise("7.3", "prefill and decode FLOPs", points=2, stars=2, notebook=NB,
-          section="6. Prefill and decode, measured")
+@exercise()
 def prefill_decode_flops(t: Trial) -> None:
     t.error_hints = {
         r"takes \d+ positional argument": wrong_signature(
@@ -727,8 +726,7 @@ def _describe_ring(args: tuple) -> str:
     return describe_case(q=q, k_new=k_new, v_new=v_new, k_buf=k_buf, v_buf=v_buf, t=pos)
 
 
-@exercise("7.4", "a ring-buffer cache for a sliding window", points=3, stars=3, notebook=NB,
-          section="9. Sliding windows: a ring-buffer cache")
+@exercise()
 def ring_buffer_decode_step(t: Trial) -> None:
     t.error_hints = {
         r"takes \d+ positional argument|missing \d+ required positional argument": wrong_signature(

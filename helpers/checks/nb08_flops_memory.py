@@ -1,4 +1,4 @@
-"""Checks for notebook 08_flops_memory: exercises 8.1-8.4.
+"""Checks for notebook 08_flops_memory (its exercises: helpers/registry.py).
 
 Every case, expected value and mistake model is computed before the learner's function runs.
 Counts (FLOPs, bytes, a sequence length) must be Python ints: a float or a string gets a clear
@@ -13,13 +13,13 @@ from collections.abc import Mapping
 
 from .. import nb08_flops_memory as ref
 from ..configs import MODELS, ModelConfig
+from ..registry import in_module
 from .core import Trial, describe, describe_case, draw, exercise, seeded
 from .feedback import Mistake, wrong_signature
 from .guard import key_text
 
-__all__ = ["attention_flops", "score_matrix_bytes", "max_seq_len_for_scores", "training_memory"]
+__all__ = in_module(__name__)  # its exercises' checks, as helpers/registry.py lists them
 
-NB = "08_flops_memory"
 
 
 def _known(mistakes: Mapping[str, float], expected: int) -> dict[str, float]:
@@ -156,8 +156,7 @@ def _flops_mistakes(n: int, d: int, H: int, H_kv: int, d_h: int) -> dict[str, di
     return {key: _known(models, right[key]) for key, models in m.items()}
 
 
-@exercise("8.1", "FLOPs of one attention layer", points=2, stars=2, notebook=NB,
-          section="2. One attention layer, part by part")
+@exercise()
 def attention_flops(t: Trial) -> None:
     t.error_hints = {
         r"takes \d+ positional argument": wrong_signature(
@@ -237,8 +236,7 @@ def _bytes_mistakes(B: int, H: int, T: int, b: int) -> dict[str, float]:
     }, right)
 
 
-@exercise("8.2", "bytes of the score matrix", points=1, stars=1, notebook=NB,
-          section="6. The memory of the scores")
+@exercise()
 def score_matrix_bytes(t: Trial) -> None:
     t.error_hints = {
         r"takes \d+ positional argument": wrong_signature(
@@ -324,8 +322,7 @@ def _drawn_seq_case() -> tuple[int, int, int, int, bool]:
     return per * T * T + draw(g, 0, per * (2 * T + 1)), B, H, b, False
 
 
-@exercise("8.3", "longest context whose scores fit", points=2, stars=2, notebook=NB,
-          section="7. The longest context that fits")
+@exercise()
 def max_seq_len_for_scores(t: Trial) -> None:
     t.error_hints = {
         r"takes \d+ positional argument": wrong_signature(
@@ -628,8 +625,7 @@ def _drawn_training_case() -> tuple[ModelConfig, int, int, str]:
     return cfg, draw(g, 1, 6), draw(g, 1, 65), ref.STRATEGIES[draw(g, 0, 3)]
 
 
-@exercise("8.4", "the memory of a training step", points=2, stars=2, notebook=NB,
-          section="10. The memory of a training step")
+@exercise()
 def training_memory(t: Trial) -> None:
     # dense_param_count stays allowed; these count the activations, the heart of the exercise
     t.forbidden_references = {"training_memory", "activation_numbers", "saved_numbers", "layer_activation_numbers",

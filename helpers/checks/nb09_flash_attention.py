@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from .. import nb09_flash_attention as ref
+from ..registry import in_module
 from .core import Trial, describe_case, eager_mistakes, exercise, seeded
 from .diagnose import ranges_text
 from .feedback import Mistake, wrong_signature
@@ -36,9 +37,8 @@ from .instruments import (
 from .nb04_backward import _weighed
 from .watchers import logged
 
-__all__ = ["online_softmax", "flash_attention_tiled"]
+__all__ = in_module(__name__)  # its exercises' checks, as helpers/registry.py lists them
 
-NB = "09_flash_attention"
 LOG2E = math.log2(math.e)
 # The course's own solutions of notebook 09: calling any of them is refused (by the core's watch).
 def call_logged(t: Trial, *args: Any, sources: dict[str, int], case: str) -> tuple[Any, Watched]:
@@ -387,7 +387,7 @@ def _check_reads_blocks(t: Trial, ops: list, x: torch.Tensor, bs: int) -> None:
                                 "two-pass softmax: took the max over all of x before any exp"))
 
 
-@exercise("9.1", "online softmax", points=2, stars=2, notebook=NB, section="2. The online softmax")
+@exercise()
 def online_softmax(t: Trial) -> None:
     t.error_hints = {
         r"must match the size|size of tensor": Mistake(
@@ -722,7 +722,7 @@ _TILED_CASES = [
 ]
 
 
-@exercise("9.2", "tiled FlashAttention in PyTorch", points=3, stars=3, notebook=NB, section="3. Tiled attention in PyTorch")
+@exercise()
 def flash_attention_tiled(t: Trial) -> None:
     t.error_hints = {
         r"must match the size|size of tensor|cannot be multiplied": Mistake(

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from .. import nb01_qkv_shapes as att
+from ..registry import in_module
 from . import watchers
 from .core import _RETURNED_NONE, Trial, describe, describe_case, exercise, seeded
 from .diagnose import ranges_text
@@ -44,9 +45,9 @@ from .instruments import (
     triton_version,
     warm_up,
 )
-from .nb09_flash_attention import _COURSE_FUNCTIONS, LOG2E, NB, _qkv, _tiled_model, _weighed
+from .nb09_flash_attention import _COURSE_FUNCTIONS, LOG2E, _qkv, _tiled_model, _weighed
 
-__all__ = ["flash_attention_triton", "flash_attention_triton_backward"]
+__all__ = in_module(__name__)  # its exercises' checks, as helpers/registry.py lists them
 
 TRITON_TIME_LIMIT_S = 120.0  # per call: the interpreter is slow, and a GPU compiles on first use
 
@@ -564,8 +565,7 @@ _FORWARD_CASES = [
 ]
 
 
-@exercise("9.3", "FlashAttention forward in Triton", points=3, stars=3, notebook=NB, time_limit=TRITON_TIME_LIMIT_S,
-          section="4. The Triton kernel, block by block")
+@exercise(time_limit=TRITON_TIME_LIMIT_S)
 def flash_attention_triton(t: Trial) -> None:
     t.error_hints = _TRITON_ERRORS
     t.forbidden_references = set(_COURSE_FUNCTIONS)
@@ -802,8 +802,7 @@ def _backward_cases(dev: torch.device) -> list[dict]:
     return cases
 
 
-@exercise("9.4", "FlashAttention backward in Triton", points=3, stars=3, notebook=NB,
-          time_limit=TRITON_TIME_LIMIT_S, bonus=True, section="5. The backward pass")
+@exercise(time_limit=TRITON_TIME_LIMIT_S)
 def flash_attention_triton_backward(t: Trial) -> None:
     t.error_hints = _TRITON_ERRORS
     t.forbidden_references = set(_COURSE_FUNCTIONS)

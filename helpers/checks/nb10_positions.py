@@ -1,5 +1,4 @@
-"""Checks for notebook 10_positions: exercises 10.1 (RoPE), 10.2 (ALiBi bias) and 10.3 (Llama 3's
-RoPE scaling).
+"""Checks for notebook 10_positions (its exercises: helpers/registry.py).
 
 Every case, its expected output and the outputs of the recognised mistakes are computed before
 the learner's function runs. RoPE is checked with bases other than 10000 and positions that do
@@ -19,12 +18,12 @@ import math
 import torch
 
 from .. import nb10_positions as ref
+from ..registry import in_module
 from .core import Trial, describe_case, draw, eager_mistakes, exercise, seeded
 from .feedback import Mistake, wrong_signature
 
-__all__ = ["rope", "alibi_bias", "llama3_rope_frequencies"]
+__all__ = in_module(__name__)  # its exercises' checks, as helpers/registry.py lists them
 
-NB = "10_positions"
 
 
 # =========================================================================== 10.1 rope
@@ -117,8 +116,7 @@ def _rope_inputs() -> list[tuple[torch.Tensor, torch.Tensor, float]]:
     return cases
 
 
-@exercise("10.1", "RoPE, rotate-half convention", points=2, stars=2, notebook=NB,
-          section="3. RoPE from its definition")
+@exercise()
 def rope(t: Trial) -> None:
     t.error_hints = {
         r"must match the size of tensor b|size of tensor a .* must match": Mistake(
@@ -200,7 +198,7 @@ _ALIBI_RECIPE = ("slopes = 2.0 ** (-8 * torch.arange(1, H + 1) / H) ([H]); i = t
                  "distance = (i[:, None] - i[None, :]).abs() ([T, T]); return -slopes[:, None, None] * distance.")
 
 
-@exercise("10.2", "ALiBi bias", points=2, stars=2, notebook=NB, section="7. ALiBi: a bias instead of a rotation")
+@exercise()
 def alibi_bias(t: Trial) -> None:
     t.error_hints = {
         r"unsupported operand|not supported between|must be Number": Mistake(
@@ -483,8 +481,7 @@ def _llama3_inputs() -> list[tuple[torch.Tensor, float, float, float, int]]:
     return cases
 
 
-@exercise("10.3", "Llama 3's RoPE scaling", points=2, stars=2, notebook=NB,
-          section="9. Longer contexts: rescaling the RoPE frequencies")
+@exercise()
 def llama3_rope_frequencies(t: Trial) -> None:
     # plain torch: notebook 10's scaling helpers compute the answer (Llama 3's is YaRN's ramp)
     t.forbidden_references = {"llama3_rope_frequencies", "yarn_frequencies", "yarn_ramp", "rotations",

@@ -1,5 +1,4 @@
-"""Checks for notebook 11_trained_transformer: exercises 11.1 (SwiGLU), 11.2 (the causal LM loss),
-11.3 (induction scores) and 11.4 (the K-composition score).
+"""Checks for notebook 11_trained_transformer (its exercises: helpers/registry.py).
 
 Every case, its expected output and the outputs of the recognised mistakes are computed before
 the learner's function runs. Shapes: D != F everywhere (a forgotten projection changes the shape);
@@ -18,12 +17,12 @@ import torch.nn.functional as F
 from .. import nb11_trained_transformer as ref
 from ..nb01_qkv_shapes import attention_weights
 from ..nb03_masks import causal_mask
+from ..registry import in_module
 from .core import Trial, describe_case, eager_mistakes, exercise, seeded
 from .feedback import Mistake, wrong_signature
 
-__all__ = ["swiglu", "causal_lm_loss", "induction_scores", "k_composition_score"]
+__all__ = in_module(__name__)  # its exercises' checks, as helpers/registry.py lists them
 
-NB = "11_trained_transformer"
 
 
 # =========================================================================== 11.1 swiglu
@@ -87,7 +86,7 @@ def _swiglu_inputs():
     return out
 
 
-@exercise("11.1", "SwiGLU MLP", points=1, stars=1, notebook=NB, section="1. The MLP around attention")
+@exercise()
 def swiglu(t: Trial) -> None:
     t.error_hints = {
         r"cannot be multiplied|must match the size|size of tensor": Mistake(
@@ -184,7 +183,7 @@ def _loss_inputs():
     return out
 
 
-@exercise("11.2", "causal language-model loss", points=1, stars=1, notebook=NB, section="2. The pretraining loss")
+@exercise()
 def causal_lm_loss(t: Trial) -> None:
     t.error_hints = {
         r"Expected target size|Expected input batch_size": Mistake(
@@ -304,7 +303,7 @@ def _induction_inputs() -> list[torch.Tensor]:
     return out
 
 
-@exercise("11.3", "induction scores", points=3, stars=3, notebook=NB, section="5. Reading the trained heads")
+@exercise()
 def induction_scores(t: Trial) -> None:
     t.error_hints = {
         r"index .* is out of bounds|out of range": Mistake(
@@ -579,8 +578,7 @@ def _k_composition_inputs() -> list[tuple[torch.Tensor, torch.Tensor]]:
     return out
 
 
-@exercise("11.4", "K-composition score", points=2, stars=2, notebook=NB,
-          section="7. Circuits in the logits and the weights")
+@exercise()
 def k_composition_score(t: Trial) -> None:
     t.forbidden_references = {"k_composition_score", "composition_score", "composition_scores",
                               "random_composition_scores"}  # plain torch: these compute the answer

@@ -26,13 +26,13 @@ from typing import Any
 import torch
 
 from .. import nb12_serving as ref
+from ..registry import in_module
 from .core import Trial, _to_float, describe_case, draw, eager_mistakes, exercise, seeded
 from .feedback import LearnerError, Mistake, describe
 from .guard import _issubclass, _Tensor, _type
 
-__all__ = ["gather_paged_kv", "merge_partials", "blocks_in_use"]
+__all__ = in_module(__name__)  # its exercises' checks, as helpers/registry.py lists them
 
-NB = "12_serving"
 
 
 # =========================================================================== 12.1 gather_paged_kv
@@ -297,8 +297,7 @@ def _gather_cases() -> list[tuple[torch.Tensor, torch.Tensor, int]]:
     return out
 
 
-@exercise("12.1", "read a sequence from a paged cache", points=2, stars=2, notebook=NB,
-          section="3. A paged cache")
+@exercise()
 def gather_paged_kv(t: Trial) -> None:
     t.forbidden_references = {"gather_paged_kv", "read", "gather_cache"}
     hints = {
@@ -602,8 +601,7 @@ _NO_LAST_AXIS = Mistake(
     "multiplied outs by weights without a trailing axis of size 1")
 
 
-@exercise("12.2", "merge partial softmax results", points=2, stars=2, notebook=NB,
-          section="4. Merging partial results")
+@exercise()
 def merge_partials(t: Trial) -> None:
     t.forbidden_references = {"merge_partials", "split_k_decode", "paged_decode_split",
                               "merge_splits_triton"}
@@ -939,8 +937,7 @@ def _event_fact(events: list[tuple], bs: int, before: int, expected: int, got: i
             f"{why}, so the count goes from {before} to {expected}; {yours}.")
 
 
-@exercise("12.3", "count the blocks of a paged cache", points=3, stars=3, notebook=NB,
-          section="3. A paged cache")
+@exercise()
 def blocks_in_use(t: Trial) -> None:
     """The count after every prefix of each stream of events, against the right allocator's: the
     first event after which the learner's count is wrong is the one shown. A mistake is named when

@@ -33,6 +33,7 @@ import math
 
 import torch
 
+from ..registry import in_module
 from . import watchers
 from .core import Trial, describe_case, exercise, seeded
 from .feedback import Mistake
@@ -44,9 +45,8 @@ from .instruments import (
 )
 from .nb09_triton_flash import _TRITON_ERRORS, _fail_watched, _tol, _written_by_kernel
 
-__all__ = ["paged_decode_triton"]
+__all__ = in_module(__name__)  # its exercises' checks, as helpers/registry.py lists them
 
-NB = "12_serving"
 TRITON_TIME_LIMIT_S = 120.0  # per call: the interpreter is slow, and a GPU compiles on first use
 _COURSE_FUNCTIONS = {"paged_decode_triton", "paged_decode_splits", "merge_splits_triton",
                      "flash_attention_triton", "flash_attention_triton_forward"}
@@ -417,9 +417,7 @@ _RECIPE = ("program (split, b, kv head): seq_len = tl.load(SeqLens + b); chunk [
            "exp(lse_c - logsumexp(lse)).")
 
 
-@exercise("12.4", "split-KV decoding over a paged cache in Triton", points=3, stars=3, notebook=NB,
-          section="4. Merging partial results",
-          time_limit=TRITON_TIME_LIMIT_S, bonus=True)
+@exercise(time_limit=TRITON_TIME_LIMIT_S)
 def paged_decode_triton(t: Trial) -> None:
     t.error_hints = _TRITON_ERRORS
     t.forbidden_references = set(_COURSE_FUNCTIONS)

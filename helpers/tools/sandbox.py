@@ -255,7 +255,7 @@ def _build(root: Path, common: Path, stems: dict[str, list[str]], helpers: Path)
                     os.link(cached, Path(importlib.util.cache_from_source(str(target))))
     # What every notebook's process imports before its own copy is in place (the zygote preloads it
     # from here, and each copy holds the same files at the same paths): no lesson, no reference.
-    for rel in ["__init__.py", "runtime.py", *(f"checks/{m}" for m in ["__init__.py", *MACHINERY])]:
+    for rel in ["__init__.py", "runtime.py", "registry.py", *(f"checks/{m}" for m in ["__init__.py", *MACHINERY])]:
         target = root / "active" / "helpers" / rel
         (target.parent / "__pycache__").mkdir(parents=True, exist_ok=True)
         os.link(common / rel, target)
