@@ -15,6 +15,7 @@ import pytest
 
 from helpers.checks import EXERCISES, Mistake
 from helpers.tools import class_report as cr
+from helpers.tools import notebooks as nbtools
 from helpers.tools.gradebook import Row, read_gradebook, write_gradebook
 from helpers.tools.grading import main as grade_main
 from tests import synthetic_class
@@ -93,19 +94,6 @@ def test_a_recognised_failure_records_its_id_and_an_unrecognised_one_what_differ
     assert (r.status, r.mistake_id) == ("error", "5.2/calls-unfinished-function") and "`blank`" in r.message
 
 
-def _slugs_in_code() -> set[str]:
-    """Every literal slug of a Mistake(...) in the course's checks."""
-    found = set()
-    for path in sorted((ROOT / "helpers" / "checks").glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if (isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "Mistake"
-                    and node.args and isinstance(node.args[0], ast.Constant)):
-                found.add(f"{path.stem}: {node.args[0].value}")
-    from helpers.checks.calling import CALL_MISTAKES
-
-    return found | {f"calling: {slug}" for slug in CALL_MISTAKES}  # the call guard's, sent by name
-
-
 def test_every_mistake_slug_is_written_out():
     """A slug built at run time (an f-string, a variable) escapes the list below: every Mistake(...)
     in the checks names its slug as a literal string (a family of mistakes shares one slug; its
@@ -121,16 +109,27 @@ def test_every_mistake_slug_is_written_out():
 
 def test_mistake_ids_are_stable_across_releases():
     """helpers/checks/mistake_ids.txt lists every slug the checks can record; an id a class's report
-    was built with must not disappear or change meaning. Adding a mistake: add its line. Removing
-    one: only if no check can make it any more (its line then moves under "retired")."""
-    listed = (ROOT / "helpers" / "checks" / "mistake_ids.txt").read_text(encoding="utf-8").splitlines()
-    current = {ln for ln in (x.split("#")[0].strip() for x in listed[: listed.index("retired:")]) if ln}
-    retired = {ln.strip() for ln in listed[listed.index("retired:") + 1:] if ln.strip()}
-    code = _slugs_in_code()
-    assert not code - current, f"new mistake slugs: add them to helpers/checks/mistake_ids.txt: {sorted(code - current)}"
+    was built with must not disappear or change meaning. Adding a mistake: `make sync` adds its line.
+    Removing one: only if no check can make it any more (its line then moves under "retired")."""
+    _, current, retired = nbtools.read_mistake_ids()
+    code = nbtools.mistake_slugs_in_code()
+    assert not code - current, f"new mistake slugs: `make sync` adds them to helpers/checks/mistake_ids.txt: {sorted(code - current)}"
     assert not current - code, (f"mistake slugs gone from the checks: {sorted(current - code)}; ids are stable across "
                                 "releases: put them back, or move them under 'retired:' if no check can make them")
     assert not retired & code, f"retired slugs reused: {sorted(retired & code)}"
+
+
+def test_make_sync_adds_new_mistake_ids_and_keeps_the_rest(tmp_path, monkeypatch):
+    listed = tmp_path / "mistake_ids.txt"
+    listed.write_text("# header\n\nnb03_masks: b-slug\nnb03_masks: gone-slug\n\nretired:\nnb02_scaling: old\n")
+    monkeypatch.setattr(nbtools, "MISTAKE_IDS", listed)
+    monkeypatch.setattr(nbtools, "mistake_slugs_in_code",
+                        lambda: {"nb03_masks: b-slug", "nb03_masks: a-slug", "core: new-one", "nb02_scaling: old"})
+    assert nbtools.sync_mistake_ids() == ["core: new-one", "nb03_masks: a-slug"]  # a retired one is not brought back
+    assert listed.read_text() == ("# header\n\ncore: new-one\n\nnb03_masks: a-slug\nnb03_masks: b-slug\n"
+                                  "nb03_masks: gone-slug\n\nretired:\nnb02_scaling: old\n")
+    before = listed.read_text()
+    assert nbtools.sync_mistake_ids() == [] and listed.read_text() == before
 
 
 # --------------------------------------------------------------------------- statistics and files

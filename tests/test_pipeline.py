@@ -484,3 +484,30 @@ def test_make_lab_starts_jupyterlab_without_the_news_pop_up(tmp_path):
     finally:
         lab.kill()
         lab.wait()
+
+
+def test_counts_and_ranges_in_the_prose_agree_with_the_registry():
+    """"Six graded exercises" and "3.1-3.6" in a notebook's prose are written by `make sync` from
+    helpers/registry.py; a notebook that says otherwise names the cell and the words to change."""
+    stale = []
+    for path in nbtools.notebook_paths("notebooks", "solutions"):
+        for i, cell in enumerate(nbtools.read(path).cells):
+            if cell.cell_type == "markdown" and (fixed := nbtools.prose_with_counts(cell.source, path.stem)) != cell.source:
+                old = [w for w in cell.source.split("\n") if w not in fixed.split("\n")]
+                stale.append(f"{path.relative_to(ROOT)} cell {i}: {old} (`make sync` rewrites it)")
+    assert not stale, "\n".join(stale)
+
+
+def test_make_sync_counts_the_notebooks_own_exercises(monkeypatch):
+    from helpers import registry
+
+    added = registry.Exercise("3.7", "sliding_window_mask", "a sliding-window mask", 2, "03_masks", "x")
+    bonus = registry.Exercise("3.8", "bonus_mask", "a bonus", 3, "03_masks", "x", bonus=True)
+    monkeypatch.setattr(registry, "EXERCISES", (*registry.EXERCISES, added, bonus))
+    text = "Six graded exercises. The checks of exercises 3.1-3.6 and of 1.1–1.3 (six graded exercises)."
+    assert nbtools.prose_with_counts(text, "03_masks") == (
+        "Seven graded exercises. The checks of exercises 3.1-3.8 and of 1.1–1.3 (seven graded exercises).")
+    assert nbtools.prose_with_counts("Three graded exercises: 1.1-1.3", "01_qkv_shapes") == "Three graded exercises: 1.1-1.3"
+    assert nbtools.prose_with_counts("Six graded exercises", "13_unknown") == "Six graded exercises"
+    monkeypatch.setattr(registry, "EXERCISES", (registry.Exercise("3.1", "causal_mask", "t", 1, "03_masks"),))
+    assert nbtools.prose_with_counts("two graded exercises", "03_masks") == "one graded exercise"

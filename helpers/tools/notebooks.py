@@ -23,6 +23,8 @@ from pathlib import Path
 
 import nbformat
 
+from helpers import registry
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
@@ -357,6 +359,86 @@ def write_exercises() -> None:
     write_model_answers()
 
 
+# --------------------------------------------------------------------------- sync: counts and mistake ids
+
+NUMBER_WORDS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
+                "twelve")
+_COUNT = re.compile(r"\b(" + "|".join(NUMBER_WORDS) + r")( graded exercises?)\b", re.IGNORECASE)
+
+
+def prose_with_counts(text: str, stem: str) -> str:
+    """``text`` (a markdown cell of notebook ``stem``) with its counts and ranges of the notebook's
+    own exercises made to agree with the registry: "three graded exercises" counts those that are
+    not a bonus, and a range from the first, "3.1-3.6", ends at the last one (bonus included)."""
+    exercises = registry.by_notebook().get(stem, [])
+    if not exercises:
+        return text
+    graded = sum(not e.bonus for e in exercises)
+
+    def count(m: re.Match) -> str:
+        word = NUMBER_WORDS[graded] if graded < len(NUMBER_WORDS) else str(graded)
+        word = word.capitalize() if m.group(1)[0].isupper() else word
+        return word + (" graded exercise" if graded == 1 else " graded exercises")
+
+    text = _COUNT.sub(count, text)
+    n, last = int(stem[:2]), exercises[-1].id
+    return re.sub(rf"\b{n}\.1([-–]){n}\.\d+\b", lambda m: f"{n}.1{m.group(1)}{last}", text)
+
+
+def set_prose_counts(nb: nbformat.NotebookNode, stem: str) -> list[int]:
+    """Rewrite the counts and ranges of ``nb``'s markdown cells; return the indices of the cells changed."""
+    changed = []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "markdown" and (fixed := prose_with_counts(cell.source, stem)) != cell.source:
+            cell.source = fixed
+            changed.append(i)
+    return changed
+
+
+MISTAKE_IDS = ROOT / "helpers" / "checks" / "mistake_ids.txt"
+
+
+def mistake_slugs_in_code() -> set[str]:
+    """Every ``"<check module>: <slug>"`` the checks can record: the literal first argument of each
+    ``Mistake(...)`` in helpers/checks/, and the call guard's (``CALL_MISTAKES``, sent by name)."""
+    import ast
+
+    found = set()
+    for path in sorted((ROOT / "helpers" / "checks").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "Mistake"
+                    and node.args and isinstance(node.args[0], ast.Constant)):
+                found.add(f"{path.stem}: {node.args[0].value}")
+            if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "CALL_MISTAKES":
+                found |= {f"{path.stem}: {k.value}" for k in getattr(node.value, "keys", []) if isinstance(k, ast.Constant)}
+    return found
+
+
+def read_mistake_ids() -> tuple[list[str], set[str], set[str]]:
+    """(the header lines, the current ids, the retired ids) of helpers/checks/mistake_ids.txt."""
+    lines = MISTAKE_IDS.read_text(encoding="utf-8").splitlines()
+    cut = lines.index("retired:")
+    header = [ln for ln in lines[:cut] if ln.startswith("#")]
+    current = {ln.split("#")[0].strip() for ln in lines[len(header):cut]} - {""}
+    return header, current, {ln.strip() for ln in lines[cut + 1:] if ln.strip()}
+
+
+def sync_mistake_ids() -> list[str]:
+    """Add the slugs the checks can now record to mistake_ids.txt (grouped by module, sorted);
+    return them. Slugs gone from the code stay: removing one is a decision (move it under
+    "retired:", tests/test_class_report.py says so)."""
+    header, current, retired = read_mistake_ids()
+    new = sorted(mistake_slugs_in_code() - current - retired)
+    if new:
+        blocks: dict[str, list[str]] = {}
+        for slug in sorted(current | set(new)):
+            blocks.setdefault(slug.split(":")[0], []).append(slug)
+        body = "\n\n".join("\n".join(b) for b in blocks.values())
+        MISTAKE_IDS.write_text("\n".join([*header, "", body, "", "retired:", *sorted(retired)]) + "\n", encoding="utf-8")
+    return new
+
+
 # --------------------------------------------------------------------------- sync: bootstrap + README
 
 
@@ -422,10 +504,8 @@ def readme_map(repo: str | None = None) -> str:
 
 
 def readme_exercises() -> str:
-    """The README's exercise table, from the checks' registry (``helpers.checks.EXERCISES``)."""
-    from helpers.checks import EXERCISES
-
-    exercises = sorted(EXERCISES.values(), key=lambda e: e.order)
+    """The README's exercise table, from ``helpers/registry.py``."""
+    exercises = sorted(registry.EXERCISES, key=lambda e: e.order)
     graded = [e for e in exercises if not e.bonus]
     rows = [f"{len(graded)} graded exercises worth {sum(e.points for e in graded)} points, and "
             f"{len(exercises) - len(graded)} bonus; ★ marks difficulty, one point per star.", "",
@@ -461,13 +541,17 @@ def sync() -> None:
         before = dumps(nb)
         set_bootstrap(normalize(nb), source)
         set_colab_links(nb, colab_links_source(path))
+        counted = set_prose_counts(nb, path.stem)
         if dumps(nb) != before:
             write(nb, path)
-            print(f"bootstrap and Colab links cells updated: {path.relative_to(ROOT)}")
+            print(f"bootstrap, Colab links and exercise counts updated: {path.relative_to(ROOT)}"
+                  + (f" (counts in cells {counted})" if counted else ""))
     write_exercises()
     readme = ROOT / "README.md"
     readme.write_text(readme_with_map(readme.read_text(encoding="utf-8")), encoding="utf-8")
     print("README notebook and exercise tables updated")
+    for slug in sync_mistake_ids():
+        print(f"mistake id added to helpers/checks/mistake_ids.txt: {slug}")
 
 
 # --------------------------------------------------------------------------- execute
