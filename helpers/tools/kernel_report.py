@@ -61,7 +61,6 @@ ROOT = Path(__file__).resolve().parents[2]
 KERNEL_SOURCE = ROOT / "helpers" / "nb09_triton_flash.py"
 
 KERNELS = {"fwd": "_attn_fwd", "dkdv": "_attn_bwd_dkdv", "dq": "_attn_bwd_dq"}
-TABLES = {"fwd": "FWD_CONFIGS", "dkdv": "DKDV_CONFIGS", "dq": "DQ_CONFIGS"}
 TARGETS = {"sm_75": 75, "sm_80": 80, "sm_89": 89, "sm_90": 90}  # T4, A100, L4, H100/H200
 REPORT_TARGETS = ("sm_80", "sm_90")
 DTYPES = ("fp16", "bf16")
@@ -95,21 +94,18 @@ def _flash():
     return nb09_triton_flash
 
 
-def config_table(kind: str, head_dim: int, target: str) -> list[tuple[int, int, int, int]]:
-    """The (BLOCK_M, BLOCK_N, num_warps, num_stages) rows the autotuner starts from for kernel `kind`:
-    the module's ``config_table(kind, head_dim, target)`` if it has one (per head dim / GPU),
-    else its plain ``FWD_CONFIGS`` / ``DKDV_CONFIGS`` / ``DQ_CONFIGS``."""
-    tf = _flash()
-    if hasattr(tf, "config_table"):
-        return [tuple(row) for row in tf.config_table(kind, head_dim, target)]
-    return [tuple(row) for row in getattr(tf, TABLES[kind])]
+def config_table(kind: str, head_dim: int, table: str) -> list[tuple[int, int, int, int]]:
+    """The (BLOCK_M, BLOCK_N, num_warps, num_stages) rows the autotuner starts from for kernel `kind`
+    at this head dim, from the kernels' table named `table` ("sm_90", "sm_90-pointers", "sm_80", ...:
+    ``table_name(target, tma)`` in helpers/nb09_triton_flash.py)."""
+    return [tuple(row) for row in _flash().config_table(kind, head_dim, table)]
 
 
-def choosable_configs(kind: str, head_dim: int, causal: bool, target: str) -> list[tuple[int, int, int, int]]:
-    """The table rows the autotuner's pruner keeps at T = 4096 (``valid_config``), in table order."""
+def choosable_configs(kind: str, head_dim: int, causal: bool, table: str) -> list[tuple[int, int, int, int]]:
+    """The rows of table `table` the autotuner's pruner keeps at T = 4096 (``valid_config``), in table order."""
     tf = _flash()
     T = SHAPE["T"]
-    return [row for row in config_table(kind, head_dim, target) if tf.valid_config(kind, row[0], row[1], causal, T, T)]
+    return [row for row in config_table(kind, head_dim, table) if tf.valid_config(kind, row[0], row[1], causal, T, T)]
 
 
 def load_paths(target: str, dtype: str, head_dim: int) -> tuple[bool, ...]:
