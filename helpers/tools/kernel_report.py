@@ -114,14 +114,15 @@ def load_paths(target: str, dtype: str, head_dim: int) -> tuple[bool, ...]:
     return (True, False) if uses_tma(target, dtype, head_dim) else (False,)
 
 
-def report_specs(targets=REPORT_TARGETS, dtypes=DTYPES, head_dims=HEAD_DIMS, kernels=tuple(KERNELS)) -> list[dict]:
-    """Every (kernel, target, tma, dtype, head_dim, causal, config) the report compiles, as
-    compile_row's kwargs; each load path tunes over its own table (``table_name``)."""
+def report_specs(targets=REPORT_TARGETS, dtypes=DTYPES) -> list[dict]:
+    """Every (kernel, target, tma, dtype, head_dim, causal, config) the report compiles, for each
+    kernel of KERNELS and head dim of HEAD_DIMS, as compile_row's kwargs; each load path tunes over
+    its own table (``table_name``)."""
     specs = []
-    for kernel in kernels:
+    for kernel in KERNELS:
         for target in targets:
             for dtype in dtypes:
-                for head_dim in head_dims:
+                for head_dim in HEAD_DIMS:
                     for tma in load_paths(target, dtype, head_dim):
                         table = _flash().table_name(target, tma)
                         for causal in (False, True):
@@ -140,7 +141,6 @@ def _init_worker() -> None:
     if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "0":
         raise RuntimeError("Triton was imported with its interpreter on: compile in a fresh process")
     os.environ["TRITON_INTERPRET"] = "0"
-    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # the JIT's default in Triton 3.9, said aloud
 
 
 def _compiles_here() -> bool:
@@ -235,9 +235,9 @@ def run_ptxas(ptx: str, capability: int, options) -> str:
 
 
 def compile_kernel(kernel: str, target: str, dtype: str, head_dim: int, causal: bool,
-                   block_m: int, block_n: int, num_warps: int, num_stages: int, tma: bool | None = None):
-    """(CompiledKernel, ptxas -v log, options) of one configuration, specialised as on the GPU;
-    ``tma`` None: the load path a contiguous launch takes there (``uses_tma``)."""
+                   block_m: int, block_n: int, num_warps: int, num_stages: int, tma: bool):
+    """(CompiledKernel, ptxas -v log) of one configuration, specialised as on the GPU; ``tma``: the
+    load path (tensor descriptors or pointer grids), for the kernels that have both."""
     import triton
     from triton import knobs
     from triton.backends.compiler import GPUTarget
@@ -253,7 +253,7 @@ def compile_kernel(kernel: str, target: str, dtype: str, head_dim: int, causal: 
     constexprs = dict(HEAD_DIM=head_dim, CAUSAL=bool(causal), DOT_PRECISION=tf._dot_precision(_torch_dtype(dtype)),
                       BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages)
     if "TMA" in fn.arg_names:
-        constexprs["TMA"] = uses_tma(target, dtype, head_dim) if tma is None else bool(tma)
+        constexprs["TMA"] = tma
     signature, consts, attrs, options = specialise(fn, gpu, launch_arguments(fn, dtype, head_dim), constexprs)
     log = io.StringIO()
     knobs.nvidia.dump_ptxas_log = True  # Triton prints its own ptxas -v log when it assembles
@@ -262,7 +262,7 @@ def compile_kernel(kernel: str, target: str, dtype: str, head_dim: int, causal: 
     ptxas_log = log.getvalue()
     if "Used" not in ptxas_log:  # from Triton's cache: no ptxas run this time
         ptxas_log = run_ptxas(compiled.asm["ptx"], capability, options)
-    return compiled, ptxas_log, options
+    return compiled, ptxas_log
 
 
 def uses_tma(target: str, dtype: str, head_dim: int) -> bool:
@@ -285,8 +285,8 @@ def _torch_dtype(dtype: str):
 
 def _compile_row(spec: dict) -> dict:
     """compile_row's work, in a process that compiles for the GPU (a worker, or the CLI itself)."""
-    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    compiled, ptxas_log, _ = compile_kernel(**spec)
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # the JIT's default in Triton 3.9, said aloud
+    compiled, ptxas_log = compile_kernel(**spec)
     usage = parse_ptxas(ptxas_log, entry=KERNELS[spec["kernel"]])
     ptx = compiled.asm["ptx"]
     return {**spec, "registers": usage["registers"], "spill_bytes": usage["spill_stores"],
