@@ -126,6 +126,14 @@ def test_report_files_round_trip(tmp_path):
     assert "| fwd | sm_90 | cp.async | 64 | 1 | 255-255 | 1 | 12 |" in md and "## Spilling configurations" in md
 
 
+def test_the_cli_names_an_unknown_dtype_before_compiling(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # as in a test process: nothing may compile here
+    with pytest.raises(SystemExit) as stop:
+        kr.main(["--dtypes", "fp16,fp8", "--out", str(tmp_path)])
+    assert stop.value.code == 2 and "unknown dtype(s) ['fp8']; use ['fp16', 'bf16', 'fp32']" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
 # The JIT's specialisation, without compiling: what the fast test checks, and the first half of the
 # slow one's script.
 SPEC_SCRIPT = """

@@ -18,17 +18,24 @@ Needs a CUDA GPU; ``python -m helpers.tools.kernel_gpu`` runs the checks alone.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 import time
 import zlib
 from pathlib import Path
 
-from helpers.tools.kernel_report import KERNELS, _pool, load_kind, mma_kind
+from helpers.tools.kernel_report import (
+    KERNELS,
+    TORCH_DTYPES,
+    _pool,
+    config_key,
+    load_kind,
+    mma_kind,
+    read_report,
+)
 
 KINDS = tuple(KERNELS)  # "fwd", "dkdv", "dq"
-DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
+DTYPES = TORCH_DTYPES  # the cases' dtypes, short name -> torch's (tests/test_nb09_triton_flash.py reads them here)
 # (atol, rtol) against a float32 reference (tests/test_nb09_triton_flash.py uses these too)
 TOL = {("fp32", "fwd"): (1e-4, 1e-4), ("fp32", "bwd"): (1e-4, 1e-4),
        ("fp16", "fwd"): (2e-3, 2e-3), ("fp16", "bwd"): (1e-2, 1e-2),
@@ -48,6 +55,7 @@ CASES = [
 
 
 def _workers() -> int:
+    """Processes for the parallel checks and compiles: all cores but one, at most 16."""
     return max(1, min(16, (os.cpu_count() or 2) - 1))
 
 
@@ -119,7 +127,7 @@ def _check_job(job):
     return check_case(*job)
 
 
-def check_kernels(tma_paths: tuple[bool, ...] = (True, False), workers: int | None = None) -> list[str]:
+def check_kernels(tma_paths: tuple[bool, ...] = (True, False)) -> list[str]:
     """Every case of CASES on each load path, in parallel; prints one line per case, returns
     the failures ("case: what"). The TMA path is only tried where the GPU has TMA (sm_90+)."""
     import torch
@@ -129,7 +137,7 @@ def check_kernels(tma_paths: tuple[bool, ...] = (True, False), workers: int | No
     jobs = [(case, tma) for tma in tma_paths for case in CASES
             if not (case[0] == "bf16" and torch.cuda.get_device_capability() < (8, 0))]
     failures = []
-    with _pool(workers or _workers()) as pool:
+    with _pool(_workers()) as pool:
         for name, seconds, bad in pool.map(_check_job, jobs):
             print(f"  {'FAIL' if bad else 'ok  '} {name} ({seconds:.1f} s)", flush=True)
             failures += [f"{name}: {b}" for b in bad]
@@ -182,7 +190,7 @@ def precompile_one(job: tuple) -> tuple[tuple, str]:
         tf._launchers = real
 
 
-def precompile(B: int, H: int, seqs, head_dims, tma_paths, workers: int | None = None) -> int:
+def precompile(B: int, H: int, seqs, head_dims, tma_paths) -> int:
     """Compile, in parallel, every config the autotuner will try for fp16 [B, H, T, d] inputs
     (T in seqs, d in head_dims, causal and not, each load path). Returns the number compiled."""
     import torch
@@ -202,12 +210,12 @@ def precompile(B: int, H: int, seqs, head_dims, tma_paths, workers: int | None =
                             if tf.valid_config(kind, row[0], row[1], causal, T, T):
                                 jobs.append((B, H, T, d, causal, tma, kind, row))
     start = time.perf_counter()
-    with _pool(workers or _workers()) as pool:
+    with _pool(_workers()) as pool:
         errors = [(job, err) for job, err in pool.map(precompile_one, jobs) if err]
     for job, err in errors:
         print(f"  precompile {job}: {err}")
     print(f"Compiled {len(jobs) - len(errors)} of {len(jobs)} configurations in "
-          f"{time.perf_counter() - start:.0f} s ({workers or _workers()} processes)", flush=True)
+          f"{time.perf_counter() - start:.0f} s ({_workers()} processes)", flush=True)
     return len(jobs) - len(errors)
 
 
@@ -247,11 +255,8 @@ def compiled_kernels() -> list[dict]:
 
 
 def _report_rows(path: Path) -> dict:
-    if not path.exists():
-        return {}
-    rows = json.loads(path.read_text())
-    return {(r["kernel"], r["target"], r["tma"], r["dtype"], r["head_dim"], r["causal"], r["block_m"],
-             r["block_n"], r["num_warps"], r["num_stages"]): r for r in rows}
+    """The ahead-of-time report's rows at ``path`` by configuration (``config_key``); {} without one."""
+    return {config_key(row): row for row in read_report(path)} if path.exists() else {}
 
 
 def autotune_choices(head_dims, report: Path) -> list[dict]:
@@ -265,6 +270,7 @@ def autotune_choices(head_dims, report: Path) -> list[dict]:
     predicted = _report_rows(report)
     compiled = {(r["kernel"], r["dtype"], r["head_dim"], r["causal"], r["tma"], r["block_m"], r["block_n"],
                  r["num_warps"], r["num_stages"]): r for r in compiled_kernels() if "error" not in r}
+    short_name = {f"torch.{name}": short for short, name in DTYPES.items()}  # "torch.float16" -> "fp16"
     rows = []
     tuners = [(kind, tuner) for d in head_dims for table in dict.fromkeys([tf.table_name(target, True),
                                                                            tf.table_name(target, False)])
@@ -273,11 +279,13 @@ def autotune_choices(head_dims, report: Path) -> list[dict]:
         for key, config in getattr(tuner, "cache", {}).items():
             n_q, n_k, head_dim, causal, tma = key[:5]
             dtype = next((str(x) for x in key[5:] if "float" in str(x)), "torch.float16")
-            short = {f"torch.{name}": key for key, name in DTYPES.items()}.get(dtype, dtype)
+            short = short_name.get(dtype, dtype)
             bm, bn = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]
             w, s = config.num_warps, config.num_stages
             gpu = compiled.get((kind, short, head_dim, bool(causal), bool(tma), bm, bn, w, s), {})
-            aot = predicted.get((kind, target, bool(tma), short, head_dim, bool(causal), bm, bn, w, s), {})
+            aot = predicted.get(config_key(dict(kernel=kind, target=target, tma=bool(tma), dtype=short, head_dim=head_dim,
+                                                causal=bool(causal), block_m=bm, block_n=bn, num_warps=w,
+                                                num_stages=s)), {})
             rows.append({"kernel": kind, "T_q": n_q, "T_k": n_k, "head_dim": head_dim, "causal": bool(causal),
                          "dtype": short, "tma": bool(tma), "block_m": bm, "block_n": bn, "num_warps": w,
                          "num_stages": s, "registers": gpu.get("registers"), "spill_bytes": gpu.get("spill_bytes"),

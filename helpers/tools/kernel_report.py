@@ -63,7 +63,8 @@ KERNEL_SOURCE = ROOT / "helpers" / "nb09_triton_flash.py"
 KERNELS = {"fwd": "_attn_fwd", "dkdv": "_attn_bwd_dkdv", "dq": "_attn_bwd_dq"}
 TARGETS = {"sm_75": 75, "sm_80": 80, "sm_89": 89, "sm_90": 90}  # T4, A100, L4, H100/H200
 REPORT_TARGETS = ("sm_80", "sm_90")
-DTYPES = ("fp16", "bf16")
+DTYPES = ("fp16", "bf16")  # the report's
+TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}  # short name -> torch's
 HEAD_DIMS = (64, 128)
 SHAPE = {"B": 4, "H": 32, "H_KV": 32, "T": 4096}  # the benchmark's shape (bench/bench_attention.py)
 
@@ -277,10 +278,10 @@ def uses_tma(target: str, dtype: str, head_dim: int) -> bool:
 
 
 def _torch_dtype(dtype: str):
-    """'fp16' -> torch.float16 (and bf16, fp32)."""
+    """'fp16' -> torch.float16 (a short name of TORCH_DTYPES)."""
     import torch
 
-    return {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
+    return getattr(torch, TORCH_DTYPES[dtype])
 
 
 def _compile_row(spec: dict) -> dict:
@@ -492,8 +493,8 @@ def write_report(rows: list[dict], meta: dict, out: Path) -> None:
 # ----------------------------------------------------------------------------- resuming and the CLI
 
 
-def _spec_key(spec: dict) -> tuple:
-    """The configuration part of a row (what identifies it)."""
+def config_key(spec: dict) -> tuple:
+    """The configuration part of a row or spec (what identifies it): the first ten of ROW_KEYS."""
     return tuple(spec.get(k) for k in ROW_KEYS[:10])
 
 
@@ -505,7 +506,7 @@ def _load_partial(path: Path, stamp: dict) -> dict[tuple, dict]:
     if not lines or json.loads(lines[0]) != stamp:
         return {}
     rows = [json.loads(line) for line in lines[1:] if line.strip()]
-    return {_spec_key(row): row for row in rows}
+    return {config_key(row): row for row in rows}
 
 
 def run_report(targets=REPORT_TARGETS, dtypes=DTYPES, out: Path = RESULTS_DIR,
@@ -516,7 +517,7 @@ def run_report(targets=REPORT_TARGETS, dtypes=DTYPES, out: Path = RESULTS_DIR,
     stamp = {"triton": metadata.version("triton"), "kernels": _source_hash()}
     partial = Path(out) / "kernel_aot.partial.jsonl"
     done = _load_partial(partial, stamp)
-    todo = [s for s in specs if _spec_key(s) not in done]
+    todo = [s for s in specs if config_key(s) not in done]
     Path(out).mkdir(parents=True, exist_ok=True)
     if not done:
         partial.write_text(json.dumps(stamp) + "\n", encoding="utf-8")
@@ -537,8 +538,8 @@ def run_report(targets=REPORT_TARGETS, dtypes=DTYPES, out: Path = RESULTS_DIR,
               file=sys.stderr)
 
     for row in compile_rows(todo, jobs=jobs, on_row=progress):
-        done[_spec_key(row)] = row
-    rows = [done[_spec_key(s)] for s in specs]
+        done[config_key(row)] = row
+    rows = [done[config_key(s)] for s in specs]
     meta = {**meta, "seconds": round(time.time() - start), "rows": len(rows)}
     write_report(rows, meta, Path(out))
     partial.unlink()
@@ -552,7 +553,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m helpers.tools.kernel_report", description=__doc__.split("\n\n")[0])
     parser.add_argument("--fast", action="store_true", help="fp16 only (bf16 compiles the same tiles)")
     parser.add_argument("--targets", default=",".join(REPORT_TARGETS), help=f"comma-separated, of {sorted(TARGETS)}")
-    parser.add_argument("--dtypes", default=",".join(DTYPES), help="comma-separated, of fp16,bf16")
+    parser.add_argument("--dtypes", default=",".join(DTYPES), help=f"comma-separated, of {','.join(TORCH_DTYPES)}")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--jobs", type=int, default=os.cpu_count(), help="compiles at once (default: all cores)")
     args = parser.parse_args(argv)
@@ -561,6 +562,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown target(s) {unknown}; use {sorted(TARGETS)}")
     dtypes = ("fp16",) if args.fast else tuple(d for d in args.dtypes.split(",") if d)
+    unknown = [d for d in dtypes if d not in TORCH_DTYPES]
+    if unknown:
+        parser.error(f"unknown dtype(s) {unknown}; use {list(TORCH_DTYPES)}")
     _init_worker()  # the parent decorates for the GPU too (it compiles itself with --jobs 1)
     run_report(targets=targets, dtypes=dtypes, out=args.out, jobs=args.jobs)
     return 0
