@@ -32,14 +32,17 @@ else
   ENV_STAMP := $(VENV)/.stamp
 endif
 
-.PHONY: help setup lab test test-all nbval execute exercises sync grade gradescope bench kernel-report clean
+.PHONY: help setup lab test test-all nbval execute exercises sync grade gradescope bench kernel-report clean \
+	new-exercise check-exercise
 
 help:
 	@echo "make lab        start JupyterLab on the course (creates the environment on first use)"
 	@echo "make test       the fast suite, for every change: unit, checks, lint, drift, grading, notebooks (nbval)"
 	@echo "make test-all   make test plus the slow checks: browser, nbgrader, package installs, every Run All (CI)"
 	@echo "make nbval      strict nbval of notebooks/ and solutions/ alone (ATEN_CPU_CAPABILITY=default make nbval: another CPU)"
-	@echo "make execute    re-run notebooks/ and solutions/ in fresh kernels and store their outputs"
+	@echo "make execute    re-run notebooks/ and solutions/ in fresh kernels and store their outputs (NB=03_masks: one topic)"
+	@echo "make new-exercise NB=03 NAME=fn [ARGS='T, window'] [STARS=2] [TITLE=..] [SECTION=..]  a new exercise's stubs"
+	@echo "make check-exercise EX=3.7   every test of one exercise, slow ones included (about a minute)"
 	@echo "make exercises  regenerate exercises/ from solutions/"
 	@echo "make sync       rewrite the Colab bootstrap cells and README notebook map from pyproject.toml"
 	@echo "make grade      grade exercise notebooks (all, or NB=notebook, student folder or class folder)"
@@ -99,8 +102,19 @@ test-all: $(ENV_STAMP)
 nbval: $(ENV_STAMP)
 	$(PYTEST) notebooks solutions
 
+# NB=03_masks (or 03): that topic's teaching and solutions notebooks only.
 execute: $(ENV_STAMP)
-	$(PY) -m helpers.tools.notebooks execute notebooks solutions
+	$(PY) -m helpers.tools.notebooks execute $(if $(NB),$(NB),notebooks solutions)
+
+# The stubs of a new exercise in the five places an exercise lives (helpers/tools/scaffold.py; CONTRIBUTING.md).
+new-exercise: $(ENV_STAMP)
+	@test -n "$(NB)" -a -n "$(NAME)" || { echo "usage: make new-exercise NB=03 NAME=sliding_window_mask [ARGS='T, window'] [STARS=2] [TITLE='...'] [SECTION='...']"; exit 2; }
+	$(PY) -m helpers.tools.scaffold new $(NB) $(NAME) $(if $(ARGS),--args "$(ARGS)") $(if $(STARS),--stars $(STARS)) $(if $(TITLE),--title "$(TITLE)") $(if $(SECTION),--section "$(SECTION)")
+
+# Every test of one exercise (EX=3.7 or its function's name), the slow ones included.
+check-exercise: $(ENV_STAMP)
+	@test -n "$(EX)" || { echo "usage: make check-exercise EX=3.7"; exit 2; }
+	JOBS=$(JOBS) $(PY) -m helpers.tools.scaffold check $(EX)
 
 exercises: $(ENV_STAMP)
 	$(PY) -m helpers.tools.notebooks exercises

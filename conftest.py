@@ -13,12 +13,17 @@
   and 11's trained models: a third of all notebook time) run under nbval in `make test-all` only
   (``SLOW_NOTEBOOKS``); `make test` keeps their solutions notebooks under nbval and their lessons'
   unit tests (tests/test_nb09_*.py, test_nb10_*.py, test_nb11_*.py), and CI runs them all.
+- ``--exercise 3.7`` (``make check-exercise EX=3.7``) keeps the tests of one exercise, slow ones
+  included: those whose id names its function, its notebook's solutions under nbval, the grading of
+  its notebook blank and solved, and the tests that compare the registry with what derives from it
+  (``EXERCISE_WIDE``).
 - Triton's interpreter is switched on (when there is no CUDA GPU) before any test module can
   import Triton, as ``setup()`` does in a notebook: Triton reads ``TRITON_INTERPRET`` when a kernel
   is decorated, so otherwise the outcome would depend on which test a worker happens to run first.
 """
 
 import os
+import re
 
 import pytest
 
@@ -27,11 +32,52 @@ SLOW_NOTEBOOKS = ("notebooks/09_flash_attention.ipynb", "notebooks/10_positions.
                   "notebooks/11_trained_transformer.ipynb")
 
 
+# What every exercise's tests include (--exercise): the registry against the code and what derives from it.
+EXERCISE_WIDE = ("tests/test_machinery.py::test_the_registry_and_the_code_agree",
+                 "tests/test_class_report.py::test_mistake_ids_are_stable_across_releases",
+                 "tests/test_class_report.py::test_every_mistake_slug_is_written_out",
+                 "tests/test_pipeline.py::test_exercises_are_generated_from_solutions",
+                 "tests/test_pipeline.py::test_counts_and_ranges_in_the_prose_agree_with_the_registry",
+                 "tests/test_pipeline.py::test_readme_lists_every_notebook_with_colab_badges",
+                 "tests/test_grading.py::test_blank_exercises_grade_zero_and_solutions_full_marks")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--exercise", default=None, metavar="ID",
+                     help="only the tests of one exercise (its id, 3.7, or its function's name)")
+
+
+def exercise_option(config):
+    """The exercise ``--exercise`` names (a ``helpers.registry.Exercise``), or None."""
+    wanted = config.getoption("exercise", None)
+    if not wanted:
+        return None
+    from helpers import registry
+
+    found = [e for e in registry.EXERCISES if wanted in (e.id, e.name)]
+    if not found:
+        raise pytest.UsageError(f"--exercise {wanted}: no such exercise in helpers/registry.py")
+    return found[0]
+
+
+def _of_exercise(nodeid: str, ex) -> bool:
+    path = nodeid.split("::")[0]
+    if path == f"solutions/{ex.notebook}.ipynb" or nodeid.split("[")[0] in EXERCISE_WIDE:
+        return True
+    named = re.search(rf"(?<![A-Za-z0-9]){re.escape(ex.name)}(?![A-Za-z0-9])", nodeid.split("::", 1)[-1])
+    return bool(named) and path in (f"tests/test_{ex.module_name}.py", "tests/test_machinery.py")
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m "not slow"` deselects by mark
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.nodeid.split("::")[0] in SLOW_NOTEBOOKS:
             item.add_marker(pytest.mark.slow)
+    ex = exercise_option(config)
+    if ex is not None:
+        kept = [item for item in items if _of_exercise(item.nodeid, ex)]
+        config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+        items[:] = kept
 
 
 def pytest_configure(config):

@@ -130,25 +130,34 @@ def test_check_explains_a_non_function(bad):
         checks.qkv_projection(bad)
 
 
-def test_the_registry_and_the_code_agree():
-    """helpers/registry.py is the one hand-kept list of exercises: every line has its check (in the
-    check module it names, exported), its reference (in the lesson module's ``__all__`` and in
-    ``helpers.reference``), and every check is on a line. Each failure says what to change."""
+def registry_problems() -> list[str]:
+    """What differs between helpers/registry.py and the code, each as what to change."""
     import importlib
 
     problems = []
     listed = registry.by_name()
     ids = [e.id for e in registry.EXERCISES]
-    problems += [f"exercise id {i} is on two lines of helpers/registry.py" for i in {i for i in ids if ids.count(i) > 1}]
+    problems += [f"exercise id {i} is on two lines of helpers/registry.py" for i in sorted({i for i in ids if ids.count(i) > 1})]
     for name, ex in listed.items():
-        where = f"helpers/registry.py line of {ex.id} {name}"
+        where = f"helpers/registry.py, the line of {ex.id} {name}"
         if not re.fullmatch(r"[1-9][0-9]?\.[1-9][0-9]?", ex.id) or int(ex.id.split(".")[0]) != int(ex.notebook[:2]):
             problems.append(f"{where}: the id must be <notebook number>.<n> (notebook {ex.notebook})")
         if ex.stars not in (1, 2, 3):
             problems.append(f"{where}: stars must be 1, 2 or 3 (★ warm-up, ★★ core, ★★★ hard)")
-        if not (ROOT / "notebooks" / f"{ex.notebook}.ipynb").exists():
+        teaching = ROOT / "notebooks" / f"{ex.notebook}.ipynb"
+        if not teaching.exists():
             problems.append(f"{where}: there is no notebooks/{ex.notebook}.ipynb")
-        lesson = importlib.import_module(f"helpers.{ex.module_name}")
+            continue
+        headings = [line.lstrip("#").strip().replace("`", "") for cell in nbformat.read(teaching, as_version=4).cells
+                    if cell.cell_type == "markdown" for line in cell.source.split("\n") if line.startswith("#")]
+        if ex.section not in headings:
+            problems.append(f"{where}: the section {ex.section!r} is not a heading of notebooks/{ex.notebook}.ipynb "
+                            f"(without its #s and backticks); its headings: {headings[1:]}")
+        try:
+            lesson = importlib.import_module(f"helpers.{ex.module_name}")
+        except ImportError:
+            problems.append(f"{where}: there is no module helpers/{ex.module_name}.py")
+            continue
         if not callable(getattr(lesson, name, None)):
             problems.append(f"helpers/{ex.module_name}.py has no function {name} (the exercise's reference)")
         elif name not in getattr(lesson, "__all__", [name]):
@@ -156,8 +165,6 @@ def test_the_registry_and_the_code_agree():
         elif getattr(reference, name, None) is not getattr(lesson, name) and \
                 getattr(getattr(reference, name, None), "__module__", "") != "helpers.reference":  # a lazy import
             problems.append(f"helpers.reference.{name} is not helpers.{ex.module_name}.{name}: one definition, re-exported")
-        if not hasattr(reference, name):
-            problems.append(f"helpers.reference.{name} is missing: helpers/reference.py imports the topic modules' __all__")
         check = getattr(checks, name, None)
         if getattr(check, "exercise", None) != ex:
             problems.append(f"no check for {name}: write `@exercise() def {name}(t: Trial)` in helpers/checks/{ex.module_name}.py")
@@ -165,7 +172,34 @@ def test_the_registry_and_the_code_agree():
             problems.append(f"the check of {name} is in {check.__module__}; the registry says helpers.checks.{ex.module_name}")
     problems += [f"the check {name} ({ex.id}) is not in helpers/registry.py: add its line there"
                  for name, ex in EXERCISES.items() if name not in listed]
+    return problems
+
+
+def test_the_registry_and_the_code_agree():
+    """helpers/registry.py is the one hand-kept list of exercises: every line has its check (in the
+    check module it names, exported), its reference (in the lesson module's ``__all__`` and in
+    ``helpers.reference``), a section that is a heading of its teaching notebook, and every check is
+    on a line. Each problem says what to change."""
+    problems = registry_problems()
     assert not problems, "\n".join(problems)
+
+
+def test_the_registry_test_says_what_to_change(monkeypatch, toy):
+    Ex = registry.Exercise
+    with monkeypatch.context() as m:  # undone before the integrity guard looks (it watches the registry too)
+        m.setattr(registry, "EXERCISES", (
+            *registry.EXERCISES,
+            Ex("3.9", "not_written", "t", 2, "03_masks", "2.4 Sliding window: local attention"),
+            Ex("3.9", "sliding_window_mask", "t", 4, "03_masks", "9. No such section"),
+            Ex("5.7", "elsewhere", "t", 1, "03_masks", "1. A mask is a yes/no table")))
+        problems = "\n".join(registry_problems())
+    for words in ("exercise id 3.9 is on two lines", "helpers/nb03_masks.py has no function not_written",
+                  "no check for not_written: write `@exercise() def not_written(t: Trial)` in helpers/checks/nb03_masks.py",
+                  "stars must be 1, 2 or 3", "'9. No such section' is not a heading of notebooks/03_masks.ipynb",
+                  "add 'sliding_window_mask' to __all__ in helpers/nb03_masks.py",
+                  "the line of 5.7 elsewhere: the id must be <notebook number>.<n>",
+                  "the check toy_double (0.1) is not in helpers/registry.py: add its line there"):
+        assert words in problems, words
 
 
 # =========================================================================== the machinery's units

@@ -1,7 +1,8 @@
 """Maintainer tools for the course's notebooks (``python -m helpers.tools.notebooks COMMAND``).
 
-- ``execute DIR_OR_NB ...``: run notebooks top to bottom in fresh kernels and store their outputs
-  (``make execute``), so committed outputs are always what the code prints. The bootstrap cell is
+- ``execute DIR_OR_NB_OR_TOPIC ...``: run notebooks top to bottom in fresh kernels and store their
+  outputs (``make execute``; ``make execute NB=03_masks``: a topic's teaching notebook and its
+  solutions), so committed outputs are always what the code prints. The bootstrap cell is
   put in place first, and exercises/ regenerated when solutions/ were run.
 - ``exercises``: write ``exercises/`` from ``solutions/`` (``make exercises``): solution bodies become
   ``raise NotImplementedError()``, model answers an empty answer cell, hidden tests and
@@ -574,6 +575,23 @@ def execute(path: Path, timeout: int = 600) -> float:
     return seconds
 
 
+def topic_notebooks(arg: str) -> list[Path]:
+    """The notebooks ``execute`` runs for ``arg``: a folder's, one file, or a topic ("03_masks" or "03":
+    its teaching notebook and its solutions)."""
+    p = Path(arg).resolve()
+    if p.is_dir():
+        return sorted(p.glob("[0-9][0-9]_*.ipynb"))
+    if p.suffix == ".ipynb" or "/" in arg:
+        if not p.exists():
+            raise SystemExit(f"execute: {arg} does not exist")
+        return [p]
+    found = [q for q in notebook_paths("notebooks") if q.stem == arg or q.stem[:2] == arg.zfill(2)]
+    if len(found) != 1:
+        raise SystemExit(f"execute: {arg!r} is not a topic; they are: {', '.join(q.stem for q in notebook_paths('notebooks'))}")
+    solutions = ROOT / "solutions" / found[0].name
+    return [*found, solutions] if solutions.exists() else found
+
+
 def _main(argv: list[str]) -> int:
     if not argv or argv[0] not in {"execute", "exercises", "sync"}:
         print(__doc__)
@@ -586,8 +604,7 @@ def _main(argv: list[str]) -> int:
     else:
         targets = []
         for a in args or ["notebooks", "solutions"]:
-            p = Path(a).resolve()
-            targets += sorted(p.glob("[0-9][0-9]_*.ipynb")) if p.is_dir() else [p]
+            targets += topic_notebooks(a)
         if any(p.parent.name == "solutions" for p in targets):
             write_model_answers()  # a passing check shows them: current before the notebooks run
         for path in targets:
