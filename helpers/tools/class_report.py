@@ -37,20 +37,24 @@ import hmac
 import html
 import json
 import math
+import os
 import secrets
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .gradebook import Row, csv_cell, flagged, read_gradebook
+from .gradebook import Row, csv_cell, flagged, read_gradebook, score_text
 
-NOT_ATTEMPTED = ("not attempted", "missing", "not run")  # statuses that count as no attempt
+NOT_HANDED_IN = ("missing", "not run")  # statuses of a notebook not handed in (or that never ran)
+NOT_ATTEMPTED = ("not attempted", *NOT_HANDED_IN)  # statuses that count as no attempt
 MISTAKES_FIELDS = ("notebook", "exercise", "mistake_id", "mistake", "students", "attempted", "hint")
 TOP_MISTAKES = 5  # mistakes listed per exercise in report.html (mistakes.csv has them all)
 # Okabe-Ito colours, told apart with every common colour-vision deficiency; every bar is labelled too.
 COLOURS = {"passed": "#0072B2", "failed": "#E69F00", "not attempted": "#BBBBBB"}
 MODEL_ANSWERS = Path(__file__).resolve().parent.parent / "model_answers.json"
+TITLE = "What the class got wrong"  # report.html's
+HISTOGRAM_BARS = 12  # at most, in the chart of total points
 
 
 @dataclass
@@ -90,7 +94,7 @@ class ExerciseStats:
 
 
 def order(exercise_id: str) -> tuple:
-    """``"10.3"`` -> ((0, 10), (0, 3)): exercises in course order (an id that is not numbers sorts
+    """``"10.3"`` -> ((0, 10, ""), (0, 3, "")): exercises in course order (an id that is not numbers sorts
     after, by its text, and never fails to compare)."""
     return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in str(exercise_id).split("."))
 
@@ -148,7 +152,7 @@ def exercise_stats(rows: list[Row], info: dict[str, Info] | None = None) -> list
         first = mine[0]
         count = Counter(r.status for r in mine)
         n_not = sum(count[s] for s in NOT_ATTEMPTED)
-        handed_in = [r for r in mine if r.status not in ("missing", "not run")]
+        handed_in = [r for r in mine if r.status not in NOT_HANDED_IN]
         passed = {r.student: r.status == "passed" for r in handed_in}
         rest = {r.student: totals[r.student] - (0 if r.bonus else r.earned) for r in handed_in}
         made: Counter = Counter()
@@ -191,8 +195,6 @@ def key_path() -> Path:
     """The pseudonyms' key file: $ATTN_COURSE_PSEUDONYM_KEY, else
     ``~/.config/attention-course/pseudonym.key``: outside any report folder, so that sharing a
     report never shares the key (with it and a class list, pseudonyms could be reversed)."""
-    import os
-
     return Path(os.environ.get(KEY_ENV) or Path.home() / ".config" / "attention-course" / "pseudonym.key")
 
 
@@ -304,10 +306,10 @@ def status_chart(stats: list[ExerciseStats], title: str) -> str:
     return "".join(parts)
 
 
-def score_histogram(totals: list[int], max_total: int, n_bins: int = 12) -> str:
-    """The distribution of total points in at most ``n_bins`` equal ranges, as inline SVG whose
+def score_histogram(totals: list[int], max_total: int) -> str:
+    """The distribution of total points in at most ``HISTOGRAM_BARS`` equal ranges, as inline SVG whose
     description says each range's count in words; every bar is labelled with its count."""
-    width = max(1, math.ceil((max_total + 1) / n_bins))  # points per bar
+    width = max(1, math.ceil((max_total + 1) / HISTOGRAM_BARS))  # points per bar
     ranges = [(lo, min(lo + width - 1, max_total)) for lo in range(0, max_total + 1, width)]
     counts = [sum(lo <= t <= hi for t in totals) for lo, hi in ranges]
     label = [f"{lo}" if lo == hi else f"{lo}-{hi}" for lo, hi in ranges]
@@ -372,8 +374,7 @@ def _mistakes_section(e: ExerciseStats, repo: str) -> str:
     return "".join(out)
 
 
-def render_html(rows: list[Row], stats: list[ExerciseStats], names: dict[str, str], repo: str = "",
-                title: str = "What the class got wrong") -> str:
+def render_html(rows: list[Row], stats: list[ExerciseStats], names: dict[str, str], repo: str = "") -> str:
     """The self-contained report page. ``names`` maps each student to the name shown."""
     students = sorted({r.student for r in rows})
     core = [e for e in stats if not e.bonus]
@@ -381,7 +382,7 @@ def render_html(rows: list[Row], stats: list[ExerciseStats], names: dict[str, st
     max_total = sum(e.points for e in core)
     legend = "".join(f'<span><span class="swatch" style="background:{c}"></span>{s}</span>' for s, c in COLOURS.items())
     n_nb = len({e.notebook for e in stats})
-    body = [f"<h1>{_e(title)}</h1>",
+    body = [f"<h1>{_e(TITLE)}</h1>",
             f"<p>{_n(len(students), 'student')}, {_n(n_nb, 'notebook')}, {_n(len(stats), 'exercise')}. "
             f"Median total {sorted(totals)[len(totals) // 2] if totals else 0} of {max_total} points "
             "(bonus points apart).</p>",
@@ -421,7 +422,7 @@ def render_html(rows: list[Row], stats: list[ExerciseStats], names: dict[str, st
     body.append("</section>")
     return ('<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             '<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f"<title>{_e(title)}</title><style>{_CSS}</style></head><body><main>{''.join(body)}</main></body></html>\n")
+            f"<title>{_e(TITLE)}</title><style>{_CSS}</style></head><body><main>{''.join(body)}</main></body></html>\n")
 
 
 # --------------------------------------------------------------------------- what each student gets back
@@ -436,12 +437,7 @@ def _model_answers() -> dict:
 
 def feedback_markdown(student: str, notebook: str, rows: list[Row], info: dict[str, Info], answers: dict) -> str:
     """One student's feedback on one notebook, in Markdown."""
-    core = [r for r in rows if not r.bonus]
-    bonus = [r for r in rows if r.bonus]
-    score = f"{sum(r.earned for r in core)}/{sum(r.points for r in core)} points"
-    if bonus:
-        score += f" + {sum(r.earned for r in bonus)}/{sum(r.points for r in bonus)} bonus"
-    lines = [f"# {notebook}: feedback for {_md(student)}", "", f"Score: {score}.", ""]
+    lines = [f"# {notebook}: feedback for {_md(student)}", "", f"Score: {score_text(rows, ' points')}.", ""]
     for r in sorted(rows, key=lambda r: order(r.id)):
         title = info.get(r.name, Info()).title
         lines += [f"## {r.id} {title or r.name} (`{r.name}`): {r.earned}/{r.points}"
@@ -460,8 +456,7 @@ def feedback_markdown(student: str, notebook: str, rows: list[Row], info: dict[s
         if r.hint:
             lines += [f"**Hint:** {_md(r.hint)}", ""]
         section = info.get(r.name, Info()).section
-        if r.status != "passed":
-            lines += [f"Revisit `notebooks/{notebook}.ipynb`" + (f", section {section}." if section else "."), ""]
+        lines += [f"Revisit `notebooks/{notebook}.ipynb`" + (f", section {section}." if section else "."), ""]
     if any(r.review for r in rows):
         lines += ["---", "", f"Your notebook is marked for review by hand: {_md(rows[0].review)}", ""]
     return "\n".join(lines)

@@ -33,7 +33,7 @@ class Row:
         return self.points if self.status == "passed" else 0
 
 
-def _score(rows: list[Row], unit: str = "") -> str:
+def score_text(rows: list[Row], unit: str = "") -> str:
     """``5/8``, or ``5/8 + 0/3 bonus`` (bonus points apart); ``unit`` goes after the first part."""
     core = [r for r in rows if not r.bonus]
     bonus = [r for r in rows if r.bonus]
@@ -65,11 +65,11 @@ def format_table(rows: list[Row]) -> str:
     stems = sorted({r.notebook for r in rows})
     lines.append("")
     if with_student:  # one line per student, one column per notebook
-        scores = [(s, *(_score([r for r in rows if r.student == s and r.notebook == n]) + _mark(rows, s, n)
-                        for n in stems), _score([r for r in rows if r.student == s])) for s in students]
+        scores = [(s, *(score_text([r for r in rows if r.student == s and r.notebook == n]) + _mark(rows, s, n)
+                        for n in stems), score_text([r for r in rows if r.student == s])) for s in students]
         lines += _columns(("student", *stems, "total"), scores)
     else:
-        lines += _columns(("notebook", "score"), [(n, _score([r for r in rows if r.notebook == n]) + _mark(rows, "", n))
+        lines += _columns(("notebook", "score"), [(n, score_text([r for r in rows if r.notebook == n]) + _mark(rows, "", n))
                                                   for n in stems])
     reviews = flagged(rows)
     if reviews:
@@ -79,7 +79,7 @@ def format_table(rows: list[Row]) -> str:
     core = [r for r in rows if not r.bonus]
     n_passed = sum(r.status == "passed" for r in core)
     lines.append("")
-    lines.append(f"score: {_score(rows, ' points')}, {n_passed}/{len(core)} exercises passed"
+    lines.append(f"score: {score_text(rows, ' points')}, {n_passed}/{len(core)} exercises passed"
                  + (f" ({len(students)} students)" if with_student else ""))
     return "\n".join(lines)
 
