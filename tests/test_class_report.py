@@ -8,11 +8,14 @@ import ast
 import csv
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import jsonschema
 import pytest
 
+from helpers import registry
 from helpers.checks import EXERCISES, Mistake
 from helpers.tools import class_report as cr
 from helpers.tools import notebooks as nbtools
@@ -192,6 +195,18 @@ def test_mistakes_csv_counts_students_per_mistake_and_attempts(tmp_path):
     (stats_51, stats_52) = cr.exercise_stats(rows)
     assert (stats_52.students, stats_52.passed, stats_52.failed, stats_52.not_attempted) == (6, 1, 3, 2)
     assert stats_52.mean_points == pytest.approx(1 / 6)
+
+
+def test_course_info_is_the_registry_read_without_torch():
+    """The report's titles and sections come from helpers/registry.py, in a process that imports no
+    torch (the class report runs on a gradebook alone)."""
+    code = ("import json, sys\nfrom helpers.tools import class_report as cr\ninfo = cr.course_info()\n"
+            "print(json.dumps({'torch': 'torch' in sys.modules, 'info': {k: [v.title, v.section] for k, v in info.items()}}))")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    out = json.loads(run.stdout)
+    assert not out["torch"], "course_info imported torch"
+    assert out["info"] == {e.name: [e.title, e.section or ""] for e in registry.by_name().values()}
 
 
 def test_the_gradebook_round_trips_and_shards_merge(tmp_path, capsys):
