@@ -12,12 +12,11 @@ from ..registry import in_module
 from . import watchers
 from .core import Trial, describe_case, eager_mistakes, exercise, seeded
 from .feedback import Mistake
+from .guard import _allclose, _isclose, _isfinite
 from .instruments import warm_up
 from .watchers import FORWARD_PASSES
 
 __all__ = in_module(__name__)  # its exercises' checks, as helpers/registry.py lists them
-
-
 
 
 # --------------------------------------------------------------------------- 4.1
@@ -108,8 +107,9 @@ def _jacobian_mistakes(s: torch.Tensor) -> dict:
     }
 
 
-def _jacobian_terms(got, s: torch.Tensor) -> str:
-    """A fact when ``got`` is a diag(s) + b s s^T (+ c I) with other coefficients than (1, -1, 0)."""
+def _jacobian_terms_diagnosis(got, s: torch.Tensor) -> str:
+    """The mistake of a ``got`` that is a diag(s) + b s s^T + c I with other coefficients than (1, -1, 0)
+    (its hint names them), else ""."""
     n = s.shape[-1]
     if not (isinstance(got, torch.Tensor) and got.shape == (n, n) and got.is_floating_point() and n >= 3):
         return ""
@@ -117,10 +117,10 @@ def _jacobian_terms(got, s: torch.Tensor) -> str:
     terms = {"diag(s)": torch.diag(s64), "s s^T": torch.outer(s64, s64), "I": torch.eye(n, dtype=torch.float64)}
     a = torch.stack([t.flatten() for t in terms.values()], dim=1)
     y = got.detach().double().flatten()
-    if not bool(torch.isfinite(y).all()):
+    if not bool(_isfinite(y).all()):
         return ""
     coef = torch.linalg.lstsq(a, y[:, None]).solution.flatten()
-    if not bool(torch.allclose(a @ coef, y, atol=1e-5, rtol=1e-4)):
+    if not bool(_allclose(a @ coef, y, atol=1e-5, rtol=1e-4)):
         return ""
     c = [round(float(x), 3) for x in coef]
     if c == [1.0, -1.0, 0.0]:
@@ -139,7 +139,8 @@ def softmax_jacobian(t: Trial) -> None:
             "for a vector s of length n, the outer product is torch.outer(s, s) ([n, n]).",
             "formed the outer product from shapes that do not fit"),
     }
-    cases = [torch.tensor([0.7, 0.2, 0.1])]  # seed 003's worked example
+    # the dimensions appendix's worked example (README, Sources), whose J notebook 04 works out by hand
+    cases = [torch.tensor([0.7, 0.2, 0.1])]
     # float64 and float16 too: J keeps s's dtype (a float32 torch.eye(n) or torch.zeros(n, n) would turn
     # a float16 s into float32; float64 wins over a float32 factor, so float64 alone does not show it)
     for seed, (n, dtype) in enumerate([(5, torch.float64), (7, torch.float32), (4, torch.float32), (6, torch.float16)]):
@@ -151,7 +152,7 @@ def softmax_jacobian(t: Trial) -> None:
     for s, expected, mistakes, tol in cases:
         got = t.call(s, case=describe_case(s=s) + f" = {[round(x, 4) for x in s.tolist()]}")
         _refuse_numpy(t, got, "J")
-        t.tensor(got, expected, what="J", mistakes=mistakes, diagnosis=_jacobian_terms(got, s),
+        t.tensor(got, expected, what="J", mistakes=mistakes, diagnosis=_jacobian_terms_diagnosis(got, s),
                  hint="J = torch.diag(s) - torch.outer(s, s): J[i, j] = s_i (delta_ij - s_j).", **tol)
 
 
@@ -218,11 +219,12 @@ def _softmax_backward_mistakes(p: torch.Tensor, g: torch.Tensor) -> dict:
 
 
 def _row_term_diagnosis(got, p: torch.Tensor, g: torch.Tensor) -> str:
-    """A fact when ``got`` has the right form p * (grad_p - c), one number c per row, with a wrong c."""
+    """The mistake of a ``got`` of the right form p * (grad_p - c), one number c per row, with a wrong c
+    (a multiple of sum(p * grad_p), or another number), else ""."""
     if not (isinstance(got, torch.Tensor) and got.shape == p.shape and got.is_floating_point()):
         return ""
     got, p64, g64 = got.detach().double(), p.double(), g.double()
-    if not bool(torch.isfinite(got).all()):
+    if not bool(_isfinite(got).all()):
         return ""
     kept = p64 > 1e-4
     if bool((got[~kept].abs() > 1e-5).any()):  # where p is 0 the form gives 0
@@ -236,7 +238,7 @@ def _row_term_diagnosis(got, p: torch.Tensor, g: torch.Tensor) -> str:
         return ""  # not one number per row
     c_row = torch.nanmean(c, dim=-1)
     right = (rows_p * rows_g).sum(-1)
-    if bool(torch.isclose(c_row, right, atol=1e-5, rtol=1e-4).all()):
+    if bool(_isclose(c_row, right, atol=1e-5, rtol=1e-4).all()):
         return ""
     ratio = c_row / right
     usable = right.abs() > 1e-3
@@ -280,6 +282,19 @@ def softmax_backward(t: Trial) -> None:
 
 
 # --------------------------------------------------------------------------- 4.3
+
+_FORMULAS = ("P = softmax(q k^T / sqrt(d_k)) with the causal mask when causal, dV = P^T dO, dP = dO v^T, "
+             "dS = P * (dP - rowsum(P * dP)), dQ = dS k / sqrt(d_k), dK = dS^T q / sqrt(d_k)")
+_BY_HAND = f"this exercise asks for the gradients by hand ({_FORMULAS}); autograd is what the check compares against."
+_USED_AUTOGRAD = Mistake("used-autograd", _BY_HAND,
+                         "used automatic differentiation instead of the backward formulas")
+_FINITE_DIFFERENCES = Mistake(
+    "finite-differences", _BY_HAND,
+    "took numerical gradients from many forward passes (finite differences)")
+_WRONG_ORDER = Mistake(
+    "grads-in-wrong-order",
+    "the gradients are returned in the wrong order: return (grad_q, grad_k, grad_v), the order of "
+    "the inputs q, k, v.")
 
 
 def _autograd_grads(q, k, v, grad_out, causal):
@@ -498,9 +513,9 @@ def _weighed(models: dict, got, atol: float, rtol: float) -> dict:
             out[hint] = m
             continue
         w = m.detach().double().cpu()
-        if bool(torch.isclose(g, w, atol=atol, rtol=rtol, equal_nan=True).all()):
+        if bool(_isclose(g, w, atol=atol, rtol=rtol, equal_nan=True).all()):
             out[hint] = got
-        elif bool(torch.isclose(g, w, atol=1e-5, rtol=1e-4, equal_nan=True).all()):
+        elif bool(_isclose(g, w, atol=1e-5, rtol=1e-4, equal_nan=True).all()):
             out[hint] = torch.full_like(m, float("nan"))
         else:
             out[hint] = m
@@ -510,25 +525,12 @@ def _weighed(models: dict, got, atol: float, rtol: float) -> dict:
 def _near(a, b) -> bool:
     """``a`` matches a mistake's model ``b`` (the tolerance the core matches mistakes with)."""
     return (isinstance(a, torch.Tensor) and a.shape == b.shape and a.is_floating_point()
-            and torch.allclose(a.detach().double(), b.double(), atol=1e-5, rtol=1e-4, equal_nan=True))
+            and _allclose(a.detach().double(), b.double(), atol=1e-5, rtol=1e-4, equal_nan=True))
 
 
 def _close(a, b) -> bool:
-    return isinstance(a, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype and torch.allclose(a, b, atol=1e-8, rtol=1e-6)
-
-
-_FORMULAS = ("P = softmax(q k^T / sqrt(d_k)) with the causal mask when causal, dV = P^T dO, dP = dO v^T, "
-             "dS = P * (dP - rowsum(P * dP)), dQ = dS k / sqrt(d_k), dK = dS^T q / sqrt(d_k)")
-_BY_HAND = f"this exercise asks for the gradients by hand ({_FORMULAS}); autograd is what the check compares against."
-_USED_AUTOGRAD = Mistake("used-autograd", _BY_HAND,
-                         "used automatic differentiation instead of the backward formulas")
-_FINITE_DIFFERENCES = Mistake(
-    "finite-differences", _BY_HAND,
-    "took numerical gradients from many forward passes (finite differences)")
-_WRONG_ORDER = Mistake(
-    "grads-in-wrong-order",
-    "the gradients are returned in the wrong order: return (grad_q, grad_k, grad_v), the order of "
-    "the inputs q, k, v.")
+    """``a`` is the gradient ``b`` (shape and dtype included) at this check's tolerance."""
+    return isinstance(a, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype and _allclose(a, b, atol=1e-8, rtol=1e-6)
 
 
 @exercise()
@@ -579,9 +581,9 @@ def attention_backward(t: Trial) -> None:
         # right gradients: each one it gets wrong is the learner's, and none the learner got right is
         # wrong in it.
         fits = [h for h, m in mistakes.items() if all(
-            torch.allclose(m[i], expected[i]) or _near(got[i], m[i]) for i in range(3))]
+            _allclose(m[i], expected[i]) or _near(got[i], m[i]) for i in range(3))]
         for i, name in enumerate(names):
             t.tensor(got[i], expected[i], what=f"{name} (compared with autograd in float64)",
                      mistakes=_weighed({h: m[i] for h, m in mistakes.items()}, got[i], atol=1e-8, rtol=1e-6),
-                     diagnosis=next((h for h in fits if not torch.allclose(mistakes[h][i], expected[i])), ""),
+                     diagnosis=next((h for h in fits if not _allclose(mistakes[h][i], expected[i])), ""),
                      hint=f"go through the derivation step by step: {_FORMULAS}.", atol=1e-8, rtol=1e-6)
