@@ -799,3 +799,14 @@ def test_check_rejects_wrong(name, wrong, hint):
 @pytest.mark.parametrize(("name", "right"), right_cases(RIGHT))
 def test_check_accepts_right(name, right):
     assert_accepted(name, right)
+
+
+def test_each_order_of_the_outer_product_of_s_and_1_minus_s_is_recorded_as_written():
+    """4.1's mistake subtracted-s_i-times-1-minus-s_j has two members, diag(s) - torch.outer(s, 1 - s) and
+    diag(s) - torch.outer(1 - s, s); the line a class report shows for each names the one the learner
+    wrote (the second member's once named the first's)."""
+    for outer, written in [(lambda s: torch.outer(s, 1 - s), "torch.outer(s, 1 - s)"),
+                           (lambda s: torch.outer(1 - s, s), "torch.outer(1 - s, s)")]:
+        error = assert_rejected("softmax_jacobian", lambda s, outer=outer: torch.diag(s) - outer(s), "you subtracted")
+        assert error.mistake_id == "4.1/subtracted-s_i-times-1-minus-s_j"
+        assert error.mistake == f"subtracted {written} instead of torch.outer(s, s)", error.mistake

@@ -97,7 +97,7 @@ def _jacobian_mistakes(s: torch.Tensor) -> dict:
         Mistake("subtracted-s_i-times-1-minus-s_j",
                 "you subtracted (1 - s_i) s_j (torch.outer(1 - s, s)) from diag(s): the term "
                 "subtracted is s_i s_j, torch.outer(s, s), so that J[i, j] = s_i (delta_ij - s_j).",
-                "subtracted torch.outer(s, 1 - s) instead of torch.outer(s, s)"):
+                "subtracted torch.outer(1 - s, s) instead of torch.outer(s, s)"):
             lambda: torch.diag(s) - torch.outer(1 - s, s),
         Mistake("softmax-applied-again",
                 "s is already the softmax output (probabilities): do not apply softmax to it "
