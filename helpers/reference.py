@@ -1,4 +1,4 @@
-"""Reference implementations of every graded exercise, by the names of EXERCISES.md.
+"""Reference implementations of every graded exercise, by their names in helpers/registry.py.
 
 Notebooks import from here (or from the topic modules it re-exports); checks compare against it.
 Each topic module lists its graded functions in ``__all__``.

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import shutil
+import subprocess
 import sys
 from dataclasses import astuple
 
@@ -154,3 +155,28 @@ def test_the_exercise_filter_keeps_one_exercise_s_tests():
     ]
     assert [n for n in keep if not conftest._of_exercise(n, ex)] == []
     assert [n for n in drop if conftest._of_exercise(n, ex)] == []
+
+
+def _make_n(*args) -> list[str]:
+    out = subprocess.run(["make", "--no-print-directory", "-n", *args, "PY=python"], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout
+    return [line for line in out.splitlines() if not line.startswith("test -n")]
+
+
+def test_the_make_targets_are_wired():
+    assert _make_n("new-exercise", "NB=03", "NAME=f", "ARGS=T, w", "TITLE=a f", "SECTION=2.4 X") == [
+        'python -m helpers.tools.scaffold new 03 f --args "T, w"  --title "a f" --section "2.4 X"']
+    assert _make_n("check-exercise", "EX=3.7") == ["JOBS=2 python -m helpers.tools.scaffold check 3.7"]
+    assert _make_n("execute", "NB=03_masks") == ["python -m helpers.tools.notebooks execute 03_masks"]
+    assert _make_n("execute") == ["python -m helpers.tools.notebooks execute notebooks solutions"]
+    usage = subprocess.run(["make", "--no-print-directory", "check-exercise", "PY=python"], cwd=ROOT,
+                           capture_output=True, text=True)
+    assert usage.returncode != 0 and "usage: make check-exercise EX=3.7" in usage.stdout
+
+
+def test_execute_takes_a_topic_by_its_stem_or_number():
+    assert nbtools.topic_notebooks("03") == nbtools.topic_notebooks("03_masks") == [
+        ROOT / "notebooks/03_masks.ipynb", ROOT / "solutions/03_masks.ipynb"]
+    assert nbtools.topic_notebooks("solutions/03_masks.ipynb") == [ROOT / "solutions/03_masks.ipynb"]
+    with pytest.raises(SystemExit, match="'99' is not a topic; they are: 01_qkv_shapes"):
+        nbtools.topic_notebooks("99")
