@@ -63,16 +63,20 @@ def __getattr__(name):
 # Lesson functions of a notebook's own modules that its exercise notebook imports (they are not
 # answers): every other function of those modules is left out of that notebook's sandbox.
 LESSON_IMPORTS = {"08_flops_memory": {"dense_param_count"}}
+READY_TIMEOUT_S = 300  # for the zygote to import torch and preload the course's machinery
 UID_BASE = 0x5A000000  # user ids of notebooks in the ``user`` sandbox: UID_BASE + 65536 * (pid % 4096) + a counter
 
 
 @dataclass
 class Isolation:
+    """The sandbox a grading run uses, and why not a better one."""
+
     kind: str  # one of KINDS
     reason: str = ""  # why not a better one
 
 
 def _bwrap() -> str | None:
+    """bubblewrap's path, or None where it is not installed."""
     return shutil.which("bwrap")
 
 
@@ -196,7 +200,7 @@ def _lesson_functions(source: str) -> set[str]:
     return {n.name for n in _parsed(source).body if isinstance(n, _FUNCTION)}
 
 
-def build_course(root: Path, stems: dict[str, list[str]], helpers: Path = HELPERS) -> Path:
+def build_course(root: Path, stems: dict[str, list[str]]) -> Path:
     """Write ``root/stems/<stem>/helpers`` for every notebook stem (its exercises' names given),
     byte-compiled, and ``root/active/helpers``, the part every copy shares that the zygote preloads
     (where each notebook's process then mounts its own copy). Files
@@ -204,7 +208,7 @@ def build_course(root: Path, stems: dict[str, list[str]], helpers: Path = HELPER
     after: it holds every reference) and hard-linked."""
     common = root.parent / f"{root.name}-common"
     try:
-        _build(root, common, stems, helpers)
+        _build(root, common, stems)
     finally:
         shutil.rmtree(common, ignore_errors=True)  # it holds every reference
     for folder, _, names in os.walk(root):  # the sandbox's user is this one (namespaces) or root copies it (user)
@@ -214,10 +218,12 @@ def build_course(root: Path, stems: dict[str, list[str]], helpers: Path = HELPER
     return root
 
 
-def _build(root: Path, common: Path, stems: dict[str, list[str]], helpers: Path) -> None:
+def _build(root: Path, common: Path, stems: dict[str, list[str]]) -> None:
+    """build_course's work: every file of the course copied once into ``common`` (byte-compiled),
+    then each stem's copy and ``root/active`` made of links to those files or stripped versions."""
     files = []
-    for path in sorted(helpers.rglob("*")):
-        rel = path.relative_to(helpers)
+    for path in sorted(HELPERS.rglob("*")):
+        rel = path.relative_to(HELPERS)
         parts = rel.parts
         if "__pycache__" in parts or path.is_dir() or parts[0] == "tools" or rel.name == "reference.py" \
                 or rel.name == "model_answers.json" or (parts[0] == "checks" and rel.name not in MACHINERY) \
@@ -262,16 +268,15 @@ def _build(root: Path, common: Path, stems: dict[str, list[str]], helpers: Path)
         cached = Path(importlib.util.cache_from_source(str(common / rel)))
         if cached.exists():
             os.link(cached, Path(importlib.util.cache_from_source(str(target))))
-    (root / "active").mkdir(exist_ok=True)
 
 
-def readable_secrets(helpers: Path = HELPERS) -> list[str]:
+def readable_secrets() -> list[str]:
     """The course's files that any user can read (for the ``user`` sandbox, which runs notebooks as
     an ordinary user): the lesson modules (they hold the references), the checks, the model
     answers, solutions/ beside an editable install."""
     found = []
-    candidates = [helpers / "reference.py", helpers / "checks" / "core.py", helpers / "model_answers.json",
-                  *sorted(helpers.glob("nb[0-9][0-9]_*.py")), helpers.parent / "solutions"]
+    candidates = [HELPERS / "reference.py", HELPERS / "checks" / "core.py", HELPERS / "model_answers.json",
+                  *sorted(HELPERS.glob("nb[0-9][0-9]_*.py")), HELPERS.parent / "solutions"]
     for path in candidates:
         if path.exists() and _world_readable(path):
             found.append(str(path))
@@ -368,9 +373,11 @@ class Zygote:
         self.count = 0
         self.process: subprocess.Popen | None = None
         self.control: socket.socket | None = None
+        self.log = None  # the zygote's stderr, read when it fails to start (None with the debug limit: the grader's)
         self.course_root = "/course" if isolation.kind == "namespaces" else str(self.course)
 
     def launch(self) -> None:
+        """Start the zygote (inside bubblewrap for ``namespaces``), which imports torch meanwhile."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         zygote = Path(__file__).with_name("sandbox_zygote.py")
         python = [sys.executable, "-I", "-S"]
@@ -389,12 +396,16 @@ class Zygote:
         self.control = ours
 
     def build(self, stems: dict[str, list[str]]) -> None:
+        """Write the course copies of these notebook stems (their exercises' names given); the
+        namespaces zygote then preloads the part they share."""
         build_course(self.course, stems)
         if self.isolation.kind == "namespaces":
             self.control.send(b"built")  # the zygote preloads the shared part (root/active) now
 
-    def wait_ready(self, timeout_s: float = 300) -> None:
-        self.control.settimeout(timeout_s)
+    def wait_ready(self) -> None:
+        """Until the zygote says it is ready (READY_TIMEOUT_S at most); if it is not, close it and
+        raise OSError with its reason (its message, or the end of its stderr)."""
+        self.control.settimeout(READY_TIMEOUT_S)
         try:
             hello = json.loads(self.control.recv(1 << 16) or b"{}")
         except (OSError, ValueError) as e:
@@ -423,6 +434,7 @@ class Zygote:
         socket.send_fds(self.control, [json.dumps(req).encode()], [grader_fd, judge_fd, lifeline_fd])
 
     def close(self) -> None:
+        """End the zygote (bubblewrap ends everything in its sandbox) and remove its folder."""
         if self.control is not None:
             self.control.close()
             self.control = None
@@ -433,7 +445,7 @@ class Zygote:
             self.process.kill()  # (bwrap ends everything in its sandbox)
             self.process.wait()
             self.process = None
-        if getattr(self, "log", None) is not None:
+        if self.log is not None:
             self.log.close()
             self.log = None
         shutil.rmtree(self.tmp, ignore_errors=True)
