@@ -21,7 +21,7 @@ from fractions import Fraction
 
 import torch
 
-from .guard import _float64, _isclose
+from .guard import _float64, _isclose, _isfinite
 
 _MAX_PERMUTED = 64  # longest axis searched for a permutation
 _MAX_REARRANGE_TRIES = 4000  # views x permutations tried by _rearranged
@@ -182,7 +182,7 @@ def _power(g: torch.Tensor, e: torch.Tensor, atol: float, rtol: float) -> str:
                     ("the logarithm of", lambda x: x.abs().log())):
         with torch.no_grad():
             m = f(e)
-        if bool(torch.isfinite(m).all()) and not _close(m, e, atol, rtol) and _close(g, m, atol, rtol):
+        if bool(_isfinite(m).all()) and not _close(m, e, atol, rtol) and _close(g, m, atol, rtol):
             return f"every entry is {text} the expected one."
     return ""
 
@@ -235,8 +235,8 @@ def tensor_facts(got: torch.Tensor, expected: torch.Tensor, atol: float, rtol: f
     ``factors`` (words -> value) name the exercise's quantities, to say what a constant factor is;
     ``dtype`` is the dtype the answer should be computed in."""
     g, e = got.detach().to(_float64), expected.detach().to(_float64)
-    finite = torch.isfinite(e)
-    if not bool(finite.all()) or not bool(torch.isfinite(g).all()):
+    finite = _isfinite(e)
+    if not bool(finite.all()) or not bool(_isfinite(g).all()):
         return ""
     if not bool(g.any()) and bool(e.any()):
         return "your output is all zeros."
@@ -332,7 +332,7 @@ def _right_positions(bad: torch.Tensor, shape: Sequence[int]) -> str:
 def nonfinite_facts(got: torch.Tensor, expected: torch.Tensor, atol: float, rtol: float) -> str:
     """Where the NaN/inf of ``got`` are (``expected`` finite there), and whether the rest is right."""
     g, e = got.detach().to(_float64), expected.detach().to(_float64)
-    bad = ~torch.isfinite(g) & torch.isfinite(e)
+    bad = ~_isfinite(g) & _isfinite(e)
     if not bool(bad.any()) or bad.dim() == 0:
         return ""
     n = int(bad.sum())
@@ -365,7 +365,7 @@ def shape_value_facts(got: torch.Tensor, expected: torch.Tensor, atol: float, rt
     """A fact about an output of the wrong shape, from its values: the expected values moved or
     reshaped, or the expected output with positions missing or added along one axis."""
     g, e = got.detach().to(_float64), expected.detach().to(_float64)
-    if not bool(torch.isfinite(g).all()) or not bool(torch.isfinite(e).all()):
+    if not bool(_isfinite(g).all()) or not bool(_isfinite(e).all()):
         return shape_facts(g.shape, e.shape)
     moved = _rearranged(g, e, atol, rtol)
     if moved:

@@ -16,6 +16,7 @@ from .. import nb01_qkv_shapes as ref
 from ..registry import in_module
 from .core import Trial, describe_case, eager_mistakes, exercise, seeded
 from .feedback import Mistake
+from .guard import _allclose, _isfinite
 
 __all__ = in_module(__name__)  # its exercises' checks, as helpers/registry.py lists them
 
@@ -33,7 +34,7 @@ _AXES = ("B", "H", "T", "d_k")
 def _close(got: torch.Tensor, expected: torch.Tensor) -> bool:
     """What the comparison accepts (a passing output needs no diagnosis)."""
     return (got.shape == expected.shape and got.dtype == expected.dtype
-            and torch.allclose(got.detach().double(), expected.double(), atol=1e-5, rtol=1e-4))
+            and _allclose(got.detach().double(), expected.double(), atol=1e-5, rtol=1e-4))
 
 
 def _qkv_mistakes(x: torch.Tensor, w: torch.Tensor, H: int, expected: tuple, i: int) -> dict:
@@ -136,7 +137,7 @@ def _column_diagnosis(got, x: torch.Tensor, w: torch.Tensor, H: int, i: int) -> 
             return ""
         P = (x.double() @ w.double()).reshape(B * T, 3 * D)
         G = got.detach().double().permute(0, 2, 1, 3).reshape(B * T, D)  # column h * d_k + d: head h, feature d
-        if not bool(torch.isfinite(G).all()):
+        if not bool(_isfinite(G).all()):
             return ""
         gap = (G[:, :, None] - P[:, None, :]).abs().amax(0)  # [D, 3D]: how far column j is from column c
         tol = 1e-4 * (1 + P.abs().amax())
@@ -276,7 +277,7 @@ def _merge_diagnosis(got, o: torch.Tensor, expected: torch.Tensor) -> str:
         if type(got) is not torch.Tensor or got.numel() != o.numel() or not got.is_floating_point() or _close(got, expected):
             return ""
         g = got.detach().double()
-        if not bool(torch.isfinite(g).all()):
+        if not bool(_isfinite(g).all()):
             return ""
         if tuple(got.shape) != tuple(expected.shape):  # the core states a reshape of the right numbers
             return ""
@@ -287,7 +288,7 @@ def _merge_diagnosis(got, o: torch.Tensor, expected: torch.Tensor) -> str:
         pos = torch.searchsorted(values, g.flatten()).clamp(max=values.numel() - 1)
         below = (pos - 1).clamp(min=0)
         pick = torch.where((values[below] - g.flatten()).abs() < (values[pos] - g.flatten()).abs(), below, pos)
-        if not torch.allclose(values[pick], g.flatten(), atol=1e-7, rtol=1e-6) or pick.unique().numel() != flat.numel():
+        if not _allclose(values[pick], g.flatten(), atol=1e-7, rtol=1e-6) or pick.unique().numel() != flat.numel():
             return ""
         src = order[pick].reshape(B, T, H * d_k)
         b_src = src // (H * T * d_k)
@@ -501,7 +502,7 @@ def _another_scale(got, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, expec
     """When the output is attention with the scores divided by another number X than sqrt(d_k), that
     number, found by a search (softmax(s / X) @ v moves smoothly with X); '' when no X gives it."""
     try:
-        if (type(got) is not torch.Tensor or got.shape != expected.shape or not bool(torch.isfinite(got).all())
+        if (type(got) is not torch.Tensor or got.shape != expected.shape or not bool(_isfinite(got).all())
                 or _close(got, expected)):
             return ""
         s = (q.double() @ k.double().transpose(-2, -1))
@@ -518,7 +519,7 @@ def _another_scale(got, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, expec
         x = math.exp(log_x)
         model = torch.softmax(s / x, -1) @ vd
         d_k = q.shape[-1]
-        if abs(x / math.sqrt(d_k) - 1) < 1e-6 or not torch.allclose(g, model, atol=1e-5, rtol=1e-4):
+        if abs(x / math.sqrt(d_k) - 1) < 1e-6 or not _allclose(g, model, atol=1e-5, rtol=1e-4):
             return _lost_precision(g, expected.double())
         return Mistake("divided-by-another-number",
                        f"your output is softmax(q k^T / X) @ v with X = {x:.4g}: the scores were divided by another "
@@ -547,7 +548,7 @@ def _lost_precision(g: torch.Tensor, e: torch.Tensor) -> str:
     if diff.mean().abs().item() > 0.3 * diff.abs().mean().item():  # one-sided: a bias, not rounding
         return ""
     per_row = (g * e).sum(-1, keepdim=True) / (e * e).sum(-1, keepdim=True).clamp_min(1e-30)
-    if torch.allclose(g, per_row * e, atol=1e-5, rtol=1e-4):
+    if _allclose(g, per_row * e, atol=1e-5, rtol=1e-4):
         return ""
     return _LOST_PRECISION
 

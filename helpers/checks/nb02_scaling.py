@@ -17,6 +17,7 @@ from ..registry import in_module
 from . import watchers
 from .core import Trial, describe, describe_case, eager_mistakes, exercise, salted, seeded
 from .feedback import Mistake
+from .guard import _allclose, _equal, _isclose_num, _isfinite
 
 __all__ = in_module(__name__)  # its exercises' checks, as helpers/registry.py lists them
 
@@ -111,11 +112,11 @@ def _scale_diagnosis(got, q: torch.Tensor, k: torch.Tensor, expected: torch.Tens
         if type(got) is not torch.Tensor or got.shape != expected.shape or got.dtype != expected.dtype:
             return ""
         g, e = got.detach().double(), expected.detach().double()
-        if not bool(torch.isfinite(g).all()) or torch.allclose(g, e, atol=1e-5, rtol=1e-4):
+        if not bool(_isfinite(g).all()) or _allclose(g, e, atol=1e-5, rtol=1e-4):
             return ""
         d_k = q.shape[-1]
         c = float((g * e).sum() / (e * e).sum())
-        if c != 0 and torch.allclose(g, c * e, atol=1e-6, rtol=1e-5):  # one factor for every entry: a scale
+        if c != 0 and _allclose(g, c * e, atol=1e-6, rtol=1e-5):  # one factor for every entry: a scale
             divisor = math.sqrt(d_k) / c
             return Mistake(
                 "divided-by-another-number",
@@ -580,7 +581,7 @@ def dot_product_std(t: Trial) -> None:
                        _NOT_REPRODUCIBLE)
             other, _, _, g_other = _call_watched(t, d_k, n, seed + 1)
             if _value(t, other) == value:
-                if torch.equal(g_after, g_other):
+                if _equal(g_after, g_other):
                     t.fail_observed("generators with different seeds gave the same result, and ended in the same "
                                     "state: your function reseeds the generator it is given.",
                                     _RESEEDED_GENERATOR)
@@ -597,7 +598,7 @@ def dot_product_std(t: Trial) -> None:
             t.fail(f"your function returned {value:.4g}: a standard deviation is never negative.", _NEGATIVE)
         # An unrecognised value: is the number of samples the cause? A standard error: |mean of q·k| is
         # that size too, by chance, but the mean is negative for some seeds.
-        unrecognised = not matched and not math.isclose(value, expected[d_k], rel_tol=tol)
+        unrecognised = not matched and not _isclose_num(value, expected[d_k], rel_tol=tol)
         if not spread and (unrecognised or matched and matched.slug == "returned-standard-error"):
             _spread(t)
             spread, t.case = True, cases[d_k]

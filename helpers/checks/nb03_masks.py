@@ -12,6 +12,7 @@ from .. import nb03_masks as ref
 from ..registry import in_module
 from .core import Trial, describe, describe_case, draw, eager_mistakes, exercise, seeded
 from .feedback import Mistake
+from .guard import _equal, _isclose, _isfinite, _isnan
 from .probes import ToyAttention
 
 __all__ = in_module(__name__)  # its exercises' checks, as helpers/registry.py lists them
@@ -159,14 +160,14 @@ def _causal_models(T: int, got) -> dict:
         holds = False
         if _is_mask(got, (T, T)) and T > 0:
             k = int(got[0].sum()) - 1 if bool(got[0].any()) else int(got[-1].sum()) - T
-            holds = abs(k) > 1 and 2 - T <= k < T - 1 and torch.equal(got, _tril(T, k))
-        return _if(holds and not torch.equal(got, expected), got, _tril(T, 2))
+            holds = abs(k) > 1 and 2 - T <= k < T - 1 and _equal(got, _tril(T, k))
+        return _if(holds and not _equal(got, expected), got, _tril(T, 2))
 
     def capped():
         # the causal triangle of some size n < T (a buffer of n positions sliced to [:T, :T]); on a T the
         # buffer covers, the expected mask
         n = got.shape[0] if isinstance(got, torch.Tensor) and got.dtype == torch.bool and got.dim() == 2 else 0
-        holds = 1 < n < T and got.shape == (n, n) and torch.equal(got, _tril(n))
+        holds = 1 < n < T and got.shape == (n, n) and _equal(got, _tril(n))
         return _if(holds, got, _tril(min(T, 1024)))
 
     def last_row():
@@ -317,7 +318,7 @@ def _padding_models(lengths: torch.Tensor, T: int, got) -> dict:
         holds = False
         if _is_mask(got, expected.shape) and B > 1:
             rows = got[:, 0, 0, :]
-            holds = bool((rows == rows[:1]).all()) and torch.equal(rows[0], j < int(rows[0].sum()))
+            holds = bool((rows == rows[:1]).all()) and _equal(rows[0], j < int(rows[0].sum()))
         return _if(holds, got, (j < lengths.max())[None, None, None, :].expand(B, 1, 1, T))
 
     return {
@@ -475,14 +476,14 @@ _FILLS = [0.0, -1.0, -2.0, -5.0] + [-(m * 10.0 ** k) for k in range(1, 10) for m
 
 
 def _close_rows(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return torch.isclose(a.double(), b.double(), atol=1e-5, rtol=1e-4, equal_nan=True).all(-1)
+    return _isclose(a.double(), b.double(), atol=1e-5, rtol=1e-4, equal_nan=True).all(-1)
 
 
 def _garbage_rows(g: torch.Tensor) -> torch.Tensor:
     """Rows (last axis) made only of NaN, +-inf and 0 (and the dtype's largest number, which nan_to_num puts
     for inf): what is left of a row after inf/inf, 0/0 or a guard."""
     big = torch.finfo(g.dtype).max if g.is_floating_point() else float("inf")
-    return (torch.isnan(g) | torch.isinf(g) | (g == 0) | (g.abs() == big)).all(-1)
+    return (_isnan(g) | torch.isinf(g) | (g == 0) | (g.abs() == big)).all(-1)
 
 
 def _softmax_models(s: torch.Tensor, allowed: torch.Tensor, expected: torch.Tensor, got) -> dict:
@@ -528,7 +529,7 @@ def _softmax_models(s: torch.Tensor, allowed: torch.Tensor, expected: torch.Tens
         d = e.sum(-1, keepdim=True)
         model = e / torch.where(d > 0, d, torch.ones_like(d))
         if comparable:
-            lost = ~((d > 0) & torch.isfinite(d)).squeeze(-1)
+            lost = ~((d > 0) & _isfinite(d)).squeeze(-1)
             rows_ok = _close_rows(got, model) | (lost & _garbage_rows(got))
             if bool(rows_ok.all()) and not bool(_close_rows(got, expected).all()):
                 return got
@@ -573,8 +574,8 @@ def _softmax_models(s: torch.Tensor, allowed: torch.Tensor, expected: torch.Tens
         logp = torch.log_softmax(filled, -1)
         if comparable and not bool(_close_rows(got, expected).all()):
             lo = torch.finfo(s.dtype).min
-            on_allowed = torch.isclose(got.double(), logp.double(), atol=1e-5, rtol=1e-4) | ~a
-            off_allowed = a | torch.isneginf(got) | torch.isnan(got) | (got == lo) | (got == 0)
+            on_allowed = _isclose(got.double(), logp.double(), atol=1e-5, rtol=1e-4) | ~a
+            off_allowed = a | torch.isneginf(got) | _isnan(got) | (got == lo) | (got == 0)
             if bool((on_allowed & off_allowed).all()) and bool(a.any()):
                 return got
         return logp.nan_to_num(0.0)
@@ -781,13 +782,13 @@ def _prefix_models(T: int, p: int, got) -> dict:
     q = p - 1 if p >= 1 else T - 1  # the slice [:p - 1] of a learner who removed one: [:-1] when p = 0
 
     def shifted():
-        holds = _is_mask(got, (T, T)) and not torch.equal(got, expected) and any(
-            torch.equal(got, _tril(T, k)) for k in range(1, T + 1))
+        holds = _is_mask(got, (T, T)) and not _equal(got, expected) and any(
+            _equal(got, _tril(T, k)) for k in range(1, T + 1))
         return _if(holds, got, _tril(T, p))
 
     def causal_and_prefix():  # the causal rule & a prefix rule (keys in the prefix, or the prefix block)
         family = (causal & (j < p), causal & (i < p) & (j < p))
-        holds = _is_mask(got, (T, T)) and any(torch.equal(got, m) for m in family)
+        holds = _is_mask(got, (T, T)) and any(_equal(got, m) for m in family)
         return _if(holds, got, family[0])
 
     def rows_causal():  # every row right, or a prefix row that kept its causal row
@@ -939,7 +940,7 @@ def _block_sizes(m: torch.Tensor) -> list[int] | None:
     if not starts or starts[0] != 0:
         return None
     sizes = [b - a for a, b in zip(starts, starts[1:] + [N])]
-    return sizes if torch.equal(m, ref.packed_causal_mask(sizes)) else None
+    return sizes if _equal(m, ref.packed_causal_mask(sizes)) else None
 
 
 def _packed_models(seq_lens: tuple, got) -> dict:

@@ -25,6 +25,7 @@ from ..nb06_kv_sharing import repeat_kv
 from ..registry import in_module
 from .core import Trial, describe_case, draw, exercise, seeded
 from .feedback import Mistake, wrong_signature
+from .guard import _allclose, _equal, _isfinite
 from .nb08_flops_memory import _known, check_count
 
 __all__ = in_module(__name__)  # its exercises' checks, as helpers/registry.py lists them
@@ -497,10 +498,10 @@ def _buffer_diagnosis(name: str, got, given: torch.Tensor, new: torch.Tensor, po
     if not (type(got) is torch.Tensor and got.shape == given.shape and got.dtype == given.dtype):
         return ""
     W = given.shape[2]
-    if torch.allclose(got.double(), _written(given, new, pos % W).double(), atol=1e-5, rtol=1e-4):
+    if _allclose(got.double(), _written(given, new, pos % W).double(), atol=1e-5, rtol=1e-4):
         return ""  # the right buffer
-    same = [bool(torch.equal(got[:, :, s], given[:, :, s])) for s in range(W)]
-    holds_new = [bool(torch.allclose(got[:, :, s], new[:, :, 0])) for s in range(W)]
+    same = [bool(_equal(got[:, :, s], given[:, :, s])) for s in range(W)]
+    holds_new = [bool(_allclose(got[:, :, s], new[:, :, 0])) for s in range(W)]
     changed = [s for s in range(W) if not same[s]]
     right = pos % W
     where = f"at t = {pos} with W = {W}, token t goes to slot t % W = {right}"
@@ -527,13 +528,13 @@ def _ring_output_diagnosis(o, args: tuple, expected: torch.Tensor) -> str:
     about the output, found by trying every set of slots and fitting the scale."""
     q, k_new, v_new, k_buf, v_buf, pos = args
     if not (type(o) is torch.Tensor and o.shape == expected.shape and o.dtype == expected.dtype
-            and bool(torch.isfinite(o).all())) or torch.allclose(o.double(), expected.double(), atol=1e-5, rtol=1e-4):
+            and bool(_isfinite(o).all())) or _allclose(o.double(), expected.double(), atol=1e-5, rtol=1e-4):
         return ""
     W, d = k_buf.shape[2], q.shape[-1]
     g = o.double()
     q64 = q.double()
     kw, vw = _written(k_buf, k_new, pos % W).double(), _written(v_buf, v_new, pos % W).double()
-    close = lambda x: bool(torch.allclose(x, g, atol=1e-5, rtol=1e-4))  # noqa: E731 - as a mistake is matched
+    close = lambda x: bool(_allclose(x, g, atol=1e-5, rtol=1e-4))  # noqa: E731 - as a mistake is matched
     n = min(pos + 1, W)
     window = f"at t = {pos} with W = {W}, the window is slot{'s' if n > 1 else ''} {_slots(list(range(n)) if pos < W else list(range(W)))}"
     group = q.shape[1] // k_buf.shape[1]
@@ -717,7 +718,7 @@ def _compare_ring(t: Trial, got, expected: tuple, models: dict, W: int, args: tu
 
 def _buffers_right(k, v, expected: tuple) -> bool:
     return all(type(g) is torch.Tensor and g.shape == e.shape and g.dtype == e.dtype
-               and bool(torch.allclose(g.double(), e.double(), atol=1e-5, rtol=1e-4))
+               and bool(_allclose(g.double(), e.double(), atol=1e-5, rtol=1e-4))
                for g, e in ((k, expected[1]), (v, expected[2])))
 
 

@@ -16,7 +16,7 @@ from ..configs import MODELS, ModelConfig
 from ..registry import in_module
 from .core import Trial, describe, describe_case, draw, exercise, seeded
 from .feedback import Mistake, wrong_signature
-from .guard import key_text
+from .guard import _isclose_num, key_text
 
 __all__ = in_module(__name__)  # its exercises' checks, as helpers/registry.py lists them
 
@@ -24,7 +24,7 @@ __all__ = in_module(__name__)  # its exercises' checks, as helpers/registry.py l
 
 def _known(mistakes: Mapping[str, float], expected: int) -> dict[str, float]:
     """Mistake models that differ from the right answer on this case."""
-    return {h: v for h, v in mistakes.items() if not math.isclose(v, expected, rel_tol=1e-12)}
+    return {h: v for h, v in mistakes.items() if not _isclose_num(v, expected, rel_tol=1e-12)}
 
 
 
@@ -47,8 +47,8 @@ def check_count(t: Trial, got, expected: int, what: str, mistakes: Mapping[str, 
     values). Shared by the checks of 07 and 08."""
     __tracebackhide__ = True
     if type(got) is float:
-        matched = next((h for h, v in mistakes.items() if math.isclose(got, v, rel_tol=1e-9)
-                        and not math.isclose(v, expected, rel_tol=1e-12)), "")
+        matched = next((h for h, v in mistakes.items() if _isclose_num(got, v, rel_tol=1e-9)
+                        and not _isclose_num(v, expected, rel_tol=1e-12)), "")
         t.fail(f"{what}: expected an int ({expected:,}), got the float {got!r}.",
                matched or _FLOAT_COUNT)
     if type(got) is str:

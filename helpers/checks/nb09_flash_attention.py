@@ -25,6 +25,7 @@ from ..registry import in_module
 from .core import Trial, describe_case, eager_mistakes, exercise, seeded
 from .diagnose import ranges_text
 from .feedback import Mistake, wrong_signature
+from .guard import _equal, _isclose, _isfinite
 from .instruments import (
     MAX_LIKE,
     Watched,
@@ -176,7 +177,7 @@ def _pick(mistakes: dict, got: Any, atol: float, rtol: float) -> dict:
     """Each mistake's variant that fits ``got`` (at this comparison's tolerance), else its first."""
     def fits(w: Any) -> bool:
         return (isinstance(got, torch.Tensor) and isinstance(w, torch.Tensor) and w.shape == got.shape
-                and w.dtype == got.dtype and bool(torch.isclose(got.detach().double(), w.double(), atol=atol,
+                and w.dtype == got.dtype and bool(_isclose(got.detach().double(), w.double(), atol=atol,
                                                                 rtol=rtol, equal_nan=True).all()))
 
     out = {}
@@ -302,12 +303,12 @@ def _online_diagnosis(got: Any, x: torch.Tensor, expected: torch.Tensor) -> str:
     g, e = got.detach().double().reshape(-1, x.shape[-1]), expected.detach().double().reshape(-1, x.shape[-1])
     empty = torch.isneginf(x.detach().reshape(-1, x.shape[-1])).all(-1)
     n = x.shape[-1]
-    if bool(empty.any()) and bool(torch.isclose(g[empty], torch.full_like(g[empty], 1 / n), rtol=1e-3).all()):
+    if bool(empty.any()) and bool(_isclose(g[empty], torch.full_like(g[empty], 1 / n), rtol=1e-3).all()):
         return Mistake("empty-row-uniform", f"a row that is entirely -inf (nothing allowed) must come out as "
                        f"zeros; yours is uniform, 1/{n} everywhere, as if -inf had been replaced by a finite "
                        "number (such as -1e9): keep -inf, subtract 0 while the max is -inf, and return 0 where "
                        "l = 0.", "a row with nothing allowed comes out uniform instead of zeros")
-    if not bool(torch.isfinite(g).all()):
+    if not bool(_isfinite(g).all()):
         return ""
     live = e > 1e-12
     if bool((g[~live].abs() > 1e-6).any()) or not bool(live.any(-1)[~empty].all()):
@@ -582,7 +583,7 @@ def _hidden_diagonal(got: Any, q, k, v, causal: bool, bs: int) -> str:
     if not (causal and T > 2 and isinstance(got, torch.Tensor) and got.shape == q.shape[:-1] + v.shape[-1:]):
         return ""
     strict = _tiled_model(q, k, v, True, bs, strict=True)[0]
-    if not bool(torch.isclose(got.detach().double()[..., 1:, :], strict[..., 1:, :], atol=1e-5, rtol=1e-4).all()):
+    if not bool(_isclose(got.detach().double()[..., 1:, :], strict[..., 1:, :], atol=1e-5, rtol=1e-4).all()):
         return ""
     return Mistake("mask-hides-diagonal", "the causal mask also hides the diagonal: every query i >= 1 "
                    "attends to keys j < i only. Query i may attend to key i: mask keys j > i, not j >= i "
@@ -604,11 +605,11 @@ def _shared_max(got: Any, expected: torch.Tensor, q, k, causal: bool, bs: int) -
         tile = row_max[..., qs:qs + bs]
         drowned[..., qs:qs + bs] = tile < tile.amax(dim=-1, keepdim=True) - 800
     g = got.detach().double()
-    wrong = ~torch.isclose(g, expected.detach().double(), atol=1e-5, rtol=1e-4).all(dim=-1)
-    if not bool(drowned.any()) or not torch.equal(wrong, drowned):
+    wrong = ~_isclose(g, expected.detach().double(), atol=1e-5, rtol=1e-4).all(dim=-1)
+    if not bool(drowned.any()) or not _equal(wrong, drowned):
         return ""
     bad = g[drowned]
-    if not bool((~torch.isfinite(bad) | (bad == 0)).all()):
+    if not bool((~_isfinite(bad) | (bad == 0)).all()):
         return ""
     rows = ranges_text(drowned.reshape(-1, T).any(0).nonzero().flatten().tolist())
     return Mistake("max-shared-by-tile-rows", f"rows {rows} came out NaN or 0, the other rows are right: their "

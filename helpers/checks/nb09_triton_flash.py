@@ -36,7 +36,7 @@ from . import watchers
 from .core import _RETURNED_NONE, Trial, describe, describe_case, exercise, seeded
 from .diagnose import ranges_text
 from .feedback import Mistake
-from .guard import _len, _type
+from .guard import _allclose, _isclose, _isfinite, _isnan, _len, _type
 from .instruments import (
     EMPTY_FILL,
     KERNEL,
@@ -188,7 +188,7 @@ def _tol(dtype: torch.dtype, device: torch.device, kind: str) -> dict:
 
 def _closeness(got: torch.Tensor, expected: torch.Tensor, atol: float, rtol: float) -> torch.Tensor:
     """Elementwise closeness in float64 on the CPU (NaN where expected is finite counts as wrong)."""
-    return torch.isclose(got.detach().double().cpu(), expected.detach().double().cpu(), atol=atol, rtol=rtol)
+    return _isclose(got.detach().double().cpu(), expected.detach().double().cpu(), atol=atol, rtol=rtol)
 
 
 def _close(got: Any, expected: torch.Tensor, atol: float, rtol: float) -> bool:
@@ -297,7 +297,7 @@ def _weights_hint(P: torch.Tensor, P_ref: torch.Tensor, raw: torch.Tensor, causa
     """Name the mistake from the attention weights P [T, T] a kernel produced (float64, CPU), or ''."""
     T = P.shape[-1]
     scale = 1 / math.sqrt(d)
-    nan_rows = torch.isnan(P).any(dim=-1)
+    nan_rows = _isnan(P).any(dim=-1)
     if causal:
         future = torch.ones(T, T, dtype=torch.bool).triu(1)
         if (P.nan_to_num(0.0)[future].abs() > 1e-4).any():
@@ -346,8 +346,8 @@ def _weights_hint(P: torch.Tensor, P_ref: torch.Tensor, raw: torch.Tensor, causa
                            "to the end of this query block, (start_m + 1) * BLOCK_M, diagonal "
                            "block included.", _SKIPPED_BLOCKS)
     sums = P.sum(dim=-1)
-    if not torch.allclose(sums, torch.ones_like(sums), atol=1e-3):
-        if torch.allclose(P / sums[:, None], P_ref, atol=1e-4, rtol=1e-2):
+    if not _allclose(sums, torch.ones_like(sums), atol=1e-3):
+        if _allclose(P / sums[:, None], P_ref, atol=1e-4, rtol=1e-2):
             if bool((sums > 1).all()):
                 return Mistake("missing-final-normalisation", "the weights are right up to a "
                                "factor per row, the row's sum l (> 1): divide the accumulator by l "
@@ -388,7 +388,7 @@ def _weights_hint(P: torch.Tensor, P_ref: torch.Tensor, raw: torch.Tensor, causa
                                              _NOT_SCALED)),
     ):
         allowed = att.causal_mask(T) if causal else None
-        if torch.allclose(P, att.masked_softmax(raw * scale * factor, allowed), atol=1e-4, rtol=1e-2):
+        if _allclose(P, att.masked_softmax(raw * scale * factor, allowed), atol=1e-4, rtol=1e-2):
             return hint
     return ""
 
@@ -477,7 +477,7 @@ def _forward_case(t: Trial, c: dict, passed: list[str], key_masks: list | None =
         diagnosis, where = _unwritten(out, "out")
         P = out.detach().double().cpu()[0, 0, :, :T]
         if not diagnosis and not where and "probe" in kind:
-            if kind in ("ragged-probe", "short-probe") and torch.isnan(P).any() and "probe" in passed:
+            if kind in ("ragged-probe", "short-probe") and _isnan(P).any() and "probe" in passed:
                 diagnosis = Mistake("unmasked-loads", "NaN now that T is not a multiple of the "
                                     "block (the cases with T = 128 passed): your kernel read past "
                                     "the end of q, k or v (the memory after them holds NaN here). "
@@ -513,8 +513,8 @@ def _forward_case(t: Trial, c: dict, passed: list[str], key_masks: list | None =
         right = out.dtype == dtype and _close(out, expected, **tol)
         P = out.detach().double().cpu()[0, 0, :, :T]
         sums = P.sum(-1)
-        padded = (not right and bool(torch.isfinite(P).all()) and bool((sums < 1 - 1e-3).all())
-                  and torch.allclose(P / sums[:, None], c["P64"][0, 0], atol=1e-4, rtol=1e-2))
+        padded = (not right and bool(_isfinite(P).all()) and bool((sums < 1 - 1e-3).all())
+                  and _allclose(P / sums[:, None], c["P64"][0, 0], atol=1e-4, rtol=1e-2))
         wrong = expected + 1  # a model no output of this case matches: the mistake is refuted
         mistakes = {key_masks[0]: out if padded else wrong, key_masks[1]: expected if right else wrong}
     t.tensor(out, expected, what=what, hint=_FWD_HINT, diagnosis=diagnosis, mistakes=mistakes, **tol)
@@ -837,7 +837,7 @@ def flash_attention_triton_backward(t: Trial) -> None:
                 diagnosis, where = _unwritten(g, what)
                 if not diagnosis and not where and named:
                     diagnosis = named[0]
-                if not diagnosis and not where and torch.isnan(g).any() and T % 16 and any(p[2] % 16 == 0 for p in passed):
+                if not diagnosis and not where and _isnan(g).any() and T % 16 and any(p[2] % 16 == 0 for p in passed):
                     diagnosis = Mistake("unmasked-loads", "NaN now that T is not a multiple of the "
                                         f"block here (T = {T}; the cases with T = 128 passed): "
                                         "your kernels read past the end of q, k, v, dO, lse or D "

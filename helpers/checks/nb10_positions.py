@@ -21,6 +21,7 @@ from .. import nb10_positions as ref
 from ..registry import in_module
 from .core import Trial, describe_case, draw, eager_mistakes, exercise, seeded
 from .feedback import Mistake, wrong_signature
+from .guard import _isclose, _isfinite
 
 __all__ = in_module(__name__)  # its exercises' checks, as helpers/registry.py lists them
 
@@ -375,15 +376,15 @@ def _llama3_bands(got, inv_freq: torch.Tensor, factor: float, lf: float, hf: flo
     named): the fast pairs (wavelen < original_max_len / high_freq_factor) stay as they are, the slow
     ones (wavelen > original_max_len / low_freq_factor) are divided by factor, the middle ones blend."""
     if not (type(got) is torch.Tensor and got.shape == inv_freq.shape and got.is_floating_point()
-            and bool(torch.isfinite(got).all())):
+            and bool(_isfinite(got).all())):
         return ""
     th, g = inv_freq.double(), got.double()
     w = 2 * math.pi / th
     short, long = L / hf, L / lf
     expected = ref.llama3_rope_frequencies(inv_freq, factor, lf, hf, L).double()
-    wrong = ~torch.isclose(g, expected, rtol=1e-5, atol=1e-12)
-    kept = torch.isclose(g, th, rtol=1e-5, atol=1e-12)
-    divided = torch.isclose(g, th / factor, rtol=1e-5, atol=1e-12)
+    wrong = ~_isclose(g, expected, rtol=1e-5, atol=1e-12)
+    kept = _isclose(g, th, rtol=1e-5, atol=1e-12)
+    divided = _isclose(g, th / factor, rtol=1e-5, atol=1e-12)
     fast, slow = w < short, w > long
     middle = ~fast & ~slow
 
@@ -392,7 +393,7 @@ def _llama3_bands(got, inv_freq: torch.Tensor, factor: float, lf: float, hf: flo
         shown = ", ".join(f"{k} ({_fmt_w(float(w[k]))})" for k in idx[:4])
         return shown + (f" and {len(idx) - 4} more" if len(idx) > 4 else "")
 
-    if (bool(wrong.any()) and bool(torch.isclose(g.sort().values, expected.sort().values, rtol=1e-5,
+    if (bool(wrong.any()) and bool(_isclose(g.sort().values, expected.sort().values, rtol=1e-5,
                                                   atol=1e-12).all())):
         return Mistake("output-reordered", "your output holds the right values in another order than "
                        "inv_freq's: pair k of the result is pair k of inv_freq, scaled. Keep each pair in its "
@@ -417,10 +418,10 @@ def _llama3_bands(got, inv_freq: torch.Tensor, factor: float, lf: float, hf: flo
         if bool(divided[mask].all()):
             return "divided by factor"
         by = th[mask] / g[mask]
-        if bool(torch.isclose(by, by[:1], rtol=1e-5).all()):
+        if bool(_isclose(by, by[:1], rtol=1e-5).all()):
             return f"divided by {_fmt_w(float(by[0]))}" if float(by[0]) > 1 else f"multiplied by {_fmt_w(1 / float(by[0]))}"
         sm = (L / w - lf) / (hf - lf)
-        if bool(torch.isclose(g[mask], ((1 - sm) * th / factor + sm * th)[mask], rtol=1e-5, atol=1e-12).all()):
+        if bool(_isclose(g[mask], ((1 - sm) * th / factor + sm * th)[mask], rtol=1e-5, atol=1e-12).all()):
             return "blended as if they lay between the thresholds (with smooth outside 0 .. 1 there)"
         return "changed"
 

@@ -20,6 +20,7 @@ from ..nb03_masks import causal_mask
 from ..registry import in_module
 from .core import Trial, describe_case, eager_mistakes, exercise, seeded
 from .feedback import Mistake, wrong_signature
+from .guard import _isclose_num
 
 __all__ = in_module(__name__)  # its exercises' checks, as helpers/registry.py lists them
 
@@ -553,7 +554,7 @@ def _k_composition_mistakes(w_qk: torch.Tensor, w_ov: torch.Tensor) -> dict[str,
     models[_KC_FRO_NUMERATOR_SPECTRAL_DENOMINATOR] = float(_fro(q @ o.T) / (spec(q, ord=2) * spec(o, ord=2)))
     models[_KC_SPECTRAL_NUMERATOR] = float(spec(q @ o.T, ord=2) / (_fro(q) * _fro(o)))
     signed, absolute = _KC_SINGLES["product"]["trace"], _KC_SINGLES["product"]["|trace|"]
-    if math.isclose(models[signed], models[absolute], rel_tol=1e-9):
+    if _isclose_num(models[signed], models[absolute], rel_tol=1e-9):
         del models[signed]  # a positive trace: one mistake, named once
     return models
 

@@ -29,7 +29,7 @@ from .. import nb12_serving as ref
 from ..registry import in_module
 from .core import Trial, _to_float, describe_case, draw, eager_mistakes, exercise, seeded
 from .feedback import LearnerError, Mistake, describe
-from .guard import _issubclass, _Tensor, _type
+from .guard import _equal, _isclose, _isfinite, _isnan, _issubclass, _Tensor, _type
 
 __all__ = in_module(__name__)  # its exercises' checks, as helpers/registry.py lists them
 
@@ -153,9 +153,9 @@ def _same(a: Any, b: Any) -> bool:
         if a.shape != b.shape or a.dtype != b.dtype:
             return False
         if not a.is_floating_point():
-            return bool(torch.equal(a, b))
+            return bool(_equal(a, b))
         return (a.shape == b.shape and a.dtype == b.dtype
-                and bool(torch.isclose(a.double(), b.double(), atol=1e-5, rtol=1e-4, equal_nan=True).all()))
+                and bool(_isclose(a.double(), b.double(), atol=1e-5, rtol=1e-4, equal_nan=True).all()))
     return False
 
 
@@ -482,8 +482,8 @@ def _merge_diagnosis(got: Any, expected: torch.Tensor, outs: torch.Tensor, lses:
     lead = lses.shape[1:]
     rows_g = g.reshape(*lead, -1) if what == "out" else g.reshape(*lead, 1)
     rows_e = e.reshape(*lead, -1) if what == "out" else e.reshape(*lead, 1)
-    ok = torch.isclose(rows_g, rows_e, atol=1e-5, rtol=1e-4, equal_nan=True).all(dim=-1)  # per row
-    finite = torch.isfinite(lses)
+    ok = _isclose(rows_g, rows_e, atol=1e-5, rtol=1e-4, equal_nan=True).all(dim=-1)  # per row
+    finite = _isfinite(lses)
     empty = ~finite.any(dim=0)
     row_max = lses.amax(dim=0)
     big, tiny = (88.0, -103.0) if lses.dtype != torch.float64 else (709.0, -744.0)
@@ -498,19 +498,19 @@ def _merge_diagnosis(got: Any, expected: torch.Tensor, outs: torch.Tensor, lses:
 
     if bool(empty.any()) and bool(ok[rest].all()):  # only the all-empty rows are wrong
         ge = rows_g[empty]
-        if bool(torch.isnan(ge).all()):
+        if bool(_isnan(ge).all()):
             if what == "lse":
                 return _EMPTY_NAN  # m + log(sum exp(lses - m)) with m = -inf
             lse_nan = (_type(lse_got) is _Tensor and lse_got.shape == lead
-                       and bool(torch.isnan(lse_got.detach()[empty]).all()))
+                       and bool(_isnan(lse_got.detach()[empty]).all()))
             return _EMPTY_NAN if lse_nan else _EMPTY_NAN_OUT
         if what == "lse" and bool((ge == 0).all()):
             return _EMPTY_LSE_ZERO
-        if what == "lse" and bool(torch.isfinite(ge).all()) and bool((ge < -10).all()):
+        if what == "lse" and bool(_isfinite(ge).all()) and bool((ge < -10).all()):
             return _FINITE_FILL
         if what == "out":
             uniform = outs.double().mean(dim=0).reshape(*lead, -1)[empty]
-            if bool(torch.isclose(ge, uniform, atol=1e-5, rtol=1e-4).all()):
+            if bool(_isclose(ge, uniform, atol=1e-5, rtol=1e-4).all()):
                 return _FINITE_FILL
         return ""
     if only(naive, rest & ~naive):
@@ -527,7 +527,7 @@ def _merge_diagnosis(got: Any, expected: torch.Tensor, outs: torch.Tensor, lses:
 
 
 def _rows_close(got: torch.Tensor, want: torch.Tensor) -> bool:
-    return bool(torch.isclose(got, want, atol=1e-5, rtol=1e-4).all())
+    return bool(_isclose(got, want, atol=1e-5, rtol=1e-4).all())
 
 
 def _merge_cases() -> list[tuple[torch.Tensor, torch.Tensor]]:

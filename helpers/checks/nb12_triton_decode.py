@@ -37,7 +37,7 @@ from ..registry import in_module
 from . import watchers
 from .core import Trial, describe_case, exercise, seeded
 from .feedback import Mistake
-from .guard import _allclose, _float64, _Tensor, _type
+from .guard import _allclose, _float64, _isclose, _isnan, _Tensor, _type
 from .instruments import (
     guarded,
     kernel_device,
@@ -347,12 +347,12 @@ def _nan_hint(c: dict, got: torch.Tensor, expected: torch.Tensor, passed: list[i
     chunk, sequences whose last page is partly filled that come out all 0 (a kernel that guards
     l > 0 turns the NaN it read into 0) while every other sequence is right are a read past seq_len
     too: the check's cache holds NaN there."""
-    nan_b = [b for b in range(got.shape[0]) if bool(torch.isnan(got[b]).any())]
+    nan_b = [b for b in range(got.shape[0]) if bool(_isnan(got[b]).any())]
     lens = c["seq_lens"].tolist()
     page = c["k_pages"].shape[1]
     if not nan_b and c["n_splits"] == 1:
         tol = _tol(c["dtype"], torch.device("cpu"), "fwd")
-        right = [bool(torch.isclose(got[b].double(), expected[b].double(), **tol).all()) for b in range(len(lens))]
+        right = [bool(_isclose(got[b].double(), expected[b].double(), **tol).all()) for b in range(len(lens))]
         zero = [bool((got[b] == 0).all()) for b in range(len(lens))]
         ragged = [n % page != 0 for n in lens]
         if (any(ragged) and all(z for z, r in zip(zero, ragged) if r) and all(ok for ok, r in zip(right, ragged) if not r)
@@ -444,7 +444,7 @@ def paged_decode_triton(t: Trial) -> None:
                 and got.dtype == dtype):
             diagnosis = (_matched(got, c["models"], tol, expected)
                          or _nan_hint(c, got.detach().cpu(), expected.detach().cpu(), passed))
-            close = torch.isclose(got.detach().double().cpu(), expected.double().cpu(), **tol)
+            close = _isclose(got.detach().double().cpu(), expected.double().cpu(), **tol)
             if not diagnosis and not bool(close.all()) and i == 2 and 1 in passed:
                 diagnosis = Mistake("split-or-merge", "the same inputs gave the right output with "
                                     "n_splits=1 (the case before): the chunks or their merge are "

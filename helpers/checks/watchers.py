@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from .guard import _equal
 from .instruments import (
     KERNEL,
     Calls,
@@ -63,11 +64,11 @@ def rng(fn: Any, args: tuple, global_state: torch.Tensor | None) -> tuple[Any, d
     before = torch.get_rng_state()
     try:
         got = fn(*args)
-        changed = not torch.equal(before, torch.get_rng_state())
+        changed = not _equal(before, torch.get_rng_state())
     finally:
         torch.set_rng_state(saved)
     after = g.get_state()
-    return got, {"changed": changed, "used": not torch.equal(g_before, after), "after": after}
+    return got, {"changed": changed, "used": not _equal(g_before, after), "after": after}
 
 
 def seeds(fn: Any, args: tuple, seed_list: list[int]) -> tuple[list, None]:
