@@ -34,19 +34,21 @@ import struct
 import sys
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
-CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
+CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWCGROUP = 0x10000000, 0x20000000, 0x40000000, 0x02000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
 PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 1, 24, 38, 22, 2
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
 def _check(result: int, what: str) -> None:
+    """Raise OSError (errno and ``what``) when a C library call returned non-zero."""
     if result != 0:
         errno = ctypes.get_errno()
         raise OSError(errno, f"{what}: {os.strerror(errno)}")
 
 
 def _mount(source, target, fstype, flags, data=None) -> None:
+    """mount(2), strings encoded; OSError naming ``target`` when it fails."""
     enc = (lambda s: s.encode() if isinstance(s, str) else s)
     _check(_libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)), f"mount {target}")
 
@@ -187,7 +189,8 @@ def _forbid_namespaces() -> None:
     if numbers is None:
         return
     arch, unshare, clone, clone3, setns, memfd = numbers
-    namespaces = CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET | 0x02000000
+    namespaces = (CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET
+                  | CLONE_NEWCGROUP)
     ld, jeq, jset, ret = 0x20, 0x15, 0x45, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JSET|K, BPF_RET|K
     allow, eperm, enosys = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38  # SECCOMP_RET_ALLOW, _ERRNO | errno
     jge = 0x35  # BPF_JMP|JGE|K
@@ -221,6 +224,9 @@ def _drop_capabilities() -> None:
 
 
 def _namespaces(req: dict, grader_fd: int, judge_fd: int, lifeline: int) -> None:
+    """The ``namespaces`` mode (module docstring): new namespaces, this notebook's course copy
+    mounted read-only, private /tmp, no /proc; the notebook runs under a PID 1 of its own, watched
+    here for its lifeline, its number of processes and threads and its memory."""
     uid, gid = os.getuid(), os.getgid()
     _check(_libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS),
            "unshare")
@@ -326,6 +332,7 @@ def _pss(proc: int, pid: str) -> int:
 
 
 def _kill(pid: int) -> None:
+    """SIGKILL ``pid`` and reap it (gone already: nothing to do)."""
     try:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
@@ -348,6 +355,8 @@ def _kill_user(uid: int) -> None:
 
 
 def _user_or_none(req: dict, grader_fd: int, judge_fd: int, lifeline: int) -> None:
+    """The ``user`` and ``none`` modes (module docstring): the course copy in a private folder, the
+    notebook in a session of its own (under its own user id with ``uid``), watched for its lifeline."""
     home = req["private_dir"]
     course, work = os.path.join(home, "course"), os.path.join(home, "work")
     shutil.copytree(f"{req['course_root']}/stems/{req['stem']}", course, symlinks=False)
@@ -417,6 +426,8 @@ def _tell(grader_fd: int, e: BaseException) -> None:
 
 
 def main() -> None:
+    """argv: the control socket's descriptor, the site folders (JSON), the course to preload (namespaces
+    only). Preload, say ready (or why not), then fork one notebook's process per request."""
     control = socket.socket(fileno=int(sys.argv[1]))
     sys.path.extend(json.loads(sys.argv[2]))
     try:
