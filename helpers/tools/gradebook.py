@@ -128,6 +128,7 @@ def csv_cell(text: object) -> str:
 
 
 def _uncell(text: str) -> str:
+    """:func:`csv_cell` undone: the leading ' it added taken off."""
     return text[1:] if text.startswith("'") and text[1:].startswith(_FORMULA) else text
 
 
@@ -155,6 +156,7 @@ def read_gradebook(path: Path) -> list[Row]:
 
 
 def _mark(rows: list[Row], student: str, notebook: str) -> str:
+    """" (review)" after the score of a notebook marked for review (``student`` "": anyone's)."""
     return " (review)" if any(r.review for r in rows if r.notebook == notebook and (r.student == student or not student)) else ""
 
 

@@ -124,6 +124,7 @@ def check_case(case: tuple, tma: bool) -> tuple[str, float, list[str]]:
 
 
 def _check_job(job):
+    """check_case for a (case, tma) job (what the pool's map hands over)."""
     return check_case(*job)
 
 
@@ -305,6 +306,7 @@ def choices_markdown(rows: list[dict]) -> list[str]:
 
 
 def main() -> int:
+    """``python -m helpers.tools.kernel_gpu``: check_kernels on this machine's GPU (exit 1 on a failure)."""
     import torch
 
     if not torch.cuda.is_available():
