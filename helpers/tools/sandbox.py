@@ -119,21 +119,25 @@ def detect(asked: str = "auto") -> Isolation:
 # --------------------------------------------------------------------------- the course copy
 
 
+_FUNCTION = (ast.FunctionDef, ast.AsyncFunctionDef)
+
+
 def _names_in(nodes) -> set[str]:
+    """The names read or bound anywhere in ``nodes`` (None entries skipped: absent defaults)."""
     return {n.id for node in nodes if node is not None for n in ast.walk(node) if isinstance(n, ast.Name)}
 
 
 def import_time(tree: ast.Module) -> set[str]:
     """The module's functions that run when it is imported (called by top-level code, decorators,
     default values, class bodies, and what those call): a stub there would break the import."""
-    functions = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    functions = {n.name: n for n in tree.body if isinstance(n, _FUNCTION)}
     used: set[str] = set()
     for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        if isinstance(node, _FUNCTION):
             used |= _names_in([*node.decorator_list, *node.args.defaults, *node.args.kw_defaults])
         elif isinstance(node, ast.ClassDef):
             used |= _names_in([*node.decorator_list, *node.bases,
-                               *(n for n in node.body if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))])
+                               *(n for n in node.body if not isinstance(n, _FUNCTION))])
         else:
             used |= _names_in([node])
     found, todo = set(), sorted(used & set(functions))
@@ -150,9 +154,6 @@ def _own_or_later(module_file: str, stem: str) -> bool:
     functions build on this one's answers (notebook 11's attention block computes 5.1)."""
     m = re.match(r"nb(\d\d)_", module_file)
     return bool(m) and int(m.group(1)) >= int(stem[:2])
-
-
-_FUNCTION = (ast.FunctionDef, ast.AsyncFunctionDef)
 
 
 @functools.cache
