@@ -267,11 +267,10 @@ class Trial:
         raise kind("\n".join(lines), hint, instructor_hint=instructor, recognised=recognised, recipe=recipe,
                    summary=summary, case=self.case, exercise=ex, mistake_id=mid, mistake=description)
 
-    def fail_observed(self, message: str, hint: str = "", kind: type[CheckFailed] = CheckFailed, *, recipe: str = "",
-                      generic: bool = False, found: str = "", what: str = "") -> None:
+    def fail_observed(self, message: str, hint: str = "", *, recipe: str = "") -> None:
         """A failure decided from what a watcher observed (the observations of :meth:`call_watched`),
         not from the values the function returned. In a learner's session it is :meth:`fail` (same
-        arguments, same message, hint and mistake id). When ``make grade`` grades (``fn`` is a
+        message, hint, recipe and mistake id). When ``make grade`` grades (``fn`` is a
         :class:`~helpers.checks.calling.Remote`), the observations come from the notebook's own
         process, which the notebook controls: nothing fails, a note for a grader is added to
         :attr:`review` (once per mistake), and this returns, so the check goes on and decides from
@@ -279,9 +278,8 @@ class Trial:
         had been observed."""
         __tracebackhide__ = True
         if _type(self.fn) is not Remote:
-            self.fail(message, hint, kind, recipe=recipe, generic=generic, found=found, what=what)
-        named = _isinstance(hint, Mistake) and not generic  # the mistake id as fail records it
-        mid = mistake_id(self.ex, hint, named or (bool(hint) and not generic and not what), what or "other")
+            self.fail(message, hint, recipe=recipe)
+        mid = mistake_id(self.ex, hint, bool(hint))  # the mistake id as fail records it
         tag = f"[{mid}]"
         if any(tag in note for note in self.review):
             return
@@ -733,15 +731,14 @@ def _run(ex: Exercise, body: Callable[[Trial], None], fn: Any, time_limit: float
                        mistake=getattr(error, "mistake", ""))
 
 
+_CHECKS: dict[str, Callable] = {}  # function name -> its check (registered by exercise())
+
 
 def run_check(name: str, fn: Any) -> CheckResult:
     """Run the check of exercise ``name`` on ``fn`` and return its :class:`CheckResult`: nothing
     printed, nothing raised (except a real interrupt); recorders are called as usual."""
     check = _CHECKS[name]
     return check.evaluate(fn)
-
-
-_CHECKS: dict[str, Callable] = {}
 
 
 def exercise(time_limit: float | None = None, *, entry: Exercise | None = None):

@@ -364,12 +364,9 @@ def _show_model_answer(ex: Exercise) -> None:
 _FAILURES: dict[str, int] = {}  # exercise name -> failures in this kernel (graduated hints)
 
 
-def reset_attempts(name: str | None = None) -> None:
-    """Forget earlier failures (of one exercise, or all): the next failure counts as the first."""
-    if name is None:
-        _FAILURES.clear()
-    else:
-        _FAILURES.pop(name, None)
+def reset_attempts() -> None:
+    """Forget every earlier failure: the next failure of each exercise counts as its first."""
+    _FAILURES.clear()
 
 
 

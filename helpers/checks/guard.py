@@ -50,7 +50,7 @@ _Parameter = torch.nn.Parameter
 _Size = torch.Size
 _isclose, _allclose, _equal, _eq = torch.isclose, torch.allclose, torch.equal, torch.eq
 _isfinite, _isnan, _nan_to_num, _ones_like = torch.isfinite, torch.isnan, torch.nan_to_num, torch.ones_like
-_float64, _bool, _strided, _meta = torch.float64, torch.bool, torch.strided, torch.device("meta")
+_float64, _bool, _strided = torch.float64, torch.bool, torch.strided
 _Mapping = collections.abc.Mapping
 _get_default_dtype, _set_default_dtype = torch.get_default_dtype, torch.set_default_dtype
 _DEVICE_CONTEXT = getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None)  # where torch.set_default_device keeps its mode
@@ -65,7 +65,7 @@ _settrace, _gettrace = sys.settrace, sys.gettrace
 _thread_settrace, _thread_gettrace = threading.settrace, getattr(threading, "gettrace", lambda: None)
 _signal, _setitimer, _getsignal = signal.signal, getattr(signal, "setitimer", None), signal.getsignal
 _isclose_num = math.isclose
-_type, _isinstance, _issubclass, _len, _vars, _id = type, isinstance, issubclass, len, vars, id
+_type, _isinstance, _issubclass, _len, _vars = type, isinstance, issubclass, len, vars
 _FunctionType = types.FunctionType
 _MISSING = object()
 

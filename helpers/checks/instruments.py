@@ -86,7 +86,7 @@ KERNEL = "a Triton kernel"  # the source name of data a kernel computed
 _NONE: Tag = (frozenset(), False)
 
 
-def _equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+def _same_data(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Same shape and values, NaN equal to NaN."""
     return a.shape == b.shape and bool(((a == b) | (a.isnan() & b.isnan())).all()) if a.is_floating_point() else (
         a.shape == b.shape and bool((a == b).all()))
@@ -152,10 +152,10 @@ class Provenance(TorchDispatchMode):
         tags = [self.tag(t) for t in tensors]
         union = frozenset().union(*(s for s, _ in tags)) | {KERNEL}
         for i, (t, b) in enumerate(zip(tensors, before)):
-            if _equal(t, b):
+            if _same_data(t, b):
                 continue
             origin = next((tags[j] for j, a in enumerate(before)
-                           if j != i and a.dtype == t.dtype and a.numel() == t.numel() and _equal(t.reshape(-1), a.reshape(-1))), None)
+                           if j != i and a.dtype == t.dtype and a.numel() == t.numel() and _same_data(t.reshape(-1), a.reshape(-1))), None)
             self._mark([t], origin or (union, False))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -289,16 +289,6 @@ MAX_LIKE = {"amax", "max", "maximum", "fmax", "cummax", "aminmax", "sort", "topk
              "max_pool1d", "max_pool2d", "max_pool1d_with_indices", "max_pool2d_with_indices",
              "adaptive_max_pool1d", "adaptive_max_pool2d", "clamp_min"}
 EXP_LIKE = {"exp", "exp2", "expm1", "_softmax", "logsumexp", "logaddexp", "logaddexp2", "sigmoid"}
-
-
-class ShapeLog(OpLog):
-    """Logs ``(op, first input shape, output shapes)`` (the three-field form that
-    helpers.checks.nb06_kv_sharing imports; new code uses helpers.checks.instruments.OpLog)."""
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = super().__torch_dispatch__(func, types, args, kwargs)
-        self.ops[-1] = self.ops[-1][:3]
-        return out
 
 
 def is_reduction(op: str) -> bool:
