@@ -601,7 +601,7 @@ def _parameter_family(cfg, key: str, right_bytes: int, n: int) -> dict[str, int]
     return out
 
 
-def _training_factors(cfg, B: int, T: int, attention: str) -> dict[str, int]:
+def _training_factors(cfg, B: int, T: int) -> dict[str, int]:
     """The quantities an activation count can be off by (a factor, or a difference), in words."""
     L = cfg.n_layers
     return {"the batch": B, "seq_len": T, "n_layers": L, "n_heads": cfg.n_heads,
@@ -674,4 +674,4 @@ def training_memory(t: Trial) -> None:
         values = {k: got[k] for k in PARTS}
         for key in PARTS:
             check_count(t, values[key], expected[key], f"[{key!r}]", mistakes[key], _RECIPE_84,
-                        factors=_training_factors(cfg, B, T, attention) if key == "activations" else None)
+                        factors=_training_factors(cfg, B, T) if key == "activations" else None)

@@ -196,7 +196,6 @@ def _close(got: Any, expected: torch.Tensor, atol: float, rtol: float) -> bool:
             and bool(_closeness(got, expected, atol, rtol).all()))
 
 
-
 def _unwritten(got: torch.Tensor, what: str) -> tuple[str, str]:
     """(diagnosis, where) when some entries still hold torch.empty's marker; ('', '') otherwise."""
     marker = (got.detach().cpu() == EMPTY_FILL)
@@ -280,8 +279,10 @@ def _split_forward(t: Trial, got: Any) -> tuple[Any, Any]:
     return None, None
 
 
-def _probe(T: int, d: int = 128, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q, k random ``[1, 1, T, d]`` and v with one-hot rows (v[j] = e_j), so that out[i, :T] = P[i, :]."""
+def _probe(T: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k random ``[1, 1, T, d]`` (d = 128) and v with one-hot rows (v[j] = e_j), so that out[i, :T] =
+    P[i, :]."""
+    d = 128
     g = seeded(seed)
     q = torch.randn(1, 1, T, d, generator=g)
     k = torch.randn(1, 1, T, d, generator=g)
@@ -421,6 +422,13 @@ _FWD_HINT = ("per key block: qk = tl.dot(q, tl.trans(k)) * sm_scale * log2(e); m
 
 
 _SHORT_T = 12  # a sequence shorter than any key block: a block-relative key mask is right on it
+# (B, H, T, d, causal, dtype) after the probes: several batches and heads, short and ragged T.
+_FORWARD_CASES = [
+    (2, 3, 17, 16, True, torch.float16),
+    (2, 3, 33, 32, False, torch.float32),
+    (1, 2, 1, 64, True, torch.float16),
+    (3, 2, 70, 64, True, torch.float32),
+]
 
 
 def _forward_cases(dev: torch.device) -> list[dict]:
@@ -554,15 +562,6 @@ def _dtype_check(t: Trial, got: torch.Tensor, dtype: torch.dtype, what: str) -> 
                        "and convert the float32 accumulator when you store it: tl.store(ptrs, "
                        "acc.to(Out.dtype.element_ty), mask=...).",
                        "the output is not in the inputs' dtype"))
-
-
-# (B, H, T, d, causal, dtype) after the probes: several batches and heads, short and ragged T.
-_FORWARD_CASES = [
-    (2, 3, 17, 16, True, torch.float16),
-    (2, 3, 33, 32, False, torch.float32),
-    (1, 2, 1, 64, True, torch.float16),
-    (3, 2, 70, 64, True, torch.float32),
-]
 
 
 @exercise(time_limit=TRITON_TIME_LIMIT_S)

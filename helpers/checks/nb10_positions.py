@@ -26,7 +26,6 @@ from .guard import _isclose, _isfinite
 __all__ = in_module(__name__)  # its exercises' checks, as helpers/registry.py lists them
 
 
-
 # =========================================================================== 10.1 rope
 
 
@@ -140,7 +139,6 @@ def rope(t: Trial) -> None:
 # =========================================================================== 10.2 alibi_bias
 
 
-
 def _alibi_model(slopes: torch.Tensor, T: int, distance: str = "abs") -> torch.Tensor:
     i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
     dist = {"abs": -(i - j).abs(), "signed": -(i - j), "key": j + 0 * i, "neg_abs": (i - j).abs(),
@@ -224,6 +222,13 @@ def alibi_bias(t: Trial) -> None:
 
 
 # =========================================================================== 10.3 llama3_rope_frequencies
+
+
+_REORDERED = "returned the right scaled frequencies in another order than inv_freq's"
+_SWAPPED_BANDS = ("you divided the fast pairs (wavelength shorter than original_max_len / high_freq_factor) "
+                  "by factor and kept the slow ones (longer than original_max_len / low_freq_factor) as they "
+                  "are: it is the other way round. A fast pair turns many times within the original context "
+                  "and stays as it is; a slow pair is divided by factor.")
 
 
 def _bands(w: torch.Tensor, short: float, long: float, below, above, between) -> torch.Tensor:
@@ -362,13 +367,6 @@ def _llama3_mistakes(inv_freq: torch.Tensor, factor: float, lf: float, hf: float
                 "assumed inv_freq sorted and chose the pairs by position"):
             out(blended_by_position),
     })
-
-
-_REORDERED = "returned the right scaled frequencies in another order than inv_freq's"
-_SWAPPED_BANDS = ("you divided the fast pairs (wavelength shorter than original_max_len / high_freq_factor) "
-                  "by factor and kept the slow ones (longer than original_max_len / low_freq_factor) as they "
-                  "are: it is the other way round. A fast pair turns many times within the original context "
-                  "and stays as it is; a slow pair is divided by factor.")
 
 
 def _llama3_bands(got, inv_freq: torch.Tensor, factor: float, lf: float, hf: float, L: int) -> str:

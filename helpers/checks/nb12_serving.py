@@ -34,7 +34,6 @@ from .guard import _equal, _isclose, _isfinite, _isnan, _issubclass, _Tensor, _t
 __all__ = in_module(__name__)  # its exercises' checks, as helpers/registry.py lists them
 
 
-
 # =========================================================================== 12.1 gather_paged_kv
 
 _IGNORED_TABLE = Mistake(
@@ -567,6 +566,13 @@ def _merge_cases() -> list[tuple[torch.Tensor, torch.Tensor]]:
     return out
 
 
+_NO_LAST_AXIS = Mistake(
+    "weights-without-last-axis", "outs is [n_chunks, ..., d] and lses [n_chunks, ...]: the error pairs d with "
+    "a size of lses, so the weights met outs without a last axis of size 1; multiply by w[..., None] (not "
+    "w[:, None], which adds the axis after the chunks).",
+    "multiplied outs by weights without a trailing axis of size 1")
+
+
 def _merge_error_hints(outs: torch.Tensor, lses: torch.Tensor) -> dict[str, str]:
     """The broadcasting errors of this case, told apart by the sizes they name: d against a size of
     lses (the weights lack their last axis), or two sizes of lses' rows (tensors whose rows were
@@ -592,13 +598,6 @@ def _merge_error_hints(outs: torch.Tensor, lses: torch.Tensor) -> dict[str, str]
         "and the logsumexp over dim=0 (the chunks), and give the weights a last axis (w[..., None]) to multiply "
         "outs.")
     return out
-
-
-_NO_LAST_AXIS = Mistake(
-    "weights-without-last-axis", "outs is [n_chunks, ..., d] and lses [n_chunks, ...]: the error pairs d with "
-    "a size of lses, so the weights met outs without a last axis of size 1; multiply by w[..., None] (not "
-    "w[:, None], which adds the axis after the chunks).",
-    "multiplied outs by weights without a trailing axis of size 1")
 
 
 @exercise()

@@ -57,15 +57,15 @@ _ARGS = ("q", "k_pages", "v_pages", "block_tables", "seq_lens")
 
 
 def paged_case(B: int, H: int, H_kv: int, d: int, lens: list[int], page: int, seed: int,
-               shuffle: bool = True, spare: int = 2, dtype: torch.dtype = torch.float32) -> dict:
+               shuffle: bool = True, dtype: torch.dtype = torch.float32) -> dict:
     """A paged cache with NaN where a correct kernel never reads: q ``[B, H, d]``, k_pages and
     v_pages ``[n_blocks, page, H_kv, d]`` (sequence b's blocks in order, b * max_blocks + j, or
-    shuffled among ``spare`` extra blocks; the last block is all NaN and every table's padding
+    shuffled among 2 extra blocks; the last block is all NaN and every table's padding
     entries point to it; the slots after a sequence's last key hold NaN), block_tables
     ``[B, max_blocks]`` int32, seq_lens ``[B]`` int32. (Also the tests' and the bench's cache.)"""
     g = seeded(seed)
     max_blocks = max(math.ceil(n / page) for n in lens) + 1  # at least one padding entry each
-    poison = B * max_blocks + spare
+    poison = B * max_blocks + 2  # the blocks of every table, and 2 spare ones
     k = torch.randn(poison + 1, page, H_kv, d, generator=g)
     v = torch.randn(poison + 1, page, H_kv, d, generator=g)
     order = torch.randperm(poison, generator=g) if shuffle else torch.arange(poison)
