@@ -38,9 +38,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .copies import forbidden_references
+from .copies import HELPERS, forbidden_references  # HELPERS: the course's package folder
 
-HELPERS = Path(__file__).resolve().parent.parent
 KINDS = ("namespaces", "user", "none")
 # What the sandbox's copy of helpers/checks holds: the machinery a protected call and the watchers
 # need. The checks themselves (expected values, mistake models) stay with the judge.
