@@ -21,11 +21,9 @@ from .guard import _isclose_num, key_text
 __all__ = in_module(__name__)  # its exercises' checks, as helpers/registry.py lists them
 
 
-
 def _known(mistakes: Mapping[str, float], expected: int) -> dict[str, float]:
     """Mistake models that differ from the right answer on this case."""
     return {h: v for h, v in mistakes.items() if not _isclose_num(v, expected, rel_tol=1e-12)}
-
 
 
 _FLOAT_COUNT = Mistake("float-count",
@@ -37,6 +35,10 @@ _COUNT_AS_STRING = Mistake("count-as-string",
                            "return the number itself (an int), not text: no f-string, str() or "
                            "format().",
                            "returned a count as text (a string) instead of an int")
+_RETURNED_GIB = Mistake("returned-GiB-float", "you returned GiB as a float: return the number of bytes, an int "
+                        "(divide by 2**30 only to print).")
+_RETURNED_GB = Mistake("returned-GB-float", "you returned GB as a float: return the number of bytes, an int "
+                       "(divide by 1e9 only to print).")
 
 
 def check_count(t: Trial, got, expected: int, what: str, mistakes: Mapping[str, float], hint: str,
@@ -67,7 +69,9 @@ _HALVED = Mistake("halved-n-by-n-part",
                   "you halved this part: the convention counts the full n x n square (no causal "
                   "halving) and a multiply-add as 2 FLOPs (not multiplies only): H * 2*n*n*d_h.",
                   "halved the scores or weighted values (causal halving, or multiplies only)")
-_CAUSAL_TRIANGLE = "counted only the causal triangle of the n x n square"
+_CAUSAL_TRIANGLE = Mistake("causal-triangle",
+                           "causal halving is not counted here (the convention counts the full n x n square).",
+                           "counted only the causal triangle of the n x n square")
 _RECIPE_81 = ("q_proj = 2*n*d*H*d_h, k_proj = v_proj = 2*n*d*H_kv*d_h, o_proj = 2*n*H*d_h*d, "
               "scores = weighted_values = H*2*n*n*d_h, softmax = 6*H*n*n, total = the sum of the seven.")
 
@@ -111,9 +115,7 @@ def _flops_mistakes(n: int, d: int, H: int, H_kv: int, d_h: int) -> dict[str, di
                            "key/value head: GQA shares K, not the score matrices.",
                            "counted the scores per key/value head instead of per query head"):
                        H_kv * 2 * n * n * d_h,
-                   Mistake("causal-triangle",
-                           "causal halving is not counted here (the convention counts the full n x "
-                           "n square).", _CAUSAL_TRIANGLE): right["scores"] / 2 + H * n * d_h},
+                   _CAUSAL_TRIANGLE: right["scores"] / 2 + H * n * d_h},
         "softmax": {Mistake("softmax-5-per-score",
                             "you counted 5*n^2 per head for the softmax: the convention counts "
                             "scale (1) + softmax (~5) = 6 FLOPs per score, 6*H*n*n."):
@@ -125,10 +127,7 @@ def _flops_mistakes(n: int, d: int, H: int, H_kv: int, d_h: int) -> dict[str, di
                             "you left out the softmax: scale + softmax count 6 FLOPs per score, "
                             "6*H*n*n."): 0},
         "weighted_values": {_HALVED: right["weighted_values"] / 2,
-                            Mistake("causal-triangle",
-                                    "causal halving is not counted here (the convention counts the "
-                                    "full n x n square).", _CAUSAL_TRIANGLE):
-                                right["weighted_values"] / 2 + H * n * d_h,
+                            _CAUSAL_TRIANGLE: right["weighted_values"] / 2 + H * n * d_h,
                             Mistake("weighted_values-for-one-head",
                                     "the weighted values are computed for every query head: "
                                     "H * 2*n*n*d_h.",
@@ -212,12 +211,8 @@ def _bytes_mistakes(B: int, H: int, T: int, b: int) -> dict[str, float]:
         Mistake("halved-for-causal",
                 "you halved the square for the causal mask: a kernel that stores S stores all T*T "
                 "entries."): right / 2,
-        Mistake("returned-GiB-float",
-                "you returned GiB as a float: return the number of bytes, an int (divide by 2**30 "
-                "only to print)."): right / 2**30,
-        Mistake("returned-GB-float",
-                "you returned GB as a float: return the number of bytes, an int (divide by 1e9 "
-                "only to print)."): right / 1e9,
+        _RETURNED_GIB: right / 2**30,
+        _RETURNED_GB: right / 1e9,
         Mistake("counted-entries", "you counted entries, not bytes: multiply by dtype_bytes."):
             B * H * T * T,
         Mistake("counted-bits",
@@ -519,12 +514,7 @@ def _training_mistakes(cfg, B: int, T: int, attention: str) -> dict[str, dict[st
         "total": left_out
         | {Mistake("total-counts-a-part-twice", f"your total counts the {part} twice: {sum_of}"):
            total + right[part] for part in ("weights", "gradients", "optimizer", "activations")}
-        | {Mistake("returned-GiB-float",
-                   "you returned GiB as a float: return the number of bytes, an int (divide by "
-                   "2**30 only to print)."): total / 2**30,
-           Mistake("returned-GB-float",
-                   "you returned GB as a float: return the number of bytes, an int (divide by 1e9 "
-                   "only to print)."): total / 1e9},
+        | {_RETURNED_GIB: total / 2**30, _RETURNED_GB: total / 1e9},
     }
     m["total"][head_each_layer] = total + 2 * B * T * (L - 1) * head
     for key, right_bytes in ref.STATE_BYTES.items():

@@ -225,10 +225,12 @@ def alibi_bias(t: Trial) -> None:
 
 
 _REORDERED = "returned the right scaled frequencies in another order than inv_freq's"
-_SWAPPED_BANDS = ("you divided the fast pairs (wavelength shorter than original_max_len / high_freq_factor) "
-                  "by factor and kept the slow ones (longer than original_max_len / low_freq_factor) as they "
-                  "are: it is the other way round. A fast pair turns many times within the original context "
-                  "and stays as it is; a slow pair is divided by factor.")
+_SWAPPED_BANDS = Mistake(
+    "kept-and-divided-swapped",
+    "you divided the fast pairs (wavelength shorter than original_max_len / high_freq_factor) by factor and kept "
+    "the slow ones (longer than original_max_len / low_freq_factor) as they are: it is the other way round. A fast "
+    "pair turns many times within the original context and stays as it is; a slow pair is divided by factor.",
+    "divided the fast pairs and kept the slow ones (the two outer bands swapped)")
 
 
 def _bands(w: torch.Tensor, short: float, long: float, below, above, between) -> torch.Tensor:
@@ -270,9 +272,7 @@ def _llama3_mistakes(inv_freq: torch.Tensor, factor: float, lf: float, hf: float
                 "inv_freq, scaled. Decide each pair in place with torch.where (or put sorted results "
                 "back where their pairs were).", _REORDERED):
             out(scaled[th.argsort()]),
-        Mistake("kept-and-divided-swapped", _SWAPPED_BANDS, "divided the fast pairs and kept the slow ones "
-                "(the two outer bands swapped)"):
-            out(_bands(w, L / hf, L / lf, th / factor, th, mix)),
+        _SWAPPED_BANDS: out(_bands(w, L / hf, L / lf, th / factor, th, mix)),
         Mistake("nothing-scaled", "nothing was scaled: your result is inv_freq unchanged. Did you "
                 "compare the frequencies themselves with the thresholds? original_max_len / "
                 "low_freq_factor and original_max_len / high_freq_factor are wavelengths, in "
@@ -400,8 +400,7 @@ def _llama3_bands(got, inv_freq: torch.Tensor, factor: float, lf: float, hf: flo
     only_kept = kept & ~divided
     if (bool(only_kept.any()) and bool(only_divided.any()) and bool((w[only_kept] > long).all())
             and bool((w[only_divided] < short).all())):
-        return Mistake("kept-and-divided-swapped", _SWAPPED_BANDS, "divided the fast pairs and kept the slow ones "
-                       "(the two outer bands swapped)")
+        return _SWAPPED_BANDS
     if bool(kept.any()) and bool(only_divided.any()) and float(w[kept].max()) > float(w[only_divided].min()):
         # a pair kept as it is turns more slowly than a pair divided by factor: not chosen by wavelength
         return Mistake("bands-not-by-wavelength", "some pairs you kept as they are turn more slowly than "
