@@ -72,8 +72,10 @@ class Mistake(str):
 _CLAUSE_END = re.compile(r"(?<=\S): |(?<=\S); |(?<!\.)(?<!\be\.g)(?<!\bi\.e)\. ")
 
 
-def first_clause(hint: str, limit: int = 110) -> str:
-    """The hint up to its first ``": "`` (or ``"; "``, or its first sentence): the mistake in a line."""
+def first_clause(hint: str) -> str:
+    """The hint up to its first ``": "`` (or ``"; "``, or its first sentence): the mistake in a line
+    (of at most 110 characters)."""
+    limit = 110
     text = " ".join(str(hint).split())
     m = _CLAUSE_END.search(text)  # ": ", "; " or the end of a sentence (not "...", "e.g.", "i.e.")
     cut = m.start() if m else _len(text)
@@ -254,15 +256,18 @@ def number_text(x: Any) -> str:
     return f"{x:,}" if _type(x) is int else _short(x)
 
 
-def _preview(t: torch.Tensor, n: int = 6) -> str:
+def _preview(t: torch.Tensor) -> str:
+    """The first 6 entries of ``t``, flattened: ``[0.1, 0.2, ...]``."""
+    n = 6
     flat = t.detach().reshape(-1)[:n].tolist()
     body = ", ".join(_fmt(float(v)) for v in flat)
     return f"[{body}{', ...' if t.numel() > n else ''}]"
 
 
-def wrap(text: str, width: int = WRAP_WIDTH) -> str:
-    """Wrap each line of a message at word boundaries, keeping its indentation; a ``hint:`` (or
-    ``recipe:``, ``see:``) line continues under its first word."""
+def wrap(text: str) -> str:
+    """Wrap each line of a message at word boundaries (at :data:`WRAP_WIDTH` columns), keeping its
+    indentation; a ``hint:`` (or ``recipe:``, ``see:``) line continues under its first word."""
+    width = WRAP_WIDTH
     out = []
     for line in text.split("\n"):
         if _len(line) <= width:
@@ -277,7 +282,9 @@ def wrap(text: str, width: int = WRAP_WIDTH) -> str:
 
 
 
-def _short(x: Any, n: int = 60) -> str:
+def _short(x: Any) -> str:
+    """``repr(x)`` cut to 60 characters (what :func:`describe` says of it when its repr fails)."""
+    n = 60
     try:
         text = repr(x)
     except Exception:  # noqa: BLE001 - a learner's object whose repr fails
