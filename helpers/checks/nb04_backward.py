@@ -501,9 +501,9 @@ def _attention_mistakes(q, k, v, dO, causal) -> dict:
 def _weighed(models: dict, got, atol: float, rtol: float) -> dict:
     """``models`` (mistake -> its output on this comparison) as the core should weigh them against
     ``got`` at this comparison's own tolerance (the core matches at the looser of it and atol 1e-5, rtol
-    1e-4; 9.1 and 9.2 use this too): a model that
-    fits ``got`` at (atol, rtol) becomes ``got`` itself; one that does not, but that the core's
-    tolerance would take for ``got``, becomes NaN (it is not what the learner did)."""
+    1e-4; 9.1, 9.2 and 9.4 use this too): a model that fits ``got`` at (atol, rtol) becomes ``got``
+    itself; one that does not, but that the core's tolerance would take for ``got``, becomes NaN (it is
+    not what the learner did)."""
     if not (isinstance(got, torch.Tensor) and got.is_floating_point()):
         return dict(models)
     g = got.detach().double().cpu()
