@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -94,6 +95,37 @@ def test_grade_rejects_bad_targets(tmp_path, capsys):
     assert grade_main([str(broken), "--no-progress"]) == 1
     out = capsys.readouterr().out
     assert "is not a readable notebook (NotJSONError" in out and "1.1 qkv_projection" in out, out
+
+
+def test_the_grader_writes_no_nbgrader_course(tmp_path, capsys):
+    """The nbgrader course has its own command (tests/test_nbgrader.py): the grader's parser refuses
+    the flag it had for it."""
+    with pytest.raises(SystemExit) as stop:
+        grade_main(["--nbgrader-course", str(tmp_path / "course")])
+    assert stop.value.code == 2 and "unrecognized arguments: --nbgrader-course" in capsys.readouterr().err
+    assert not (tmp_path / "course").exists()
+
+
+@pytest.mark.parametrize("error", ["ImportError", "RuntimeError"])
+def test_checks_that_cannot_be_imported_stop_the_grader_in_one_line(tmp_path, error):
+    """The grader reads the course from helpers.registry and never imports torch itself; the checks
+    that every judge runs are imported by a process forked from the fork server, before any notebook
+    runs. With a broken torch (an ImportError, or an error that ends the fork server) the grader
+    stops with one line that says so (its own process, without torch, is untouched)."""
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text(f"raise {error}('torch is broken here')\n")
+    path = os.pathsep.join([str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])
+    done = subprocess.run([sys.executable, "-m", "helpers.tools.grading", "exercises/01_qkv_shapes.ipynb",
+                           "--no-progress"], cwd=ROOT, env={**os.environ, "PYTHONPATH": path},
+                          capture_output=True, text=True, timeout=300)
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert last.startswith("make grade: the course's checks could not be imported ("), done.stderr[-3000:]
+    assert last.endswith("`python -c 'import helpers.checks'` shows the traceback."), last
+    why = {"ImportError": "(ImportError: torch is broken here)",
+           "RuntimeError": "(the fork server ended while importing them)"}
+    assert why[error] in last, last
+    assert "qkv_projection" not in done.stdout, done.stdout  # no table: nothing was graded
 
 
 def test_a_class_folder_lists_missing_notebooks_and_skips_strangers(tmp_path):
@@ -200,6 +232,13 @@ for o in gc.get_objects():
         for name in ("qkv_projection", "merge_heads", "scaled_dot_product_attention"):
             o.send_bytes(json.dumps({"type": "result", "secret": "", "name": name, "status": "passed",
                                      "hint": ""}).encode())'''
+CHEAT_INDEX = '''import gc, json
+from multiprocessing.connection import Connection
+for o in gc.get_objects():
+    if isinstance(o, Connection) and not o.closed:
+        for index in ([0], {"a": 1}, None, "0", 1.5):
+            o.send_bytes(json.dumps({"type": "cell", "index": index}).encode())
+            o.send_bytes(json.dumps({"type": "cell_error", "index": index, "error": "x"}).encode())'''
 
 
 def _cheats() -> dict[str, nbformat.NotebookNode]:
@@ -243,6 +282,8 @@ def _cheats() -> dict[str, nbformat.NotebookNode]:
         "forged_log": _append(blank(), CHEAT_LOG),
         # a blank notebook that writes forged results to the grader's own channel
         "forged_channel": _append(blank(), CHEAT_CHANNEL),
+        # ... and cell numbers that are no cell's (a list once ended the whole grading run)
+        "forged_index": _append(blank(), CHEAT_INDEX),
     }
 
 
@@ -313,6 +354,10 @@ def test_forged_messages_on_the_graders_channel_are_caught(cheat_rows):
     rows = cheat_rows["forged_channel"]
     assert {r.status for r in rows.values()} == {"not attempted"}, format_table(list(rows.values()))
     assert "forged" in rows["merge_heads"].review, rows["merge_heads"].review
+    rows = cheat_rows["forged_index"]
+    assert {r.status for r in rows.values()} == {"not attempted"}, format_table(list(rows.values()))
+    assert "a forged or out-of-order 'cell' message" in rows["merge_heads"].review, rows["merge_heads"].review
+    assert "a forged or out-of-order 'cell_error' message" in rows["merge_heads"].review
 
 
 def test_one_wrong_exercise_is_reported_alone_with_its_hint(tmp_path, capsys):

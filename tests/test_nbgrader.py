@@ -14,8 +14,9 @@ import nbformat
 import pytest
 
 from helpers.checks import EXERCISES
+from helpers.tools import grading, nbgrader
 from helpers.tools import notebooks as nbtools
-from helpers.tools.grading import write_nbgrader_course
+from helpers.tools.nbgrader import write_nbgrader_course
 
 ROOT = nbtools.ROOT
 STEMS = [p.stem for p in nbtools.notebook_paths("exercises")]
@@ -43,6 +44,35 @@ def test_exercise_cells_carry_nbgraders_metadata(stem):
     for cell in nb.cells:
         if _nbgrader_meta(cell).get("grade") and cell.cell_type == "code":
             assert cell.metadata["editable"] is False and cell.metadata["deletable"] is False
+
+
+def test_the_nbgrader_course_has_its_own_command(tmp_path):
+    """`python -m helpers.tools.nbgrader DIR --cell-timeout S` writes the course (the grader's
+    `--nbgrader-course` did, before 0.3) and says what to run next."""
+    course = tmp_path / "course"
+    command = [sys.executable, "-m", "helpers.tools.nbgrader", str(course), "--cell-timeout", "7"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert lines[:-1] == [f"wrote {course / 'source' / stem / f'{stem}.ipynb'}" for stem in STEMS], lines
+    assert lines[-1] == f"next: cd {course} && nbgrader generate_assignment '*'"
+    assert "c.Execute.timeout = 7.0  #" in (course / "nbgrader_config.py").read_text()
+    source = nbtools.read(course / "source" / AUTOGRADED / f"{AUTOGRADED}.ipynb")
+    assert source == nbtools.nbgrader_source(nbtools.read(ROOT / "solutions" / f"{AUTOGRADED}.ipynb"))
+    assert grading.write_nbgrader_course is write_nbgrader_course  # importable from the grader since 0.2
+
+
+def test_the_nbgrader_command_refuses_what_it_cannot_write(tmp_path, capsys):
+    (tmp_path / "afile").write_text("")
+    for args, said in (([str(tmp_path / "afile" / "course")], "afile is a file"),
+                       ([str(tmp_path / "afile")], "afile is a file"),
+                       ([str(tmp_path / "course"), "--cell-timeout", "0"], "above 0, got '0'"),
+                       ([str(tmp_path / "course"), "--cell-timeout", "inf"], "above 0, got 'inf'")):
+        with pytest.raises(SystemExit) as stop:
+            nbgrader.main(args)
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and said in err and "Traceback" not in err, (args, err)
+    assert not (tmp_path / "course").exists()
 
 
 def _nbgrader(course: Path, *args: str) -> subprocess.CompletedProcess:

@@ -2,7 +2,7 @@
 
 PATH is a notebook, a folder of one student's notebooks, or a folder of student folders (a class).
 What a notebook must contain comes from the course, not from the notebook: its ``NN_topic`` name
-selects the exercises (``EXERCISES[name].notebook``). Every submission is read once, before any
+selects the exercises (``helpers.registry``). Every submission is read once, before any
 notebook runs. Each notebook runs in the grader's sandbox (``sandbox``: a process of its own, forked
 by the sandbox's zygote and isolated by the operating system), its code cells in order with a
 per-cell time limit and a deadline for the whole notebook (its own check cells are skipped). Then a
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -32,13 +33,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
+from typing import NamedTuple
 
 import nbformat
 
+from .. import registry
 from . import DEFAULT_CELL_TIMEOUT_S, judging, sandbox
 from .copies import find_copies
 from .gradebook import Row, flagged, format_table, passed, write_gradebook
-from .nbgrader import write_nbgrader_course
+from .nbgrader import write_nbgrader_course  # noqa: F401 - importable from here since 0.2 (CHANGELOG)
 
 STATUSES = ("passed", "failed", "not attempted", "error", "timed out", "missing", "not run")
 START_TIMEOUT_S = 60.0  # a notebook's process setting itself up (before its first cell)
@@ -49,8 +52,9 @@ NOTEBOOK_TIMEOUT_S = 1800.0  # however many cells it has, a notebook is ended af
 SEND_TIMEOUT_S = 30.0  # a notebook that does not read what the grader or the judge sends
 RECEIVE_TIMEOUT_S = 5.0  # the rest of a message the notebook's process started to send
 # Imported once by the fork server; every judge starts with them loaded (the notebooks run in the
-# sandbox's zygote, sandbox_zygote.preload). The grading
-# process itself does not import torch: it learns the course's exercises from a forked process.
+# sandbox's zygote, sandbox_zygote.preload). The grading process itself does not import torch (the
+# fork server and the zygote import it meanwhile): it reads the course's exercises from
+# helpers.registry, and a process forked from the fork server says whether the checks import.
 # torch._dynamo is imported by torch on first use of a dispatch mode (the checks' op log): seconds.
 PRELOAD = ["helpers.tools.grading", "helpers.checks", "helpers.reference", "helpers.runtime", "helpers.nb09_triton_flash",
            "torch._dynamo", "helpers.tools.preload"]
@@ -64,8 +68,6 @@ class UnreadableNotebook(Exception):
 
 class NotACourseNotebook(Exception):
     """The file's name does not say which of the course's notebooks it answers."""
-
-
 
 
 @dataclass
@@ -83,62 +85,47 @@ class Submission:
 # --------------------------------------------------------------------------- what the course expects
 
 
-@dataclass(frozen=True)
-class Ex:
-    """What the grader needs of one of the course's exercises (``helpers.checks.EXERCISES``)."""
-
-    id: str
-    name: str
-    points: int
-    notebook: str
-    bonus: bool = False
-    title: str = ""
-    section: str = ""  # the section of notebooks/<notebook>.ipynb that teaches it
+def course_notebooks() -> dict[str, list[registry.Exercise]]:
+    """Course notebook stem -> its exercises, in course order (``helpers.registry``: no torch)."""
+    return registry.by_notebook()
 
 
-_COURSE: list[Ex] = []
-
-
-def _describe(conn: Connection | None = None) -> list[Ex]:
-    """The course's exercises from the checks' registry (sent as JSON through ``conn`` if given)."""
+def _import_checks(conn: Connection) -> None:
+    """In a process forked from the fork server: import the checks as every judge does; send back
+    an empty message, or why they could not be imported."""
     try:
-        from ..checks import EXERCISES
-    except Exception as e:  # noqa: BLE001 - say why, in the grading process
-        if conn is None:
-            raise
-        conn.send_bytes(json.dumps({"error": _summary(e)}).encode())
-        return []
-    found = [Ex(e.id, e.name, int(e.points), e.notebook, bool(e.bonus), e.title, e.section or "")
-             for e in EXERCISES.values()]
-    if conn is not None:
-        conn.send_bytes(json.dumps([vars(e) for e in found]).encode())
-    return found
+        from .. import checks  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - said by the grading process
+        conn.send_bytes(_summary(e).encode())
+    else:
+        conn.send_bytes(b"")
 
 
-def course_notebooks() -> dict[str, list[Ex]]:
-    """Course notebook stem -> its exercises, in exercise order (``EXERCISES[name].notebook``)."""
-    if not _COURSE:
-        if "helpers.checks" in sys.modules:
-            _COURSE[:] = _describe()
-        else:  # without importing torch here: a process forked from the fork server tells
-            parent, child = multiprocessing.Pipe()
-            with _anonymous_main():
-                process = _context().Process(target=_describe, args=(child,), daemon=True)
-                process.start()
-            child.close()
-            try:
-                described = json.loads(parent.recv_bytes().decode())
-            except EOFError:
-                described = {"error": "the process that imports them ended"}
-            process.join()
-            if isinstance(described, dict):
-                raise SystemExit(f"make grade: the course's checks could not be imported ({described['error']}); "
-                                 "`python -c 'import helpers.checks'` shows the traceback.")
-            _COURSE[:] = [Ex(**e) for e in described]
-    out: dict[str, list[Ex]] = {}
-    for ex in sorted(_COURSE, key=lambda e: tuple(int(p) for p in e.id.split("."))):
-        out.setdefault(ex.notebook, []).append(ex)
-    return dict(sorted(out.items()))
+def _require_checks() -> None:
+    """Stop with one clear line, before any notebook runs, when the course's checks cannot be
+    imported (every judge would fail). A process forked from the fork server, which imports them
+    for the judges anyway, tries: this process stays without torch."""
+    ctx = _context()
+    reply, child_end = ctx.Pipe(duplex=False)
+    process = ctx.Process(target=_import_checks, args=(child_end,), daemon=True)
+    try:
+        with _anonymous_main():
+            process.start()
+    except (EOFError, OSError):  # the fork server ended while it imported them
+        error = "the fork server ended while importing them"
+    else:
+        child_end.close()
+        try:
+            error = reply.recv_bytes().decode()
+        except EOFError:
+            error = "the process that imports them ended"
+        process.join()
+    finally:
+        child_end.close()
+        reply.close()
+    if error:
+        raise SystemExit(f"make grade: the course's checks could not be imported ({error}); "
+                         "`python -c 'import helpers.checks'` shows the traceback.")
 
 
 @contextlib.contextmanager
@@ -172,6 +159,7 @@ def identify(path: Path) -> tuple[str, str]:
 
 
 def _notebooks_in(folder: Path) -> list[Path]:
+    """The notebooks directly in ``folder``, sorted."""
     return sorted(p for p in folder.glob("*.ipynb") if p.is_file())
 
 
@@ -233,6 +221,7 @@ def collect(targets: Iterable[str]) -> tuple[list[Submission], list[str]]:
 
 
 def _summary(e: BaseException) -> str:
+    """``Type: first line of the message``, for a one-line report."""
     text = str(e).strip()
     return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}".strip().rstrip(":")
 
@@ -240,44 +229,15 @@ def _summary(e: BaseException) -> str:
 # --------------------------------------------------------------------------- one notebook, in the sandbox
 
 
-@dataclass
-class _Running:
-    sub: Submission
-    conn: Connection  # from the notebook's process: its progress (untrusted)
-    lifeline: int | None  # write end: a byte "i" interrupts the notebook, closing it ends the notebook
-    judge_end: Connection | None  # the judge's end of the channel to the notebook, until the judge starts
-    code_cells: dict[int, str]
-    names: list[str]
-    cell_timeout: float
-    threads: int
-    deadline: float  # when the notebook is ended whatever it says (no message moves it)
-    memory: int | None = None  # its address-space limit, its judge's too
-    started_at: float = field(default_factory=time.monotonic)
-    current: tuple[str, object] = ("start", None)  # ("cell", index) or ("check", name)
-    started: float = field(default_factory=time.monotonic)
-    interrupted_at: float | None = None
-    cells_done: bool = False
-    judge: multiprocessing.process.BaseProcess | None = None
-    judge_conn: Connection | None = None
-    cell_errors: dict[int, tuple[str, str]] = field(default_factory=dict)
-    timed_out_cells: set[int] = field(default_factory=set)
-    results: dict[str, tuple[str, str, str, str]] = field(default_factory=dict)  # status, hint, mistake_id, mistake
-    review: list[str] = field(default_factory=list)
-    messages: int = 0
-    cpu_s: float = 0.0
-    crash: str = ""
-    past_deadline: bool = False
-    done: bool = False
-    judged: bool = False
-
-
 def _context():
+    """The fork server's context: the judges (and the checks' import test) are forked from it."""
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
     return ctx
 
 
 def _read_cells(path: Path) -> dict[int, str]:
+    """The notebook's code cells (index -> source), or :class:`UnreadableNotebook` saying why not."""
     try:
         nb = nbformat.read(path, as_version=4)
         return {i: c.source for i, c in enumerate(nb.cells) if c.cell_type == "code" and isinstance(c.source, str)}
@@ -297,67 +257,351 @@ def read_all(subs: list[Submission]) -> None:
             sub.unreadable = str(e)
 
 
+class _Result(NamedTuple):
+    """What one exercise of a notebook came to: the judge's verdict, or why there is none."""
+
+    status: str
+    hint: str
+    mistake_id: str = ""  # the failure as a class report counts it (the judge's, when it named one)
+    mistake: str = ""
+
+
+@dataclass
+class _Processes:
+    """The notebook's process and its judge, as the grader reaches them."""
+
+    progress: Connection  # from the notebook's process: the cell it runs, how cells ended (untrusted)
+    lifeline: int | None  # write end: a byte "i" interrupts the running cell; closing it ends the notebook
+    judge_end: Connection | None  # the judge's end of the channel to the notebook, until the judge starts
+    judge: multiprocessing.process.BaseProcess | None = None
+    reports: Connection | None = None  # from the judge: the check it runs, its verdicts (trusted)
+    progress_messages: int = 0  # how many the notebook's process has sent
+
+    def start_judge(self, names: list[str], threads: int, address_space: int | None) -> None:
+        """Start the judge of exercises ``names``, with a salt drawn now; it takes over ``judge_end``."""
+        ctx = _context()
+        reports, theirs = ctx.Pipe(duplex=False)
+        self.judge = ctx.Process(target=judging.judge, daemon=True, args=(
+            self.judge_end, theirs, names, secrets.randbits(62) + 1, GRACE_S, threads, address_space))
+        with _anonymous_main():
+            self.judge.start()
+        theirs.close()
+        self.judge_end.close()
+        self.judge_end, self.reports = None, reports
+
+    def judge_ended(self) -> bool:
+        """Whether no judge runs (none started yet, or it ended)."""
+        return self.judge is None or not self.judge.is_alive()
+
+    def interrupt(self) -> None:
+        """Interrupt the cell the notebook's process runs (a KeyboardInterrupt there)."""
+        if self.lifeline is not None:
+            with contextlib.suppress(OSError):
+                os.write(self.lifeline, b"i")
+
+    def kill(self) -> None:
+        """End the notebook's process and everything it started (the sandbox does, when its lifeline
+        closes)."""
+        if self.lifeline is not None:
+            os.close(self.lifeline)
+            self.lifeline = None
+
+    def close(self, judge_wait_s: float) -> None:
+        """End the notebook's process and every process it started, and the judge (killed if it has
+        not ended within ``judge_wait_s``); close the channels."""
+        self.kill()
+        if self.judge is not None:
+            self.judge.join(timeout=judge_wait_s)
+            if self.judge.is_alive():
+                self.judge.kill()
+                self.judge.join()
+        for channel in (self.progress, self.reports, self.judge_end):
+            if channel is not None:
+                channel.close()
+
+
+@dataclass
+class _Clock:
+    """The notebook's time: its deadline, and the step it is at (setting up, a cell, a check) since when."""
+
+    deadline: float  # when the notebook is ended whatever it says (no message moves it)
+    began: float = field(default_factory=time.monotonic)
+    step: tuple[str, object] = ("start", None)  # ("start", None), ("cell", index) or ("check", name or None)
+    step_began: float = field(default_factory=time.monotonic)
+    interrupted_at: float | None = None  # when the step ran past its limit (a cell is interrupted then)
+    past_deadline: bool = False
+
+    def enter(self, step: tuple[str, object]) -> None:
+        """The notebook (or its judge) moved on to ``step``: its time limit starts now."""
+        self.step, self.step_began, self.interrupted_at = step, time.monotonic(), None
+
+
+@dataclass
+class _Outcome:
+    """What the grader learnt of the notebook: how its cells ended (from its process), the judge's
+    verdicts, and what a grader should look at by hand."""
+
+    cell_errors: dict[int, str] = field(default_factory=dict)  # cell index -> the exception it raised
+    timed_out_cells: set[int] = field(default_factory=set)
+    crash: str = ""  # why the notebook's process could not run the cells
+    cpu_s: float = 0.0  # the CPU seconds the notebook's process said it used
+    verdicts: dict[str, _Result] = field(default_factory=dict)  # exercise name -> the judge's verdict
+    review: list[str] = field(default_factory=list)
+
+    def flag(self, reason: str) -> None:
+        """Mark the notebook for review (each reason once, ten at most)."""
+        if reason not in self.review and len(self.review) < 10:
+            self.review.append(reason)
+
+
+@dataclass
+class _NotebookRun:
+    """One notebook being graded: what it runs, its processes, its clock and what came of it; the
+    methods are the grader's side (read the messages, watch the time, end it, write its rows)."""
+
+    sub: Submission
+    code_cells: dict[int, str]  # index -> source, as handed in
+    exercise_names: list[str]  # the exercises its notebook must hold, in course order
+    cell_timeout: float
+    threads: int
+    address_space: int | None  # its address-space limit, its judge's too
+    processes: _Processes
+    clock: _Clock
+    outcome: _Outcome = field(default_factory=_Outcome)
+    cells_done: bool = False  # the notebook's process said its cells had run, and the judge started
+    judged: bool = False  # the judge said it was done, or it ended
+
+    def advance(self) -> bool:
+        """Handle what the notebook's process and the judge sent, and watch the time; True when
+        the notebook is finished: judged, ended, or to be ended."""
+        self._receive_progress()
+        self._receive_reports()
+        if self.judged or (self.processes.progress.closed and self.processes.judge_ended()):
+            self._receive_reports()
+            progress = self.processes.progress
+            if not progress.closed and progress.poll(0.1):  # its last message: the CPU time it used
+                self._receive_progress()
+            return True
+        return self._overdue()
+
+    def _receive_progress(self) -> None:
+        """Handle every message waiting from the notebook's process (untrusted: sizes and counts are
+        capped, and no message moves its deadline); end of file means it ended."""
+        processes, progress = self.processes, self.processes.progress
+        while not progress.closed and progress.poll():
+            processes.progress_messages += 1
+            try:
+                raw = progress.recv_bytes(MAX_MESSAGE_BYTES)
+            except (EOFError, ConnectionResetError):
+                progress.close()
+                return
+            except OSError:  # longer than MAX_MESSAGE_BYTES, or half sent: the stream cannot be read on
+                self.outcome.flag("an oversized or unfinished message on the grader's channel")
+                progress.close()
+                processes.kill()
+                return
+            if processes.progress_messages > MAX_MESSAGES:
+                self.outcome.flag(f"more than {MAX_MESSAGES} messages on the grader's channel")
+                progress.close()
+                processes.kill()
+                return
+            try:
+                msg = json.loads(raw.decode())
+                kind = msg["type"]
+            except Exception:  # noqa: BLE001 - a malformed message is not the grader's
+                self.outcome.flag("an unreadable message on the grader's channel")
+                continue
+            self._on_progress(kind, msg)
+
+    def _on_progress(self, kind: object, msg: dict) -> None:
+        """One message of the notebook's process: what it runs, how a cell ended, its CPU time;
+        anything else, or out of order, marks it for review."""
+        clock, outcome = self.clock, self.outcome
+        index = msg.get("index")
+        own_cell = isinstance(index, int) and index in self.code_cells  # a forged index may be any JSON value
+        if kind == "cell" and not self.cells_done and own_cell and (
+                clock.step[0] != "cell" or index > clock.step[1]):  # cells run in order: no clock reset
+            clock.enter(("cell", index))
+        elif kind == "cell_error" and not self.cells_done and own_cell:
+            if msg.get("kind") == "timed out" or index in outcome.timed_out_cells:
+                outcome.timed_out_cells.add(index)
+            else:
+                outcome.cell_errors[index] = str(msg.get("error", ""))[:300]
+        elif kind == "cells_done" and not self.cells_done:
+            self.cells_done = True
+            self.processes.start_judge(self.exercise_names, self.threads, self.address_space)
+            clock.enter(("check", None))
+        elif kind == "crash" and not self.cells_done:
+            outcome.crash = str(msg.get("error", ""))[:300]
+        elif kind == "usage" and self.cells_done:
+            try:
+                outcome.cpu_s = max(0.0, min(float(msg.get("cpu_s", 0.0)), 1e6))
+            except (TypeError, ValueError):
+                pass
+        else:
+            outcome.flag(f"a forged or out-of-order '{str(kind)[:20]}' message on the grader's channel")
+
+    def _receive_reports(self) -> None:
+        """Handle every message from the judge (trusted: it never ran the notebook's code)."""
+        reports = self.processes.reports
+        while reports is not None and not self.judged and reports.poll():
+            try:
+                msg = json.loads(reports.recv_bytes().decode())
+            except EOFError:
+                self.judged = True
+                return
+            kind = msg["type"]
+            if kind == "check":
+                self.clock.enter(("check", msg["name"]))
+            elif kind == "result":
+                status = msg["status"] if msg["status"] in STATUSES else "error"
+                self.outcome.verdicts[msg["name"]] = _Result(
+                    status, str(msg.get("hint", ""))[:2000], str(msg.get("mistake_id", ""))[:120],
+                    str(msg.get("mistake", ""))[:200])
+            elif kind == "review":
+                for reason in msg["reasons"]:
+                    self.outcome.flag(reason)
+            elif kind == "done":
+                self.judged = True
+
+    def _overdue(self) -> bool:
+        """Interrupt a cell that runs past the limit; True for a notebook to end: one that does not
+        stop after that (a check is ended at once), and any at its deadline, whatever it sent."""
+        clock, now = self.clock, time.monotonic()
+        if now > clock.deadline:
+            clock.past_deadline = True
+            return True
+        limit = max(self.cell_timeout, START_TIMEOUT_S) if clock.step[0] == "start" else self.cell_timeout
+        if clock.interrupted_at is None and now - clock.step_began > limit:
+            clock.interrupted_at = now
+            if clock.step[0] == "cell":
+                self.outcome.timed_out_cells.add(clock.step[1])
+                self.processes.interrupt()
+            return False
+        return clock.interrupted_at is not None and now - clock.interrupted_at > (
+            GRACE_S if clock.step[0] == "cell" else 0)
+
+    def end(self) -> None:
+        """End the notebook's process and every process it started, and the judge."""
+        stopped = self.clock.past_deadline or self.clock.interrupted_at is not None
+        self.processes.close(judge_wait_s=0 if stopped else 2)
+
+    def rows(self, unsafe: str = "") -> list[Row]:
+        """The rows of the finished notebook; ``unsafe``: a review note every row gets (the sandbox
+        could not isolate the notebook)."""
+        copies = find_copies(self.code_cells, self.exercise_names)
+        review = "; ".join([*([unsafe] if unsafe else []), *self.outcome.review, *copies.values()])
+        return [_row(self.sub, ex, self._result(ex.name), review) for ex in course_notebooks()[self.sub.stem]]
+
+    def _result(self, name: str) -> _Result:
+        """What the judge decided of exercise ``name``, else why there is no verdict."""
+        clock = self.clock
+        if name in self.outcome.verdicts:
+            verdict = self.outcome.verdicts[name]
+            return verdict._replace(**self._why_missing(name)) if verdict.status == "missing" else verdict
+        if clock.past_deadline:
+            allowed = clock.deadline - clock.began
+            return _Result("timed out", f"the notebook ran past its deadline ({allowed:.0f} s for its cells "
+                                        "and checks) and was ended.")
+        if clock.step == ("check", name) and clock.interrupted_at is not None:
+            return _Result("timed out",
+                           f"the check did not finish within {self.cell_timeout:g} s and was stopped.")
+        if clock.step == ("check", name):
+            return _Result("error", "the grading stopped while checking this function (a crash of the "
+                                    "grader's process).")
+        if self.outcome.crash:
+            return _Result("error", f"the grader could not run the notebook: {self.outcome.crash}")
+        if not self.cells_done and clock.step[0] == "cell":
+            index = clock.step[1]
+            timed_out = clock.interrupted_at is not None
+            why = "ran past the time limit and did not stop" if timed_out else "ended the process"
+            cell = f"cell {index + 1} (`{_first_line(self.code_cells.get(index, ''))}`)"
+            return _Result("timed out" if timed_out else "error", f"{cell} {why}; nothing after it ran.")
+        return _Result("not run", "the grading ended before this check ran.")
+
+    def _why_missing(self, name: str) -> dict[str, str]:
+        """The status and hint of exercise ``name``, which the notebook did not define when its cells
+        had run: a cell that defines it timed out or raised, it was deleted, or it was never written."""
+        pattern = re.compile(DEFINES.format(name=re.escape(name)), re.M)
+        defining = [i for i, s in self.code_cells.items() if pattern.search(s)]
+        for i in reversed(defining):
+            where = f"cell {i + 1} (`{_first_line(self.code_cells[i])}`)"
+            if i in self.outcome.timed_out_cells:
+                return {"status": "timed out", "hint": f"{where} ran longer than the {self.cell_timeout:g} "
+                                                       f"s limit and was interrupted, so `{name}` was never "
+                                                       "defined."}
+            if i in self.outcome.cell_errors:
+                raised = self.outcome.cell_errors[i]
+                return {"status": "error", "hint": f"{where} raised {raised}, so `{name}` was never defined."}
+        if defining:
+            return {"status": "missing",
+                    "hint": f"`{name}` was not defined when the notebook ended (was it deleted with `del`?)."}
+        return {"status": "missing",
+                "hint": f"no function named `{name}`: its exercise cell was deleted or the function renamed."}
+
+
+# A cell that defines ``name`` (a def, decorated or not, or an assignment): where a missing function went.
+DEFINES = r"^(?:\s*@.*\n)*\s*(?:async\s+)?def\s+{name}\s*\(|^\s*{name}\s*=(?!=)"
+
+
 def _timeval(seconds: float) -> bytes:
+    """A socket option's ``struct timeval`` of whole ``seconds``."""
     return struct.pack("ll", int(seconds), 0)
 
 
-def _start(ctx, zygote: sandbox.Zygote, sub: Submission, cell_timeout: float, threads: int) -> _Running | list[Row]:
-    exercises = course_notebooks()[sub.stem]
-    names = [ex.name for ex in exercises]
-    if sub.path is None:
-        return [_row(sub, ex, "missing", "notebook not handed in.") for ex in exercises]
-    if sub.unreadable:
-        return [_row(sub, ex, "error", sub.unreadable) for ex in exercises]
-    code = sub.cells or {}
-    known = {ex.name for exs in course_notebooks().values() for ex in exs}
-    run = [(i, s) for i, s in code.items() if not ((m := CHECK_CELL.match(s)) and m.group(1) in known)]
+def _socketpair() -> tuple[socket.socket, socket.socket]:
+    """A channel to the notebook's process: the first end is the grader's (or the judge's), which a
+    notebook that does not read, or sends half a message, cannot block for long."""
     ours, theirs = socket.socketpair()
-    judge_end, notebook_end = socket.socketpair()
-    for s in (ours, judge_end):  # a notebook that does not read cannot block the grader or its judge
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(SEND_TIMEOUT_S))
-    # nor one that sends half a message: the grader and the judge read the rest within 5 s
-    for s in (ours, judge_end):
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(RECEIVE_TIMEOUT_S))
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(SEND_TIMEOUT_S))
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(RECEIVE_TIMEOUT_S))
+    return ours, theirs
+
+
+def _launch(zygote: sandbox.Zygote | None, sub: Submission, cell_timeout: float,
+            threads: int) -> _NotebookRun | list[Row]:
+    """Start grading one submission: its process, forked by the sandbox's zygote, gets its code cells
+    (not the cells that only call an exercise's check: the judge runs those); or, when nothing can
+    run (not handed in, unreadable, the sandbox stopped), its rows."""
+    exercises = course_notebooks()[sub.stem]
+    if sub.path is None:
+        return [_row(sub, ex, _Result("missing", "notebook not handed in.")) for ex in exercises]
+    if sub.unreadable:
+        return [_row(sub, ex, _Result("error", sub.unreadable)) for ex in exercises]
+    code_cells = sub.cells or {}
+    checked = registry.by_name()
+    to_run = [(i, s) for i, s in code_cells.items()
+              if not ((m := CHECK_CELL.match(s)) and m.group(1) in checked)]
+    steps = len(to_run) + len(exercises)  # its cells and its checks, each within cell_timeout
+    ours, theirs = _socketpair()
+    judge_end, notebook_end = _socketpair()
     life_r, life_w = os.pipe()
     try:
         zygote.spawn(sub.stem, threads, theirs.fileno(), notebook_end.fileno(), life_r,
-                     cpu_s=int((START_TIMEOUT_S + cell_timeout * (len(run) + len(names))) * threads) + 60)
+                     cpu_s=int((START_TIMEOUT_S + cell_timeout * steps) * threads) + 60)
     except OSError as e:  # the sandbox's zygote ended: this notebook (and the next) cannot run
         for end in (ours, judge_end):
             end.close()
         os.close(life_w)
-        return [_row(sub, ex, "error", f"the grader's sandbox stopped ({e.strerror or e}); nothing ran.")
-                for ex in exercises]
+        stopped = _Result("error", f"the grader's sandbox stopped ({e.strerror or e}); nothing ran.")
+        return [_row(sub, ex, stopped) for ex in exercises]
     finally:
         for s in (theirs, notebook_end):
             s.close()
         os.close(life_r)
-    deadline = time.monotonic() + min(START_TIMEOUT_S + cell_timeout * (len(run) + len(names)) + 2 * GRACE_S,
+    deadline = time.monotonic() + min(START_TIMEOUT_S + cell_timeout * steps + 2 * GRACE_S,
                                       max(NOTEBOOK_TIMEOUT_S, START_TIMEOUT_S + cell_timeout))
-    r = _Running(sub, Connection(ours.detach()), life_w, Connection(judge_end.detach()), code, names, cell_timeout,
-                 threads, deadline, zygote.limits.get("address_space"))
+    processes = _Processes(Connection(ours.detach()), life_w, Connection(judge_end.detach()))
+    run = _NotebookRun(sub, code_cells, [ex.name for ex in exercises], cell_timeout, threads,
+                       zygote.limits.get("address_space"), processes, _Clock(deadline))
     try:
-        r.conn.send_bytes(json.dumps({"cells": run}).encode())
+        run.processes.progress.send_bytes(json.dumps({"cells": to_run}).encode())
     except OSError as e:
-        r.crash = f"the notebook's process did not take its cells ({e.strerror or e})"
-        _kill(r)
-    return r
+        run.outcome.crash = f"the notebook's process did not take its cells ({e.strerror or e})"
+        run.processes.kill()
+    return run
 
 
-def _start_judge(ctx, r: _Running) -> None:
-    """The notebook's cells have run: start its judge, with a salt drawn now."""
-    mine, theirs = ctx.Pipe(duplex=False)
-    r.judge = ctx.Process(target=judging.judge, daemon=True,
-                          args=(r.judge_end, theirs, r.names, secrets.randbits(62) + 1, GRACE_S, r.threads, r.memory))
-    with _anonymous_main():
-        r.judge.start()
-    theirs.close()
-    r.judge_end.close()
-    r.judge_end, r.judge_conn = None, mine
-    r.current, r.started, r.interrupted_at = ("check", None), time.monotonic(), None
-
-
-_SANDBOX: list[str] = []  # the kind of sandbox of this grading run (for the rows)
 # The sandbox's zygote of each kind, kept for this process's next grading (as the fork server is):
 # it runs no notebook code, and each notebook's process is isolated from it and from the others.
 _ZYGOTES: dict[str, sandbox.Zygote] = {}
@@ -366,183 +610,20 @@ _ZYGOTES: dict[str, sandbox.Zygote] = {}
 _UNJUDGED = {"timed out": "time-limit", "error": "crash"}
 
 
-def _row(sub: Submission, ex, status: str, hint: str, review: str = "", mistake_id: str = "", mistake: str = "") -> Row:
-    if not mistake_id and status in _UNJUDGED:
-        what = _UNJUDGED[status]
+def _row(sub: Submission, ex: registry.Exercise, result: _Result, review: str = "") -> Row:
+    """The gradebook's row of exercise ``ex`` of ``sub``."""
+    mistake_id, mistake = result.mistake_id, result.mistake
+    if not mistake_id and result.status in _UNJUDGED:
+        what = _UNJUDGED[result.status]
         mistake_id, mistake = f"{ex.id}/not-recognised-{what}", f"not recognised: {what.replace('-', ' ')}"
-    return Row(sub.stem, ex.id, ex.name, ex.points, status, hint, ex.bonus, sub.student, review, mistake_id, mistake,
-               _SANDBOX[0] if _SANDBOX else "")
+    return Row(sub.stem, ex.id, ex.name, ex.points, result.status, result.hint, ex.bonus, sub.student, review,
+               mistake_id, mistake)
 
 
 def _first_line(source: str) -> str:
+    """A cell's first line of code (not a comment), cut to 50 characters: how a hint names the cell."""
     line = next((ln.strip() for ln in source.splitlines() if ln.strip() and not ln.strip().startswith("#")), "")
     return line if len(line) <= 50 else line[:47] + "..."
-
-
-def _flag(r: _Running, reason: str) -> None:
-    if reason not in r.review and len(r.review) < 10:
-        r.review.append(reason)
-
-
-def _receive(ctx, r: _Running) -> None:
-    """Handle every message waiting from the notebook's process (untrusted: sizes and counts are
-    capped, and no message moves its deadline); end of file means it ended."""
-    while not r.conn.closed and r.conn.poll():
-        r.messages += 1
-        try:
-            raw = r.conn.recv_bytes(MAX_MESSAGE_BYTES)
-        except (EOFError, ConnectionResetError):
-            r.conn.close()
-            return
-        except OSError:  # longer than MAX_MESSAGE_BYTES, or half sent: the stream cannot be read on
-            _flag(r, "an oversized or unfinished message on the grader's channel")
-            r.conn.close()
-            _kill(r)
-            return
-        if r.messages > MAX_MESSAGES:
-            _flag(r, f"more than {MAX_MESSAGES} messages on the grader's channel")
-            r.conn.close()
-            _kill(r)
-            return
-        try:
-            msg = json.loads(raw.decode())
-            kind = msg["type"]
-        except Exception:  # noqa: BLE001 - a malformed message is not the grader's
-            _flag(r, "an unreadable message on the grader's channel")
-            continue
-        if kind == "cell" and not r.cells_done and msg.get("index") in r.code_cells and (
-                r.current[0] != "cell" or msg["index"] > r.current[1]):  # cells run in order: no clock reset
-            r.current = ("cell", msg.get("index"))
-            r.started, r.interrupted_at = time.monotonic(), None
-        elif kind == "cell_error" and not r.cells_done and msg.get("index") in r.code_cells:
-            index = msg.get("index")
-            if msg.get("kind") == "timed out" or index in r.timed_out_cells:
-                r.timed_out_cells.add(index)
-            else:
-                r.cell_errors[index] = (str(msg.get("error", ""))[:300], "")
-        elif kind == "cells_done" and not r.cells_done:
-            r.cells_done = True
-            _start_judge(ctx, r)
-        elif kind == "crash" and not r.cells_done:
-            r.crash = str(msg.get("error", ""))[:300]
-        elif kind == "usage" and r.cells_done:
-            try:
-                r.cpu_s = max(0.0, min(float(msg.get("cpu_s", 0.0)), 1e6))
-            except (TypeError, ValueError):
-                pass
-        else:
-            _flag(r, f"a forged or out-of-order '{str(kind)[:20]}' message on the grader's channel")
-
-
-def _receive_judge(r: _Running) -> None:
-    """Handle every message from the judge (trusted: it never ran the notebook's code)."""
-    while r.judge_conn is not None and not r.judged and r.judge_conn.poll():
-        try:
-            msg = json.loads(r.judge_conn.recv_bytes().decode())
-        except EOFError:
-            r.judged = True
-            return
-        kind = msg["type"]
-        if kind == "check":
-            r.current, r.started, r.interrupted_at = ("check", msg["name"]), time.monotonic(), None
-        elif kind == "result":
-            status = msg["status"] if msg["status"] in STATUSES else "error"
-            r.results[msg["name"]] = (status, str(msg.get("hint", ""))[:2000], str(msg.get("mistake_id", ""))[:120],
-                                      str(msg.get("mistake", ""))[:200])
-        elif kind == "review":
-            for reason in msg["reasons"]:
-                _flag(r, reason)
-        elif kind == "done":
-            r.judged = True
-
-
-def _kill(r: _Running) -> None:
-    """End the notebook's process and everything it started (the sandbox does, when its lifeline closes)."""
-    if r.lifeline is not None:
-        os.close(r.lifeline)
-        r.lifeline = None
-
-
-def _watch(r: _Running) -> None:
-    """Interrupt a cell that runs past the limit; end a notebook (and its judge) that does not stop,
-    and any notebook at its deadline, whatever it sent."""
-    now = time.monotonic()
-    if now > r.deadline:
-        r.past_deadline = r.done = True
-        return
-    limit = max(r.cell_timeout, START_TIMEOUT_S) if r.current[0] == "start" else r.cell_timeout
-    if r.interrupted_at is None and now - r.started > limit:
-        r.interrupted_at = now
-        if r.current[0] == "cell":
-            r.timed_out_cells.add(r.current[1])
-            if r.lifeline is not None:
-                with contextlib.suppress(OSError):
-                    os.write(r.lifeline, b"i")
-    elif r.interrupted_at is not None and now - r.interrupted_at > (GRACE_S if r.current[0] == "cell" else 0):
-        r.done = True
-
-
-def _end(r: _Running) -> None:
-    """End the notebook's process and every process it started, and the judge."""
-    _kill(r)
-    if r.judge is not None:
-        r.judge.join(timeout=0 if r.past_deadline or r.interrupted_at is not None else 2)
-        if r.judge.is_alive():
-            r.judge.kill()
-            r.judge.join()
-    for c in (r.conn, r.judge_conn, r.judge_end):
-        if c is not None:
-            c.close()
-
-
-def _rows(r: _Running, unsafe: str = "") -> list[Row]:
-    """The rows of a finished notebook: what the judge decided, else why there is no result;
-    ``unsafe``: a review note every row gets (the sandbox could not isolate the notebook)."""
-    exercises = course_notebooks()[r.sub.stem]
-    copies = find_copies(r.code_cells, [ex.name for ex in exercises])
-    review = "; ".join([*([unsafe] if unsafe else []), *r.review, *copies.values()])
-    rows = []
-    for ex in exercises:
-        mistake_id = mistake = ""
-        if ex.name in r.results:
-            status, hint, mistake_id, mistake = r.results[ex.name]
-            if status == "missing":
-                status, hint = _why_missing(r, ex.name)
-        elif r.past_deadline:
-            status, hint = "timed out", (f"the notebook ran past its deadline ({r.deadline - r.started_at:.0f} s for its "
-                                         "cells and checks) and was ended.")
-        elif r.current == ("check", ex.name) and r.interrupted_at is not None:
-            status, hint = "timed out", f"the check did not finish within {r.cell_timeout:g} s and was stopped."
-        elif r.current == ("check", ex.name):
-            status, hint = "error", "the grading stopped while checking this function (a crash of the grader's process)."
-        elif r.crash:
-            status, hint = "error", f"the grader could not run the notebook: {r.crash}"
-        elif not r.cells_done and r.current[0] == "cell":
-            index = r.current[1]
-            why = "ran past the time limit and did not stop" if r.interrupted_at is not None else "ended the process"
-            status, hint = ("timed out" if r.interrupted_at is not None else "error"), (
-                f"cell {index + 1} (`{_first_line(r.code_cells.get(index, ''))}`) {why}; nothing after it ran.")
-        else:
-            status, hint = "not run", "the grading ended before this check ran."
-        rows.append(_row(r.sub, ex, status, hint, review, mistake_id, mistake))
-    return rows
-
-
-DEF = r"^(?:\s*@.*\n)*\s*(?:async\s+)?def\s+{name}\s*\(|^\s*{name}\s*=(?!=)"
-
-
-def _why_missing(r: _Running, name: str) -> tuple[str, str]:
-    pattern = re.compile(DEF.format(name=re.escape(name)), re.M)
-    defining = [i for i, s in r.code_cells.items() if pattern.search(s)]
-    for i in reversed(defining):
-        where = f"cell {i + 1} (`{_first_line(r.code_cells[i])}`)"
-        if i in r.timed_out_cells:
-            return "timed out", f"{where} ran longer than the {r.cell_timeout:g} s limit and was interrupted, so `{name}` was never defined."
-        if i in r.cell_errors:
-            return "error", f"{where} raised {r.cell_errors[i][0]}, so `{name}` was never defined."
-    if defining:
-        return "missing", f"`{name}` was not defined when the notebook ended (was it deleted with `del`?)."
-    return "missing", f"no function named `{name}`: its exercise cell was deleted or the function renamed."
 
 
 def grade(subs: list[Submission], jobs: int | None = None, cell_timeout: float = DEFAULT_CELL_TIMEOUT_S,
@@ -565,28 +646,27 @@ def grade(subs: list[Submission], jobs: int | None = None, cell_timeout: float =
     if fresh:
         zygote = sandbox.Zygote(where, limits or default_limits(jobs))
         try:
-            zygote.launch()  # it imports torch while this process learns the course and copies it
+            zygote.launch()  # it imports torch while the fork server imports the checks
         except OSError:
             zygote.close()
             raise
     elif zygote is not None:
         zygote.limits = limits or default_limits(jobs)
-    ctx = _context()
-    _SANDBOX[:] = [where.kind]
-    unsafe = _unsafe(where)
+    unsafe = _unsafe_note(where)
     if stats is not None:
         stats["sandbox"] = where
     # Notebooks worth more points usually take longer: start them first, so that no core idles
     # at the end waiting for one long notebook (the rows keep the order of ``subs``).
     weight = {stem: sum(ex.points for ex in exs) for stem, exs in course_notebooks().items()}
     pending = sorted(subs, key=lambda s: (s.path is not None, weight.get(s.stem, 0)))
-    running: list[_Running] = []
+    running: list[_NotebookRun] = []
     by_sub: dict[int, list[Row]] = {}
     bar = tqdm(total=len(subs), unit="nb", desc="grading", disable=True if progress is False else None,
                file=sys.stderr, dynamic_ncols=True)
     try:
         if fresh:
             try:
+                _require_checks()
                 zygote.build({stem: [e.name for e in exs] for stem, exs in course_notebooks().items()})
                 zygote.wait_ready()
             except BaseException:
@@ -597,7 +677,7 @@ def grade(subs: list[Submission], jobs: int | None = None, cell_timeout: float =
         while pending or running:
             while pending and len(running) < jobs:
                 sub = pending.pop()
-                started = _start(ctx, zygote, sub, cell_timeout, threads)
+                started = _launch(zygote, sub, cell_timeout, threads)
                 if isinstance(started, list):
                     by_sub[id(sub)] = started
                     bar.update()
@@ -605,34 +685,27 @@ def grade(subs: list[Submission], jobs: int | None = None, cell_timeout: float =
                     running.append(started)
             if not running:
                 continue
-            waits = [r.conn for r in running if not r.conn.closed]
-            waits += [c for r in running for c in (r.judge_conn,) if c is not None and not r.judged]
+            waits = [r.processes.progress for r in running if not r.processes.progress.closed]
+            waits += [r.processes.reports for r in running
+                      if r.processes.reports is not None and not r.judged]
             wait(waits, timeout=0.5)
             for r in list(running):
-                _receive(ctx, r)
-                _receive_judge(r)
-                if r.judged or (r.conn.closed and (r.judge is None or not r.judge.is_alive())):
-                    _receive_judge(r)
-                    if not r.conn.closed and r.conn.poll(0.1):  # its last message: the CPU time it used
-                        _receive(ctx, r)
-                    r.done = True
-                if not r.done:
-                    _watch(r)
-                if r.done:
-                    _end(r)
-                    by_sub[id(r.sub)] = _rows(r, unsafe)
+                if r.advance():
+                    r.end()
+                    by_sub[id(r.sub)] = r.rows(unsafe)
                     if stats is not None:
-                        stats["cpu_s"] = stats.get("cpu_s", 0.0) + r.cpu_s
+                        stats["cpu_s"] = stats.get("cpu_s", 0.0) + r.outcome.cpu_s
                     running.remove(r)
                     bar.update()
     finally:
         for r in running:
-            _end(r)
+            r.end()
         bar.close()
-    return [row for sub in subs for row in by_sub[id(sub)]]
+    # every row says where its notebook was graded
+    return [dataclasses.replace(row, sandbox=where.kind) for sub in subs for row in by_sub[id(sub)]]
 
 
-def _unsafe(where: sandbox.Isolation) -> str:
+def _unsafe_note(where: sandbox.Isolation) -> str:
     """The review note every row gets where the sandbox cannot keep the notebook from what it must not see."""
     if where.kind == "none":
         return f"graded without a sandbox ({where.reason}): the notebook could reach the grader and the course"
@@ -708,17 +781,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="each notebook's memory (resident, all its processes), in GiB (default: a share of this "
                              "machine's memory)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument("--nbgrader-course", type=Path, default=None, metavar="DIR",
-                        help="write solutions/ as an nbgrader course in DIR (then run nbgrader there) and exit")
     args = parser.parse_args(argv)
     if (args.anonymise or args.gradescope) and not args.report:
         parser.error("--anonymise and --gradescope go with --report DIR")
     start = time.perf_counter()
-    if args.nbgrader_course:
-        for path in write_nbgrader_course(args.nbgrader_course, cell_timeout=args.cell_timeout):
-            print(f"wrote {path}")
-        print(f"next: cd {args.nbgrader_course} && nbgrader generate_assignment '*'")
-        return 0
     subs, notes = collect(args.targets)
     expected = [stem.strip() for stem in args.expect.split(",") if stem.strip()]
     unknown = sorted(set(expected) - set(course_notebooks()))
@@ -778,7 +844,7 @@ def main(argv: list[str] | None = None) -> int:
         from .class_report import Info, repository, write_report
 
         began = time.perf_counter()
-        info = {e.name: Info(e.title, e.section) for exs in course_notebooks().values() for e in exs}
+        info = {name: Info(e.title, e.section or "") for name, e in registry.by_name().items()}
         try:
             written = write_report(rows, args.report, args.anonymise, args.gradescope, info, repository())
         except (ValueError, OSError) as e:
