@@ -197,14 +197,19 @@ def test_make_grade_is_wired():
 
 
 @pytest.mark.slow
-def test_blank_exercises_grade_zero_and_solutions_full_marks():
+def test_blank_exercises_grade_zero_and_solutions_full_marks(request):
     """Every course notebook through the grader: 24 notebook runs, ~20 s on 2 cores. make test keeps
     the same path on two notebooks (test_a_class_is_graded_in_parallel_into_a_gradebook: solutions
-    01 and 02 pass, a blank 01 is not attempted), and nbval runs every solution notebook's checks."""
+    01 and 02 pass, a blank 01 is not attempted), and nbval runs every solution notebook's checks.
+    Under `make check-exercise EX=3.7` (--exercise), the exercise's notebook only."""
+    from conftest import exercise_option
+
+    one = exercise_option(request.config)
+    stems = [one.notebook] if one is not None else GRADED_STEMS
     subs = [Submission(folder, stem, ROOT / folder / f"{stem}.ipynb") for folder in ("exercises", "solutions")
-            for stem in GRADED_STEMS]
+            for stem in stems]
     rows = grade(subs, jobs=2, progress=False)
-    for stem in GRADED_STEMS:
+    for stem in stems:
         blank = [r for r in rows if r.student == "exercises" and r.notebook == stem]
         solved = [r for r in rows if r.student == "solutions" and r.notebook == stem]
         assert blank and {r.status for r in blank} == {"not attempted"}, format_table(blank)
