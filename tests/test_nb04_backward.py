@@ -27,10 +27,12 @@ def test_jacobian_matches_autograd(n):
     torch.testing.assert_close(J, J_auto, atol=1e-14, rtol=0)
 
 
-def test_jacobian_seed_example():
+def test_jacobian_of_the_dimensions_appendix_example():
+    """s = [0.7, 0.2, 0.1], the dimensions appendix's example (README, Sources), whose J notebook 04
+    works out by hand: s_i (1 - s_i) on the diagonal, -s_i s_j off it."""
     J = softmax_jacobian(torch.tensor([0.7, 0.2, 0.1], dtype=torch.float64))
-    seed = torch.tensor([[0.21, -0.14, -0.07], [-0.14, 0.16, -0.02], [-0.07, -0.02, 0.09]], dtype=torch.float64)
-    torch.testing.assert_close(J, seed, atol=1e-15, rtol=0)
+    by_hand = torch.tensor([[0.21, -0.14, -0.07], [-0.14, 0.16, -0.02], [-0.07, -0.02, 0.09]], dtype=torch.float64)
+    torch.testing.assert_close(J, by_hand, atol=1e-15, rtol=0)
 
 
 def test_jacobian_properties():
