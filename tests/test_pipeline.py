@@ -202,7 +202,14 @@ def test_readme_counts_the_tests_of_both_commands(request):
     said = re.search(rf"`{command}` runs ([\d,]+) tests", readme)
     assert said, f"the README no longer says how many tests `{command}` runs"
     n = len(request.session.items)
-    assert int(said.group(1).replace(",", "")) == n, f"README: `{command}` runs {said.group(1)} tests; it ran {n:,}"
+    assert int(said.group(1).replace(",", "")) == n, (f"README: `{command}` runs {said.group(1)} tests; it ran {n:,} "
+                                                      "(`make sync` writes both figures)")
+
+
+def test_make_sync_writes_the_test_counts():
+    text = "`make test` runs 1,982 tests and `make test-all` runs 3,273 tests (both figures"
+    assert nbtools.readme_with_test_counts(text, 2012, 10312) == (
+        "`make test` runs 2,012 tests and `make test-all` runs 10,312 tests (both figures")
 
 
 def test_the_notebooks_left_to_make_test_all_exist_and_keep_their_solutions_in_make_test():

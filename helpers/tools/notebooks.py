@@ -8,9 +8,10 @@
   ``raise NotImplementedError()``, model answers an empty answer cell, hidden tests and
   solution-only cells are removed, outputs are cleared. The model answers go to
   ``helpers/model_answers.json`` (package data), which a passing check shows.
-- ``sync``: rewrite the Colab bootstrap cell of every notebook, the Colab links cell after its title,
-  and the README's notebook map from the repository URL in ``pyproject.toml`` (the one place it is
-  configured).
+- ``sync``: rewrite what is derived: the Colab bootstrap cell of every notebook, the Colab links cell
+  after its title, and the README's notebook map from the repository URL in ``pyproject.toml`` (the
+  one place it is configured); from ``helpers/registry.py`` the README's exercise table and the counts
+  and ranges of exercises in the notebooks' prose; the new mistake ids; the README's test counts.
 """
 
 from __future__ import annotations
@@ -440,6 +441,23 @@ def sync_mistake_ids() -> list[str]:
     return new
 
 
+def collected_tests() -> tuple[int, int]:
+    """(tests `make test` runs, tests `make test-all` runs), from one collection of the Makefile's paths."""
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m", "not slow",
+                          "--nbval", "--nbval-current-env", "--nbval-sanitize-with", "tests/nbval_sanitize.cfg",
+                          "tests", "notebooks", "solutions"], cwd=ROOT, capture_output=True, text=True)
+    found = re.search(r"(\d+)/(\d+) tests collected", out.stdout)
+    if not found:
+        raise SystemExit(f"sync: could not count the tests (pytest --collect-only said: {out.stdout[-500:]}{out.stderr[-500:]})")
+    return int(found.group(1)), int(found.group(2))
+
+
+def readme_with_test_counts(text: str, fast: int, every: int) -> str:
+    """The README with the figures of "`make test` runs N tests and `make test-all` runs M tests"."""
+    text = re.sub(r"(`make test` runs )[\d,]+( tests)", rf"\g<1>{fast:,}\2", text)
+    return re.sub(r"(`make test-all` runs )[\d,]+( tests)", rf"\g<1>{every:,}\2", text)
+
+
 # --------------------------------------------------------------------------- sync: bootstrap + README
 
 
@@ -549,10 +567,12 @@ def sync() -> None:
                   + (f" (counts in cells {counted})" if counted else ""))
     write_exercises()
     readme = ROOT / "README.md"
-    readme.write_text(readme_with_map(readme.read_text(encoding="utf-8")), encoding="utf-8")
-    print("README notebook and exercise tables updated")
     for slug in sync_mistake_ids():
         print(f"mistake id added to helpers/checks/mistake_ids.txt: {slug}")
+    fast, every = collected_tests()
+    readme.write_text(readme_with_test_counts(readme_with_map(readme.read_text(encoding="utf-8")), fast, every),
+                      encoding="utf-8")
+    print(f"README notebook and exercise tables updated; make test runs {fast:,} tests, make test-all {every:,}")
 
 
 # --------------------------------------------------------------------------- execute
