@@ -38,6 +38,8 @@ EXERCISE_WIDE = ("tests/test_machinery.py::test_the_registry_and_the_code_agree"
                  "tests/test_class_report.py::test_every_mistake_slug_is_written_out",
                  "tests/test_pipeline.py::test_exercises_are_generated_from_solutions",
                  "tests/test_pipeline.py::test_counts_and_ranges_in_the_prose_agree_with_the_registry",
+                 "tests/test_pipeline.py::test_a_notebook_that_lists_its_exercises_lists_them_all",
+                 "tests/test_scaffold.py::test_no_todo_of_the_scaffold_is_left",
                  "tests/test_pipeline.py::test_readme_lists_every_notebook_with_colab_badges",
                  "tests/test_grading.py::test_blank_exercises_grade_zero_and_solutions_full_marks")
 

@@ -518,3 +518,18 @@ def test_make_sync_counts_the_notebooks_own_exercises(monkeypatch):
     assert nbtools.prose_with_counts("Six graded exercises", "13_unknown") == "Six graded exercises"
     monkeypatch.setattr(registry, "EXERCISES", (registry.Exercise("3.1", "causal_mask", "t", 1, "03_masks"),))
     assert nbtools.prose_with_counts("two graded exercises", "03_masks") == "one graded exercise"
+
+
+def test_a_notebook_that_lists_its_exercises_lists_them_all():
+    """Notebooks 02, 05, 06, 10 and 11 list each exercise as a bullet in their "Exercises" section
+    (`make new-exercise` adds the new one's); a list that misses one says which."""
+    from helpers import registry
+
+    missing = []
+    for path in nbtools.notebook_paths("notebooks"):
+        mine = [e.id for e in registry.by_notebook().get(path.stem, [])]
+        for i, cell in enumerate(nbtools.read(path).cells):
+            listed = re.findall(rf"(?m)^- \*\*({int(path.stem[:2])}\.\d+) ", cell.source) if cell.cell_type == "markdown" else []
+            if listed and listed != mine:
+                missing.append(f"notebooks/{path.name} cell {i} lists {listed}; the registry has {mine}")
+    assert not missing, "\n".join(missing)

@@ -529,10 +529,10 @@ class Trial:
         value = _to_float(got)  # +-inf for an int beyond float's range: compared exactly below, never crashes
         if integer and not (t is int or value.is_integer()):
             self.fail(f"{what}: expected a whole number, got {got!r}.",
-                      "counts of bytes and FLOPs are integers: use // and int().", what="values")
+                      "counts (of bytes, FLOPs, heads, positions) are integers: use // and int().", what="values")
         if integer and t is not int:
             self.fail(f"{what}: expected an int, got {describe(got)} {got!r}.",
-                      "return int(...): counts of bytes and FLOPs are ints.", what="type")
+                      "return int(...): counts (of bytes, FLOPs, heads, positions) are ints.", what="type")
         exact = t is int and _type(expected) is int and rel == 0 and abs_tol == 0
         ok = got == expected if exact else _isclose_num(value, _to_float(expected), rel_tol=rel, abs_tol=abs_tol)
         if not ok:

@@ -13,7 +13,9 @@ writes. The exercise gets the notebook's next id (3.7 after 3.6). Written, in or
 3. ``helpers/checks/<module>.py``: the check, a stub that raises, with the usual shape in comments;
 4. ``tests/test_<module>.py``: its entries in ``WRONG`` and ``RIGHT``, empty;
 5. ``solutions/<notebook>.ipynb``: the statement, solution, check and model-answer cells, after the
-   notebook's last exercise.
+   notebook's last exercise;
+6. ``notebooks/<notebook>.ipynb``, only where its "Exercises" section lists each exercise as a
+   bullet (02, 05, 06, 10, 11): the new exercise's bullet.
 
 ``<module>`` is ``nb<notebook>`` unless ``--module`` names another (``nb09_triton_flash``). Every stub
 says what to write in it; until they are written, ``make check-exercise EX=<id>`` fails and says
@@ -131,6 +133,7 @@ def {ex.name}(t: Trial) -> None:
     # for args, expected, mistakes in cases:
     #     got = t.call(*args, case=describe_case({described}))
     #     t.tensor(got, expected, what="...", mistakes=mistakes, hint="the full recipe, shown on a repeat")
+    #     # (a count: t.number(got, expected, what="...", integer=True, ...); a tuple: t.tuple)
     raise NotImplementedError("exercise {ex.id}: write its check in helpers/checks/{ex.module_name}.py")
 '''
 
@@ -151,17 +154,26 @@ def add_to_cases(text: str, name: str, path: Path) -> str:
     return "".join(lines)
 
 
-def solution_cells(ex: registry.Exercise, args: str) -> list[nbformat.NotebookNode]:
+def builds_on(ex: registry.Exercise, solutions_text: str) -> str:
+    """The statement's link to the section it builds on, in the style the notebook's statements use."""
+    number = (ex.section or "").split(" ")[0].rstrip(".")
+    anchor = re.sub(r"\s+", "-", (ex.section or "").strip())
+    link = f"../notebooks/{ex.notebook}.ipynb#{anchor}"
+    if "It builds on [" in solutions_text:
+        return f"It builds on [{ex.notebook[:2]} · section {number}]({link})."
+    return f"Builds on [notebook {ex.notebook[:2]}, section {number}]({link})."
+
+
+def solution_cells(ex: registry.Exercise, args: str, solutions_text: str = "") -> list[nbformat.NotebookNode]:
     stars = "★" * ex.stars
     points = f"{'bonus, ' if ex.bonus else ''}{ex.points} point{'s' if ex.points != 1 else ''}"
-    anchor = re.sub(r"\s+", "-", (ex.section or "").strip())
     return [
         nbformat.v4.new_markdown_cell(
             f"## Exercise {ex.id} {stars} ({points}): {ex.title}\n\n"
             f"Write `{ex.name}({args})`:\n"
             f"- {TODO}: each argument, with its shape and dtype;\n"
             f"- {TODO}: what to return, with its shape and dtype.\n\n"
-            f"Builds on [notebook {ex.notebook[:2]}, section {ex.section}](../notebooks/{ex.notebook}.ipynb#{anchor}).\n\n"
+            f"{builds_on(ex, solutions_text)}\n\n"
             f"**Why it matters for LLMs:** {TODO}: a question the model answer below answers."),
         nbformat.v4.new_code_cell(
             f'def {ex.name}({args}):\n    """{TODO}: its shapes, as in the reference\'s docstring."""\n'
@@ -171,6 +183,22 @@ def solution_cells(ex: registry.Exercise, args: str) -> list[nbformat.NotebookNo
         nbformat.v4.new_markdown_cell(f"**Model answer.** {TODO}: the answer to the question above.",
                                       metadata={"tags": [nbtools.MODEL_ANSWER_TAG]}),
     ]
+
+
+def add_to_exercise_list(nb: nbformat.NotebookNode, ex: registry.Exercise, args: str) -> bool:
+    """In a teaching notebook whose "Exercises" section lists each exercise as a bullet
+    (``- **6.1 ★ `repeat_kv(x, n_rep)`**: ...``), add ``ex``'s after the last; True if it did."""
+    n = ex.id.split(".")[0]
+    bullet = re.compile(rf"^- \*\*{n}\.\d+ ", re.MULTILINE)
+    for cell in nb.cells:
+        found = list(bullet.finditer(cell.source)) if cell.cell_type == "markdown" else []
+        if found:
+            rest = cell.source[found[-1].end():]
+            end = found[-1].end() + (m.start() + 1 if (m := re.search(r"\n(?!  )", rest)) else len(rest))
+            line = f"- **{ex.id} {'★' * ex.stars} `{ex.name}({args})`**: {TODO}: what it asks, in a few words.\n"
+            cell.source = cell.source[:end] + line + cell.source[end:]
+            return True
+    return False
 
 
 def add_to_solutions(nb: nbformat.NotebookNode, cells: list) -> nbformat.NotebookNode:
@@ -230,11 +258,16 @@ def new_exercise(nb: str, name: str, args: str = "", stars: int = 2, title: str 
                                                                _alias(text["check"], ex.module_name)),
         "tests": add_to_cases(text["tests"], name, paths["tests"]),
     }
-    nb_new = add_to_solutions(nbtools.read(paths["solutions"]), solution_cells(ex, args))
+    solutions = nbtools.read(paths["solutions"])
+    nb_new = add_to_solutions(solutions, solution_cells(ex, args, nbtools.dumps(solutions)))
+    teaching = nbtools.read(ROOT / "notebooks" / f"{stem}.ipynb")
+    listed = add_to_exercise_list(teaching, ex, args)
     for key, body in written.items():
         paths[key].write_text(body, encoding="utf-8")
     nbtools.write(nb_new, paths["solutions"])
-    return ex, list(paths.values())
+    if listed:
+        nbtools.write(teaching, ROOT / "notebooks" / f"{stem}.ipynb")
+    return ex, list(paths.values()) + ([ROOT / "notebooks" / f"{stem}.ipynb"] if listed else [])
 
 
 def check_command(wanted: str, jobs: int = 2, extra: tuple[str, ...] = ()) -> list[str]:
@@ -244,7 +277,8 @@ def check_command(wanted: str, jobs: int = 2, extra: tuple[str, ...] = ()) -> li
         raise SystemExit(f"check-exercise: EX={wanted!r} is not an exercise id or name in helpers/registry.py")
     ex = found[0]
     files = [f"tests/test_{ex.module_name}.py", "tests/test_machinery.py", "tests/test_class_report.py",
-             "tests/test_pipeline.py", "tests/test_grading.py", f"solutions/{ex.notebook}.ipynb"]
+             "tests/test_pipeline.py", "tests/test_grading.py", "tests/test_scaffold.py",
+             f"solutions/{ex.notebook}.ipynb"]
     return [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", str(jobs), "--dist", "loadscope",
             "--nbval", "--nbval-current-env", "--nbval-sanitize-with", "tests/nbval_sanitize.cfg",
             "--exercise", ex.id, *extra, *files]
