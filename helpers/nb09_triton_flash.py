@@ -543,12 +543,12 @@ def table_name(target: str, tma: bool) -> str:
     return "sm_90-pointers" if target == "sm_90" and not tma else target
 
 
-def config_table(kind: str, head_dim: int, target: str) -> list[tuple[int, int, int, int]]:
+def config_table(kind: str, head_dim: int, table: str) -> list[tuple[int, int, int, int]]:
     """The (BLOCK_M, BLOCK_N, num_warps, num_stages) rows the autotuner tries for kernel `kind` at
-    this head dim on this GPU generation, ``target`` as :func:`table_name` gives it (head dims
-    below 64 use the 64 tables)."""
+    this head dim in ``table``, the GPU generation's tables as :func:`table_name` names them ("sm_90",
+    "sm_90-pointers"; head dims below 64 use the 64 tables)."""
     generic = {"fwd": FWD_CONFIGS, "dkdv": DKDV_CONFIGS, "dq": DQ_CONFIGS}[kind]
-    return CONFIG_TABLES.get((kind, max(head_dim, 64), target), generic)
+    return CONFIG_TABLES.get((kind, max(head_dim, 64), table), generic)
 
 
 LESSON_MARK = "# lesson:"
@@ -613,16 +613,16 @@ def triton_configs(table: list[tuple[int, int, int, int]]) -> list[triton.Config
 
 
 @functools.cache
-def _kernels(interpret: bool, head_dim: int = 64, target: str = "sm_90"):
+def _kernels(interpret: bool, head_dim: int = 64, table: str = "sm_90"):
     """(forward, dK/dV, dQ) launchers: the plain kernels in the interpreter, autotuned ones on a GPU,
-    each tuning over ``config_table(kind, head_dim, target)``.
+    each tuning over ``config_table(kind, head_dim, table)``.
 
     Built on first use, never at import, so importing this module touches no GPU driver."""
     if interpret:
         return _attn_fwd, _attn_bwd_dkdv, _attn_bwd_dq
     key = ["N_Q", "N_K", "HEAD_DIM", "CAUSAL", "TMA"]
     tune = lambda kind, fn: triton.autotune(  # noqa: E731
-        configs=triton_configs(config_table(kind, head_dim, target)), key=key,
+        configs=triton_configs(config_table(kind, head_dim, table)), key=key,
         prune_configs_by={"early_config_prune": _pruner(kind)},
     )(fn)
     return tune("fwd", _attn_fwd), tune("dkdv", _attn_bwd_dkdv), tune("dq", _attn_bwd_dq)
