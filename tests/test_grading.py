@@ -106,7 +106,7 @@ def test_the_grader_writes_no_nbgrader_course(tmp_path, capsys):
     assert not (tmp_path / "course").exists()
 
 
-@pytest.mark.parametrize("error", ["ImportError", "RuntimeError"])
+@pytest.mark.parametrize("error", ["ImportError", pytest.param("RuntimeError", marks=pytest.mark.slow)])
 def test_checks_that_cannot_be_imported_stop_the_grader_in_one_line(tmp_path, error):
     """The grader reads the course from helpers.registry and never imports torch itself; the checks
     that every judge runs are imported by a process forked from the fork server, before any notebook
