@@ -129,9 +129,9 @@ def {ex.name}(t: Trial) -> None:
     #         Mistake("a-slug", "the hint the learner sees", "what the instructor's report says"):
     #             lambda: ...,  # the output that mistake gives on this case
     #     }})
-    #     cases.append(({packed}, expected, mistakes))
-    # for args, expected, mistakes in cases:
-    #     got = t.call(*args, case=describe_case({described}))
+    #     cases.append(({packed}, describe_case({described}), expected, mistakes))
+    # for args, described, expected, mistakes in cases:
+    #     got = t.call(*args, case=described)
     #     t.tensor(got, expected, what="...", mistakes=mistakes, hint="the full recipe, shown on a repeat")
     #     # (a count: t.number(got, expected, what="...", integer=True, ...); a tuple: t.tuple)
     raise NotImplementedError("exercise {ex.id}: write its check in helpers/checks/{ex.module_name}.py")
@@ -309,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"exercise {ex.id} {ex.name} added; write what each {TODO} asks for in:")
     for p in paths:
         print(f"  {p.relative_to(ROOT)}")
-    print(f"then: make sync; make execute NB={ex.notebook}; make check-exercise EX={ex.id} (CONTRIBUTING.md)")
+    print(f"then: make sync; make execute NB=solutions/{ex.notebook}.ipynb; make check-exercise EX={ex.id}; "
+          "make test (CONTRIBUTING.md)")
     return 0
 
 
