@@ -277,7 +277,7 @@ def check_command(wanted: str, jobs: int = 2, extra: tuple[str, ...] = ()) -> li
         raise SystemExit(f"check-exercise: EX={wanted!r} is not an exercise id or name in helpers/registry.py")
     ex = found[0]
     files = [f"tests/test_{ex.module_name}.py", "tests/test_machinery.py", "tests/test_class_report.py",
-             "tests/test_pipeline.py", "tests/test_grading.py", "tests/test_scaffold.py",
+             "tests/test_pipeline.py", "tests/test_grading.py", "tests/test_scaffold.py", "tests/test_nbgrader.py",
              f"solutions/{ex.notebook}.ipynb"]
     return [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", str(jobs), "--dist", "loadscope",
             "--nbval", "--nbval-current-env", "--nbval-sanitize-with", "tests/nbval_sanitize.cfg",
