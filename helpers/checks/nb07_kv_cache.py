@@ -26,7 +26,7 @@ from ..registry import in_module
 from .core import Trial, describe_case, draw, exercise, seeded
 from .feedback import Mistake, wrong_signature
 from .guard import _allclose, _equal, _isfinite
-from .nb08_flops_memory import _known, check_count
+from .nb08_flops_memory import check_count
 
 __all__ = in_module(__name__)  # its exercises' checks, as helpers/registry.py lists them
 
@@ -37,7 +37,7 @@ __all__ = in_module(__name__)  # its exercises' checks, as helpers/registry.py l
 
 def _cache_mistakes(B: int, T: int, L: int, H_kv: int, d: int, b: int) -> dict[str, float]:
     right = ref.kv_cache_bytes(B, T, L, H_kv, d, b)
-    return _known({
+    return {
         Mistake("keys-only",
                 "you counted the keys only: the cache holds a key AND a value per token, layer and "
                 "kv head (the 2)."): right / 2,
@@ -64,7 +64,7 @@ def _cache_mistakes(B: int, T: int, L: int, H_kv: int, d: int, b: int) -> dict[s
         Mistake("ignored-dtype_bytes",
                 "you ignored dtype_bytes: multiply by dtype_bytes, the size of one number."):
             right // b,
-    }, right)
+    }
 
 
 @exercise()
@@ -310,7 +310,7 @@ def _prefill_mistakes(P: int, N: int, d: int, L: int, use_cache: bool) -> dict[s
                   "4*d*L^2.",
                   "counted 4*d*L^2 attention FLOPs per cached step instead of 4*d*L")] = (
             _flops_model(P, N, d, L, use_cache, quadratic_cached=True))
-    return _known(m, right)
+    return m
 
 
 @exercise()

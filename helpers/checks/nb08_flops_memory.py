@@ -21,11 +21,6 @@ from .guard import _isclose_num, key_text
 __all__ = in_module(__name__)  # its exercises' checks, as helpers/registry.py lists them
 
 
-def _known(mistakes: Mapping[str, float], expected: int) -> dict[str, float]:
-    """Mistake models that differ from the right answer on this case."""
-    return {h: v for h, v in mistakes.items() if not _isclose_num(v, expected, rel_tol=1e-12)}
-
-
 _FLOAT_COUNT = Mistake("float-count",
                        "counts of bytes and FLOPs are Python ints: use integer arithmetic (*, "
                        "//, math.isqrt) and return the count itself, not a value scaled for "
@@ -152,7 +147,7 @@ def _flops_mistakes(n: int, d: int, H: int, H_kv: int, d_h: int) -> dict[str, di
     }
     for key in ("q_proj", "k_proj", "v_proj", "o_proj", "scores", "weighted_values", "total"):
         m[key][head_dim_from_d] = split[key]
-    return {key: _known(models, right[key]) for key, models in m.items()}
+    return m  # every model on every case: one that gives the right figure rules its mistake out
 
 
 @exercise()
@@ -197,7 +192,7 @@ def attention_flops(t: Trial) -> None:
 
 def _bytes_mistakes(B: int, H: int, T: int, b: int) -> dict[str, float]:
     right = ref.score_matrix_bytes(B, H, T, b)
-    return _known({
+    return {
         Mistake("missing-batch",
                 "you left out the batch: every one of the B sequences has its own scores, "
                 "B*H*T*T*dtype_bytes."): H * T * T * b,
@@ -228,7 +223,7 @@ def _bytes_mistakes(B: int, H: int, T: int, b: int) -> dict[str, float]:
         Mistake("dtype_bytes-hard-coded-4",
                 "your count is that of 4 bytes per score whatever dtype_bytes is (fp32's size): "
                 "multiply the B*H*T*T scores by dtype_bytes, the size the caller gives."): B * H * T * T * 4,
-    }, right)
+    }
 
 
 @exercise()
@@ -262,6 +257,10 @@ _ROUNDED = Mistake("rounded-sqrt",
                    "you rounded the square root to the nearest integer (or up): the scores of that "
                    "T do not fit. Round down: math.isqrt(budget_bytes // (batch * n_heads * "
                    "dtype_bytes)).")
+_ROUNDED_RATIO = Mistake("rounded-sqrt",  # the same mistake, on budget / (...) rather than budget // (...)
+                         "you rounded the square root of budget_bytes / (batch * n_heads * dtype_bytes) "
+                         "to the nearest integer: the scores of that T do not fit. Round down: "
+                         "math.isqrt(budget_bytes // (batch * n_heads * dtype_bytes)).")
 _FLOAT_SQRT = Mistake("float-sqrt",
                       "a float square root is off by one here: float64 has 53 bits, so above 2**52 "
                       "math.sqrt (and ** 0.5) round. Use the integer square root: "
@@ -279,7 +278,7 @@ def _seq_mistakes(budget: int, B: int, H: int, b: int, huge: bool) -> dict[str, 
     right = ref.max_seq_len_for_scores(budget, B, H, b)
     q = budget // (B * H * b)
     m = {_FLOAT_SQRT: int(math.sqrt(budget / (B * H * b)))} if huge else {}
-    m |= {_ROUNDED: round(math.sqrt(q)), _ONE_PAST: right + 1}
+    m |= {_ROUNDED: round(math.sqrt(q)), _ROUNDED_RATIO: round(math.sqrt(budget / (B * H * b))), _ONE_PAST: right + 1}
     if right > 0 and right * right == q:  # an exact fit
         m[_EXACT_FIT] = right - 1
     m |= {
@@ -293,7 +292,7 @@ def _seq_mistakes(budget: int, B: int, H: int, b: int, huge: bool) -> dict[str, 
                 "you ignored dtype_bytes: each score takes dtype_bytes bytes."):
             math.isqrt(budget // (B * H)),
     }
-    return _known(m, right)
+    return m
 
 
 # (budget_bytes, batch, n_heads, dtype_bytes, huge). 80 GiB and Maverick's 40 heads in fp16 fit
