@@ -204,3 +204,14 @@ def test_no_todo_of_the_scaffold_is_left():
     left = [f"{p.relative_to(ROOT)}:{i}: {line.strip()[:100]}" for p in files if p.name != "scaffold.py"
             for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if "TODO" in line]
     assert not left, "write what each TODO of make new-exercise asks for:\n" + "\n".join(left)
+
+
+@pytest.mark.parametrize(("before", "after"), [
+    ('__all__ = ["a", "b"]\n', '__all__ = ["a", "b", "new"]\n'),
+    ('__all__ = [\n    "a",\n    "b",\n]\n', '__all__ = [\n    "a",\n    "b",\n    "new",\n]\n'),
+    ('__all__ = ["' + "a" * 50 + '", "' + "b" * 50 + '"]\n',
+     '__all__ = [\n    "' + "a" * 50 + '",\n    "' + "b" * 50 + '", "new",\n]\n'),  # rows of 110 at most
+    ("x = 1\n", "x = 1\n"),
+])
+def test_the_name_joins_all_in_the_module_s_own_layout(before, after):
+    assert scaffold.add_to_all(before, "new") == after

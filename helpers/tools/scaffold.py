@@ -89,8 +89,17 @@ def add_to_all(text: str, name: str) -> str:
     lines = text.splitlines(keepends=True)
     head = lines[node.lineno - 1][: node.value.col_offset]
     listed = head + "[" + ", ".join(f'"{n}"' for n in names) + "]\n"
-    if len(listed) > 110:
+    one_a_line = node.end_lineno - node.lineno == len(names)  # "[", a name a line, "]"
+    if one_a_line:
         listed = head + "[\n" + "".join(f'    "{n}",\n' for n in names) + "]\n"
+    elif len(listed) > 110:  # packed, as the module had it
+        rows, row = [], "   "
+        for n in names:
+            if len(row) + len(n) + 4 > 110:
+                rows.append(row.rstrip() + "\n")
+                row = "   "
+            row += f' "{n}",'
+        listed = head + "[\n" + "".join(rows) + row.rstrip(",") + ",\n]\n"
     return "".join(lines[: node.lineno - 1] + [listed] + lines[node.end_lineno:])
 
 
