@@ -63,6 +63,7 @@ def next_id(stem: str) -> str:
 
 
 def registry_line(ex: registry.Exercise) -> str:
+    """``ex`` as a line of ``helpers/registry.py``'s table."""
     q = lambda s: json.dumps(s, ensure_ascii=False)  # noqa: E731 - a Python string literal in double quotes
     extra = (", bonus=True" if ex.bonus else "") + (f", module={q(ex.module)}" if ex.module else "")
     return (f"    Exercise({q(ex.id)}, {q(ex.name)}, {q(ex.title)}, {ex.stars}, {q(ex.notebook)},\n"
@@ -104,6 +105,7 @@ def add_to_all(text: str, name: str) -> str:
 
 
 def reference_stub(ex: registry.Exercise, args: str) -> str:
+    """The reference's stub, appended to the lesson module."""
     return f'''
 
 def {ex.name}({args}):
@@ -115,6 +117,8 @@ def {ex.name}({args}):
 
 
 def check_stub(ex: registry.Exercise, args: str, seed: int, ref: str) -> str:
+    """The check's stub, appended to the check module: its cases drawn from ``seeded(seed)`` on, the
+    reference called through the module's alias ``ref``."""
     names = [a.strip().split("=")[0].split(":")[0].strip() for a in args.split(",") if a.strip()]
     call = ", ".join(names)
     packed = f"({call},)" if len(names) == 1 else f"({call})"
@@ -174,6 +178,7 @@ def builds_on(ex: registry.Exercise, solutions_text: str) -> str:
 
 
 def solution_cells(ex: registry.Exercise, args: str, solutions_text: str = "") -> list[nbformat.NotebookNode]:
+    """The statement, solution, check and model-answer cells of ``ex``."""
     stars = "★" * ex.stars
     points = f"{'bonus, ' if ex.bonus else ''}{ex.points} point{'s' if ex.points != 1 else ''}"
     return [
@@ -219,6 +224,7 @@ def add_to_solutions(nb: nbformat.NotebookNode, cells: list) -> nbformat.Noteboo
 
 
 def _function(text: str, name: str) -> ast.FunctionDef | None:
+    """The module-level function ``name`` of a module's source, or None."""
     return next((n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef) and n.name == name), None)
 
 
@@ -229,6 +235,7 @@ def _alias(text: str, module: str) -> str:
 
 
 def _seed_base(text: str, stem: str) -> int:
+    """The first multiple of ten above every literal ``seeded(n)`` of the check module."""
     used = [int(s) for s in re.findall(r"seeded\((\d+)", text)]
     return (max(used) // 10 + 1) * 10 if used else int(stem[:2]) * 100
 
