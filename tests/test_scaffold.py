@@ -19,13 +19,13 @@ from helpers.tools import scaffold
 
 ROOT = nbtools.ROOT
 FILES = ["helpers/registry.py", "helpers/nb03_masks.py", "helpers/checks/nb03_masks.py", "tests/test_nb03_masks.py",
-         "solutions/03_masks.ipynb"]
+         "solutions/03_masks.ipynb", "CHANGELOG.md"]
 
 
 @pytest.fixture
 def course(tmp_path, monkeypatch):
     """A copy of the files the scaffold edits (and the teaching notebooks it finds topics by)."""
-    five = [f.replace("03_masks", "05_multihead") for f in FILES[1:]]
+    five = [f.replace("03_masks", "05_multihead") for f in FILES[1:-1]]
     for rel in FILES + five + [f"notebooks/{p.name}" for p in nbtools.notebook_paths("notebooks")]:
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(ROOT / rel, tmp_path / rel)
@@ -91,6 +91,10 @@ def test_new_exercise_writes_its_stubs_in_the_five_places(course):
     assert any(c.source.startswith("def windowed_mask(T, window):") and "raise NotImplementedError()" in c.source
                for c in blank.cells)
 
+    changelog = (course / "CHANGELOG.md").read_text().split("\n")
+    assert changelog[2].endswith("(unreleased)") and changelog[4] == (
+        "- New exercise 3.7 ★★ `windowed_mask(T, window)`: a windowed mask (notebook 03_masks, "
+        "section 2.4 Sliding window: local attention).")
     unchanged = {rel: (course / rel).read_text() for rel in FILES}
     with pytest.raises(SystemExit, match="already has a function windowed_mask"):
         scaffold.new_exercise("03", "windowed_mask")
@@ -191,7 +195,7 @@ def test_a_notebook_that_lists_its_exercises_gets_the_new_one_s_bullet(course):
     cells = [c.source for c in nbtools.read(course / "notebooks/05_multihead.ipynb").cells]
     listed = next(c for c in cells if "- **5.3 " in c)
     lines = listed.split("\n")
-    new = lines.index("- **5.4 ★★ `head_norms(o)`**: TODO: what it asks, in a few words.")
+    new = lines.index("- **5.4 ★★ `head_norms(o)`**: head norms.")  # its title, to reword if need be
     assert lines[new - 1].startswith(("- **5.3 ", "  ")) and not lines[new + 1].startswith("  ")
     solutions = nbtools.dumps(nbtools.read(course / "solutions/05_multihead.ipynb"))
     assert "It builds on [05 · section 6](../notebooks/05_multihead.ipynb#6.-Heads-as-diagnostics)." in solutions

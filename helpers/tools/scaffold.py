@@ -15,7 +15,8 @@ writes. The exercise gets the notebook's next id (3.7 after 3.6). Written, in or
 5. ``solutions/<notebook>.ipynb``: the statement, solution, check and model-answer cells, after the
    notebook's last exercise;
 6. ``notebooks/<notebook>.ipynb``, only where its "Exercises" section lists each exercise as a
-   bullet (02, 05, 06, 10, 11): the new exercise's bullet.
+   bullet (02, 05, 06, 10, 11): the new exercise's bullet, its title;
+7. ``CHANGELOG.md``: a line under the unreleased version.
 
 ``<module>`` is ``nb<notebook>`` unless ``--module`` names another (``nb09_triton_flash``). Every stub
 says what to write in it; until they are written, ``make check-exercise EX=<id>`` fails and says
@@ -209,10 +210,20 @@ def add_to_exercise_list(nb: nbformat.NotebookNode, ex: registry.Exercise, args:
         if found:
             rest = cell.source[found[-1].end():]
             end = found[-1].end() + (m.start() + 1 if (m := re.search(r"\n(?!  )", rest)) else len(rest))
-            line = f"- **{ex.id} {'★' * ex.stars} `{ex.name}({args})`**: {TODO}: what it asks, in a few words.\n"
+            line = f"- **{ex.id} {'★' * ex.stars} `{ex.name}({args})`**: {ex.title}.\n"
             cell.source = cell.source[:end] + line + cell.source[end:]
             return True
     return False
+
+
+def add_to_changelog(text: str, ex: registry.Exercise, args: str) -> str:
+    """CHANGELOG.md with ``ex``'s line at the top of the unreleased version's notes."""
+    head = re.search(r"^## .*\(unreleased\)\n\n", text, re.MULTILINE)
+    if head is None:
+        raise SystemExit("new-exercise: CHANGELOG.md has no '## <version> (unreleased)' heading to add the exercise under")
+    line = (f"- New exercise {ex.id} {'★' * ex.stars} `{ex.name}({args})`: {ex.title} (notebook {ex.notebook}, "
+            f"section {ex.section}).\n\n")
+    return text[:head.end()] + line + text[head.end():]
 
 
 def add_to_solutions(nb: nbformat.NotebookNode, cells: list) -> nbformat.NotebookNode:
@@ -266,7 +277,9 @@ def new_exercise(nb: str, name: str, args: str = "", stars: int = 2, title: str 
     if lesson is not None:  # a lesson function becomes the exercise's reference: its signature is the contract
         args = args or ast.unparse(lesson.args)
     args = args or "x"
+    changelog = ROOT / "CHANGELOG.md"
     written = {  # everything computed before anything is written
+        "changelog": add_to_changelog(changelog.read_text(encoding="utf-8"), ex, args),
         "registry": add_to_registry(text["registry"], ex),
         "lesson": add_to_all(text["lesson"] if lesson is not None else
                              text["lesson"].rstrip("\n") + "\n" + reference_stub(ex, args), name),
@@ -278,6 +291,7 @@ def new_exercise(nb: str, name: str, args: str = "", stars: int = 2, title: str 
     nb_new = add_to_solutions(solutions, solution_cells(ex, args, nbtools.dumps(solutions)))
     teaching = nbtools.read(ROOT / "notebooks" / f"{stem}.ipynb")
     listed = add_to_exercise_list(teaching, ex, args)
+    paths["changelog"] = changelog
     for key, body in written.items():
         paths[key].write_text(body, encoding="utf-8")
     nbtools.write(nb_new, paths["solutions"])
