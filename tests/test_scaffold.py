@@ -105,7 +105,7 @@ def test_a_lesson_function_becomes_the_reference_with_its_signature(course):
     ex, _ = scaffold.new_exercise("03_masks", "sliding_window_mask", section="2.4 Sliding window: local attention")
     text = (course / "helpers/nb03_masks.py").read_text()
     assert text.count("def sliding_window_mask(") == 1  # no stub beside the lesson's function
-    assert "def sliding_window_mask(T: int, window: int):" in nbtools.read(course / "solutions/03_masks.ipynb").cells[
+    assert "def sliding_window_mask(T, window):" in nbtools.read(course / "solutions/03_masks.ipynb").cells[
         [c.source for c in nbtools.read(course / "solutions/03_masks.ipynb").cells].index(
             "checks.sliding_window_mask(sliding_window_mask)") - 1].source
     assert ex.title == "sliding window mask" and ex.stars == 2
@@ -219,3 +219,8 @@ def test_no_todo_of_the_scaffold_is_left():
 ])
 def test_the_name_joins_all_in_the_module_s_own_layout(before, after):
     assert scaffold.add_to_all(before, "new") == after
+
+
+def test_a_lesson_signature_is_written_as_a_learner_would():
+    function = ast.parse("def f(T: int, d: int, base: float = 1e4, *, dtype: 'torch.dtype' = None) -> int: ...").body[0]
+    assert scaffold._plain_signature(function) == "T, d, base=10000.0, *, dtype=None"

@@ -234,6 +234,15 @@ def add_to_solutions(nb: nbformat.NotebookNode, cells: list) -> nbformat.Noteboo
     return nb
 
 
+def _plain_signature(function: ast.FunctionDef) -> str:
+    """A function's parameters as a learner writes them: names and defaults, no annotations."""
+    plain = ast.parse(f"def f({ast.unparse(function.args)}): pass").body[0].args
+    for a in [*plain.posonlyargs, *plain.args, *plain.kwonlyargs, plain.vararg, plain.kwarg]:
+        if a is not None:
+            a.annotation = None
+    return ast.unparse(plain)
+
+
 def _function(text: str, name: str) -> ast.FunctionDef | None:
     """The module-level function ``name`` of a module's source, or None."""
     return next((n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef) and n.name == name), None)
@@ -275,7 +284,7 @@ def new_exercise(nb: str, name: str, args: str = "", stars: int = 2, title: str 
         raise SystemExit(f"new-exercise: helpers/checks/{ex.module_name}.py already has a function {name}")
     lesson = _function(text["lesson"], name)
     if lesson is not None:  # a lesson function becomes the exercise's reference: its signature is the contract
-        args = args or ast.unparse(lesson.args)
+        args = args or _plain_signature(lesson)
     args = args or "x"
     changelog = ROOT / "CHANGELOG.md"
     written = {  # everything computed before anything is written
