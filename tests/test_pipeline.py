@@ -533,3 +533,10 @@ def test_a_notebook_that_lists_its_exercises_lists_them_all():
             if listed and listed != mine:
                 missing.append(f"notebooks/{path.name} cell {i} lists {listed}; the registry has {mine}")
     assert not missing, "\n".join(missing)
+
+
+@pytest.mark.parametrize(("said", "counts"), [("2009/3301 tests collected (1292 deselected) in 5s", (2009, 3301)),
+                                              ("12 tests collected in 0.1s", (12, 12))])
+def test_make_sync_reads_both_test_counts_from_one_collection(monkeypatch, said, counts):
+    monkeypatch.setattr(nbtools.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, said + "\n", ""))
+    assert nbtools.collected_tests() == counts
