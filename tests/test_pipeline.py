@@ -538,5 +538,6 @@ def test_a_notebook_that_lists_its_exercises_lists_them_all():
 @pytest.mark.parametrize(("said", "counts"), [("2009/3301 tests collected (1292 deselected) in 5s", (2009, 3301)),
                                               ("12 tests collected in 0.1s", (12, 12))])
 def test_make_sync_reads_both_test_counts_from_one_collection(monkeypatch, said, counts):
-    monkeypatch.setattr(nbtools.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, said + "\n", ""))
+    listing = "tests/test_x.py::test_y[5/6 tests collected]\n\n" + said + "\n"  # an id may look like the summary
+    monkeypatch.setattr(nbtools.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, listing, ""))
     assert nbtools.collected_tests() == counts

@@ -446,8 +446,9 @@ def collected_tests() -> tuple[int, int]:
     out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m", "not slow",
                           "--nbval", "--nbval-current-env", "--nbval-sanitize-with", "tests/nbval_sanitize.cfg",
                           "tests", "notebooks", "solutions"], cwd=ROOT, capture_output=True, text=True)
-    found = re.search(r"(\d+)/(\d+) tests? collected", out.stdout)  # "N tests collected" when none is slow
-    every = found or re.search(r"(\d+) tests? collected", out.stdout)
+    summary = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""  # after the tests' ids
+    found = re.search(r"(\d+)/(\d+) tests? collected", summary)  # "N tests collected" when none is slow
+    every = found or re.search(r"(\d+) tests? collected", summary)
     if not every:
         raise SystemExit(f"sync: could not count the tests (pytest --collect-only said: {out.stdout[-500:]}{out.stderr[-500:]})")
     return (int(found.group(1)), int(found.group(2))) if found else (int(every.group(1)),) * 2
