@@ -56,10 +56,10 @@ def exercise_option(config):
         return None
     from helpers import registry
 
-    found = [e for e in registry.EXERCISES if wanted in (e.id, e.name)]
-    if not found:
+    found = registry.find(wanted)
+    if found is None:
         raise pytest.UsageError(f"--exercise {wanted}: no such exercise in helpers/registry.py")
-    return found[0]
+    return found
 
 
 def _of_exercise(nodeid: str, ex) -> bool:

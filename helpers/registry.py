@@ -173,6 +173,11 @@ def lookup(name: str) -> Exercise:
     return found
 
 
+def find(wanted: str) -> Exercise | None:
+    """The exercise whose id ("3.7") or function name is ``wanted``, or None."""
+    return next((e for e in EXERCISES if wanted in (e.id, e.name)), None)
+
+
 def by_notebook() -> dict[str, list[Exercise]]:
     """Notebook stem -> its exercises in course order, notebooks in order."""
     out: dict[str, list[Exercise]] = {}

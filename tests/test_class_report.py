@@ -101,12 +101,8 @@ def test_every_mistake_slug_is_written_out():
     """A slug built at run time (an f-string, a variable) escapes the list below: every Mistake(...)
     in the checks names its slug as a literal string (a family of mistakes shares one slug; its
     hint and description say which member it is)."""
-    built = []
-    for path in sorted((ROOT / "helpers" / "checks").glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if (isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "Mistake"
-                    and node.args and not isinstance(node.args[0], ast.Constant) and path.stem not in ("core",)):
-                built.append(f"{path.name}:{node.lineno}")
+    built = [f"{path.name}:{node.lineno}" for path, node in nbtools.mistake_calls()
+             if isinstance(node, ast.Call) and not isinstance(node.args[0], ast.Constant) and path.stem != "core"]
     assert not built, f"Mistake slugs built at run time: {built}"
 
 

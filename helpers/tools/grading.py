@@ -841,12 +841,11 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(f"gradebook: {gradebook} ({len(rows)} rows)")
     if args.report:
-        from .class_report import Info, repository, write_report
+        from .class_report import repository, write_report
 
         began = time.perf_counter()
-        info = {name: Info(e.title, e.section or "") for name, e in registry.by_name().items()}
-        try:
-            written = write_report(rows, args.report, args.anonymise, args.gradescope, info, repository())
+        try:  # titles and sections: class_report.course_info(), from the registry
+            written = write_report(rows, args.report, args.anonymise, args.gradescope, repo=repository())
         except (ValueError, OSError) as e:
             print(f"make grade: no report: {e}", file=sys.stderr)
             return 2

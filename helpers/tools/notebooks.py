@@ -400,20 +400,26 @@ def set_prose_counts(nb: nbformat.NotebookNode, stem: str) -> list[int]:
 MISTAKE_IDS = ROOT / "helpers" / "checks" / "mistake_ids.txt"
 
 
-def mistake_slugs_in_code() -> set[str]:
-    """Every ``"<check module>: <slug>"`` the checks can record: the literal first argument of each
-    ``Mistake(...)`` in helpers/checks/, and the call guard's (``CALL_MISTAKES``, sent by name)."""
+def mistake_calls():
+    """``(path, node)`` for every ``Mistake(...)`` call with arguments in helpers/checks/, and for the
+    ``CALL_MISTAKES = {...}`` assignment (the call guard's slugs, sent by name)."""
     import ast
 
-    found = set()
     for path in sorted((ROOT / "helpers" / "checks").glob("*.py")):
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        for node in ast.walk(tree):
-            if (isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "Mistake"
-                    and node.args and isinstance(node.args[0], ast.Constant)):
-                found.add(f"{path.stem}: {node.args[0].value}")
-            if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "CALL_MISTAKES":
-                found |= {f"{path.stem}: {k.value}" for k in getattr(node.value, "keys", []) if isinstance(k, ast.Constant)}
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if ((isinstance(node, ast.Call) and node.args
+                 and getattr(node.func, "id", getattr(node.func, "attr", "")) == "Mistake")
+                    or (isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "CALL_MISTAKES")):
+                yield path, node
+
+
+def mistake_slugs_in_code() -> set[str]:
+    """Every ``"<check module>: <slug>"`` the checks can record: the literal first argument of each
+    ``Mistake(...)`` in helpers/checks/, and the call guard's (``CALL_MISTAKES``)."""
+    found = set()
+    for path, node in mistake_calls():
+        values = [k.value for k in node.value.keys] if hasattr(node, "targets") else [getattr(node.args[0], "value", None)]
+        found |= {f"{path.stem}: {v}" for v in values if isinstance(v, str)}
     return found
 
 
@@ -597,6 +603,12 @@ def execute(path: Path, timeout: int = 600) -> float:
     return seconds
 
 
+def topic(arg: str) -> str | None:
+    """The stem of the teaching notebook ``arg`` names ("03_masks", "03" or "3"), or None."""
+    found = [q.stem for q in notebook_paths("notebooks") if q.stem == arg or q.stem[:2] == arg.zfill(2)]
+    return found[0] if len(found) == 1 else None
+
+
 def topic_notebooks(arg: str) -> list[Path]:
     """The notebooks ``execute`` runs for ``arg``: a folder's, one file, or a topic ("03_masks" or "03":
     its teaching notebook and its solutions)."""
@@ -607,11 +619,11 @@ def topic_notebooks(arg: str) -> list[Path]:
         if not p.exists():
             raise SystemExit(f"execute: {arg} does not exist")
         return [p]
-    found = [q for q in notebook_paths("notebooks") if q.stem == arg or q.stem[:2] == arg.zfill(2)]
-    if len(found) != 1:
+    stem = topic(arg)
+    if stem is None:
         raise SystemExit(f"execute: {arg!r} is not a topic; they are: {', '.join(q.stem for q in notebook_paths('notebooks'))}")
-    solutions = ROOT / "solutions" / found[0].name
-    return [*found, solutions] if solutions.exists() else found
+    teaching, solutions = ROOT / "notebooks" / f"{stem}.ipynb", ROOT / "solutions" / f"{stem}.ipynb"
+    return [teaching, solutions] if solutions.exists() else [teaching]
 
 
 def _main(argv: list[str]) -> int:

@@ -50,11 +50,11 @@ TODO = "TODO"
 
 def _stem(nb: str) -> str:
     """The notebook stem from ``03``, ``3`` or ``03_masks``."""
-    found = [p.stem for p in nbtools.notebook_paths("notebooks") if p.stem == nb or p.stem[:2] == nb.zfill(2)]
-    if len(found) != 1:
+    found = nbtools.topic(nb)
+    if found is None:
         known = ", ".join(p.stem for p in nbtools.notebook_paths("notebooks"))
         raise SystemExit(f"new-exercise: NB={nb!r} is not one of the course's notebooks ({known})")
-    return found[0]
+    return found
 
 
 def next_id(stem: str) -> str:
@@ -311,10 +311,9 @@ def new_exercise(nb: str, name: str, args: str = "", stars: int = 2, title: str 
 
 def check_command(wanted: str, jobs: int = 2, extra: tuple[str, ...] = ()) -> list[str]:
     """The pytest command line of ``check EX``."""
-    found = [e for e in registry.EXERCISES if wanted in (e.id, e.name)]
-    if not found:
+    ex = registry.find(wanted)
+    if ex is None:
         raise SystemExit(f"check-exercise: EX={wanted!r} is not an exercise id or name in helpers/registry.py")
-    ex = found[0]
     files = [f"tests/test_{ex.module_name}.py", "tests/test_machinery.py", "tests/test_class_report.py",
              "tests/test_pipeline.py", "tests/test_grading.py", "tests/test_scaffold.py", "tests/test_nbgrader.py",
              f"solutions/{ex.notebook}.ipynb"]
