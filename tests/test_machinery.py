@@ -28,6 +28,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import types
 from pathlib import Path
 
@@ -656,6 +657,35 @@ def test_a_debugger_or_trace_hook_inside_the_function_is_reported():
     with pytest.raises(checks.feedback.Refused, match="trace function"):
         checks.merge_heads(untraced)
     assert sys.gettrace() is None
+
+
+def test_threads_a_function_starts_are_watched_and_not_reported():
+    """A thread started inside the learner's function installs the watcher's own hook as it boots
+    (threading.settrace): not a change of the trace function. A thread that removes it, or a
+    calling of the reference from a thread, is still caught."""
+    def in_a_thread(o, body=att.merge_heads):
+        out = []
+        worker = threading.Thread(target=lambda: out.append(body(o)))
+        worker.start()
+        worker.join()
+        return out[0]
+
+    def hand_written(o):
+        B, H, T, d = o.shape
+        return o.transpose(1, 2).reshape(B, T, H * d)
+
+    assert checks.merge_heads.evaluate(lambda o: in_a_thread(o, hand_written)).passed
+
+    def untraced_in_a_thread(o):
+        def body(x):
+            sys.settrace(None)
+            return hand_written(x)
+        return in_a_thread(o, body)
+
+    with pytest.raises(checks.feedback.Refused, match="trace function"):
+        checks.merge_heads(untraced_in_a_thread)
+    with pytest.raises(checks.feedback.Refused, match="course's own solution"):
+        checks.merge_heads(lambda o: in_a_thread(o, reference.merge_heads))
 
 
 # --------------------------------------------------------------------------- a real Jupyter kernel

@@ -360,8 +360,12 @@ def _trace_audit() -> tuple[Callable, Callable, Callable]:
     learner's function is watched, other than the watcher's own: (own_settrace, begin, end)."""
     cell = {"watching": 0, "own": False, "changed": False}
 
+    bootstrap = threading.Thread._bootstrap_inner.__code__
+
     def hook(event, args):
-        if event == "sys.settrace" and cell["watching"] and not cell["own"]:
+        # a thread started while watched installs the watcher's hook (threading.settrace) itself
+        if event == "sys.settrace" and cell["watching"] and not cell["own"] \
+                and sys._getframe(1).f_code is not bootstrap:
             cell["changed"] = True
 
     def own_settrace(fn):
