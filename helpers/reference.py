@@ -16,6 +16,7 @@ from .nb09_flash_attention import *  # noqa: F403  (09_flash_attention, PyTorch)
 from .nb10_positions import *  # noqa: F403  (10_positions)
 from .nb11_trained_transformer import *  # noqa: F403  (11_trained_transformer)
 from .nb12_serving import *  # noqa: F403  (12_serving)
+from .nb13_across_devices import *  # noqa: F403  (13_across_devices)
 
 
 def flash_attention_triton(q, k, v, causal=False):

@@ -156,6 +156,15 @@ EXERCISES: tuple[Exercise, ...] = (
              "3. A paged cache"),
     Exercise("12.4", "paged_decode_triton", "split-KV decoding over a paged cache in Triton", 3, "12_serving",
              "4. Merging partial results", bonus=True, module="nb12_triton_decode"),
+
+    Exercise("13.1", "zigzag_positions", "the positions a rank holds in the zigzag layout", 1, "13_across_devices",
+             "4. Ring attention"),
+    Exercise("13.2", "ring_attention", "ring attention forward, returning the log-sum-exp", 3, "13_across_devices",
+             "4. Ring attention"),
+    Exercise("13.3", "ulysses_attention", "Ulysses with GQA", 2, "13_across_devices",
+             "3. Ulysses"),
+    Exercise("13.4", "comm_bytes_per_rank", "bytes each rank sends", 2, "13_across_devices",
+             "6. The cost model"),
 )
 
 

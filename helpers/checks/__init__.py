@@ -31,5 +31,6 @@ from .nb10_positions import *  # noqa: F403
 from .nb11_trained_transformer import *  # noqa: F403
 from .nb12_serving import *  # noqa: F403
 from .nb12_triton_decode import *  # noqa: F403
+from .nb13_across_devices import *  # noqa: F403
 
 _protect()  # the integrity guard's snapshot of the course's modules: keep this last

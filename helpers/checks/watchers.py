@@ -18,6 +18,7 @@ in a learner's own session (``Trial.fail_observed``); in ``make grade`` it is a 
 - :func:`logged`: 9.1, 9.2 (the op log, data leaving PyTorch).
 - :func:`kernel`: 9.3, 9.4 (guarded memory, Triton launches, where the output's data comes from).
 - :func:`decode`: 12.4 (the same, and the programs launched over the paged cache).
+- :func:`ranks`: 13.2, 13.3 (the ranks as threads over a communicator: bytes sent, calls made).
 """
 
 from __future__ import annotations
@@ -314,3 +315,19 @@ def decode(fn: Any, args: tuple, options: dict) -> tuple[Any, dict]:
     flat = [out] if isinstance(out, torch.Tensor) else []
     return out, {"failures": failures, "written": [sorted(prov.sources(x)) for x in flat],
                  "programs": launches.programs}
+
+
+# --------------------------------------------------------------------------- 13.2, 13.3 ranks
+
+
+def ranks(fn: Any, args: tuple, options: dict) -> tuple[list, dict]:
+    """``fn(comm, *shards[r])`` on one thread per rank over the course's thread communicator
+    (:mod:`helpers.ranks`: a send waits for its receive, as gloo's does, and a deadlock raises at
+    once), ``args = (shards,)``; returns what each rank returned, in rank order. Observes
+    ``{"sent": [bytes each rank sent], "ops": [[each rank's communication calls, in order]]}``."""
+    from helpers.ranks import run_ranks
+
+    (shards,) = args
+    results = run_ranks(fn, shards, backend="threads", timeout=float(options.get("timeout", 20.0)))
+    return list(results), {"sent": [float(s) for s in results.sent],
+                           "ops": [[str(c[0]) for c in calls] for calls in results.calls]}
