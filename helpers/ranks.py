@@ -75,6 +75,11 @@ class Comm:
             raise ValueError(f"rank {self.rank}: {what} is the rank itself (a rank does not send to itself)")
         return other
 
+    def _tensor(self, x, what: str) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"rank {self.rank}: {what} takes a tensor, got {type(x).__name__}")
+        return x
+
     def _split(self, x: torch.Tensor) -> None:
         if x.ndim == 0 or x.shape[0] % self.world_size:
             raise ValueError(f"rank {self.rank}: all_to_all splits dim 0 into {self.world_size} equal parts, "
@@ -87,7 +92,9 @@ class Comm:
         raise NotImplementedError
 
     def recv(self, like: torch.Tensor, src: int) -> torch.Tensor:
-        """A tensor shaped and typed like ``like``, received from rank ``src`` (blocks)."""
+        """A tensor shaped and typed like ``like``, received from rank ``src`` (blocks). Threads
+        raise when the sender sent another shape or dtype; gloo cannot tell (a shorter message
+        leaves the rest of the buffer as it was, a longer one ends the receiving process)."""
         raise NotImplementedError
 
     def exchange(self, x: torch.Tensor, dst: int, src: int) -> torch.Tensor:
@@ -118,21 +125,21 @@ class DistComm(Comm):
     def send(self, x, dst):
         import torch.distributed as dist
 
-        dst = self._peer(dst, "dst")
+        dst, x = self._peer(dst, "dst"), self._tensor(x, "send")
         self._count("send", x, _nbytes(x))
         dist.send(x.contiguous(), dst)
 
     def recv(self, like, src):
         import torch.distributed as dist
 
-        out = torch.empty_like(like, memory_format=torch.contiguous_format)
+        out = torch.empty_like(self._tensor(like, "recv"), memory_format=torch.contiguous_format)
         dist.recv(out, self._peer(src, "src"))
         return out
 
     def exchange(self, x, dst, src):
         import torch.distributed as dist
 
-        dst, src = self._peer(dst, "dst"), self._peer(src, "src")
+        dst, src, x = self._peer(dst, "dst"), self._peer(src, "src"), self._tensor(x, "exchange")
         out = torch.empty_like(x, memory_format=torch.contiguous_format)
         self._count("exchange", x, _nbytes(x))
         ops = [dist.P2POp(dist.isend, x.contiguous(), dst), dist.P2POp(dist.irecv, out, src)]
@@ -144,7 +151,7 @@ class DistComm(Comm):
         import torch.distributed as dist
 
         reduce_op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[_reduce_op(op)]
-        out = x.clone(memory_format=torch.contiguous_format)
+        out = self._tensor(x, "all_reduce").clone(memory_format=torch.contiguous_format)
         self._count("all_reduce", x, 2 * (self.world_size - 1) * _nbytes(x) / self.world_size)
         dist.all_reduce(out, op=reduce_op)
         return out
@@ -152,7 +159,8 @@ class DistComm(Comm):
     def all_gather(self, x):
         import torch.distributed as dist
 
-        parts = [torch.empty_like(x, memory_format=torch.contiguous_format) for _ in range(self.world_size)]
+        parts = [torch.empty_like(self._tensor(x, "all_gather"), memory_format=torch.contiguous_format)
+                 for _ in range(self.world_size)]
         self._count("all_gather", x, (self.world_size - 1) * _nbytes(x))
         dist.all_gather(parts, x.contiguous())
         return torch.stack(parts)
@@ -160,7 +168,7 @@ class DistComm(Comm):
     def all_to_all(self, x):
         import torch.distributed as dist
 
-        self._split(x)
+        self._split(self._tensor(x, "all_to_all"))
         out = torch.empty_like(x, memory_format=torch.contiguous_format)
         self._count("all_to_all", x, (self.world_size - 1) * _nbytes(x) / self.world_size)
         dist.all_to_all_single(out, x.contiguous())
@@ -186,9 +194,9 @@ def _worker(rank: int, world_size: int, port: int, conn) -> None:
             message = conn.recv_bytes()
         except EOFError:
             return
-        job, fn, shard, timeout = pickle.loads(message)
         comm = DistComm(rank, world_size)
         try:
+            job, fn, shard, timeout = pickle.loads(message)  # fn by name: its module is imported here
             dist.init_process_group("gloo", store=dist.PrefixStore(f"job{job}", store), rank=rank,
                                     world_size=world_size, timeout=datetime.timedelta(seconds=timeout))
             reply = ("ok", fn(comm, *shard), comm.sent, comm.calls)
@@ -200,6 +208,15 @@ def _worker(rank: int, world_size: int, port: int, conn) -> None:
         conn.send_bytes(pickle.dumps(reply))
 
 
+def start_method() -> str:
+    """How rank processes start: ``forkserver`` where it exists (Linux, macOS: a clean,
+    single-threaded server forks them; fork from a notebook's multi-threaded kernel can hang in the
+    child), else ``spawn`` (Windows)."""
+    import multiprocessing as mp
+
+    return "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+
+
 class _Pool:
     """``world_size`` rank processes, started once and reused (a new gloo group per job)."""
 
@@ -208,9 +225,7 @@ class _Pool:
 
         import torch.distributed as dist
 
-        # forkserver: a clean, single-threaded server forks the ranks (fork from a notebook's
-        # multi-threaded kernel can hang in the child); spawn where there is no forkserver (Windows)
-        method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+        method = start_method()
         ctx = mp.get_context(method)
         if method == "forkserver":
             ctx.set_forkserver_preload([__name__])
@@ -227,15 +242,29 @@ class _Pool:
 
     def run(self, fn, shards, timeout: float):
         self.jobs += 1
-        for conn, shard in zip(self.conns, shards):
-            conn.send_bytes(pickle.dumps((self.jobs, fn, tuple(shard), timeout)))
+        # every job pickled before any is sent: one that cannot be pickled raises here, no rank waiting
+        jobs = [pickle.dumps((self.jobs, fn, tuple(shard), timeout)) for shard in shards]
+        try:
+            for conn, job in zip(self.conns, jobs):
+                conn.send_bytes(job)
+        except (BrokenPipeError, OSError) as error:
+            self.close()
+            raise RuntimeError("a rank process has ended; the rank processes were stopped (the next run starts "
+                               "new ones)") from error
         replies = []
-        for rank, conn in enumerate(self.conns):
-            if not conn.poll(timeout + 30):
-                self.close()
-                raise TimeoutError(f"rank {rank} did not finish within {timeout + 30:.0f} s; the rank "
-                                   "processes were stopped (the next run starts new ones)")
-            replies.append(pickle.loads(conn.recv_bytes()))
+        try:
+            for rank, conn in enumerate(self.conns):
+                if not conn.poll(timeout + 30):
+                    raise TimeoutError(f"rank {rank} did not finish within {timeout + 30:.0f} s; the rank "
+                                       "processes were stopped (the next run starts new ones)")
+                replies.append(pickle.loads(conn.recv_bytes()))
+        except (EOFError, OSError) as error:  # a rank process died (killed, out of memory, ...)
+            self.close()
+            raise RankError(f"rank {len(replies)}'s process ended without replying ({type(error).__name__}); "
+                            "the rank processes were stopped (the next run starts new ones)") from error
+        except TimeoutError:
+            self.close()
+            raise
         return replies
 
     def close(self) -> None:
@@ -351,7 +380,7 @@ class ThreadComm(Comm):
 
     def recv(self, like, src):
         with self._hub.cv:
-            return self._take(like, self._peer(src, "src"))
+            return self._take(self._tensor(like, "recv"), self._peer(src, "src"))
 
     def exchange(self, x, dst, src):
         with self._hub.cv:
@@ -393,8 +422,7 @@ class ThreadComm(Comm):
         return out
 
     def all_to_all(self, x):
-        if isinstance(x, torch.Tensor):
-            self._split(x)
+        self._split(self._tensor(x, "all_to_all"))
         out = self._collective("all_to_all", x,
                                lambda xs: torch.cat([t.chunk(self.world_size)[self.rank] for t in xs]))
         self._count("all_to_all", x, (self.world_size - 1) * _nbytes(x) / self.world_size)
@@ -423,6 +451,11 @@ def run_ranks(fn: Callable, shards: Sequence[Sequence], backend: str = "threads"
     importable from a module. ``backend="threads"``: N threads over a :class:`ThreadComm`; a
     deadlock raises :class:`DeadlockError` at once, saying what every rank waits for.
     A rank that raises makes the run raise :class:`RankError` naming the rank."""
+    if not callable(fn):
+        raise TypeError(f"run_ranks(fn, shards): fn must be a function fn(comm, *shard), got {type(fn).__name__}")
+    if isinstance(shards, (str, bytes, torch.Tensor)) or not isinstance(shards, Sequence):
+        raise TypeError("run_ranks(fn, shards): shards is a list with one entry per rank (a tuple of that "
+                        f"rank's arguments), got {type(shards).__name__}")
     shards = [tuple(s) if isinstance(s, (tuple, list)) else (s,) for s in shards]
     n = len(shards)
     if n < 1:
@@ -437,7 +470,7 @@ def run_ranks(fn: Callable, shards: Sequence[Sequence], backend: str = "threads"
         pool = _POOLS[n] = _Pool(n)
     try:
         replies = pool.run(fn, shards, timeout)
-    except TimeoutError:
+    except (TimeoutError, RuntimeError):
         _POOLS.pop(n, None)
         raise
     errors = [(r, reply) for r, reply in enumerate(replies) if reply[0] == "error"]
@@ -487,7 +520,7 @@ def _run_threads(fn, shards, timeout) -> RankResults:
     if isinstance(hub.failure, (DeadlockError, TimeoutError)):
         raise hub.failure
     if errors:
-        rank = min(errors, key=lambda r: 0 if errors[r] is hub.failure else 1)
+        rank = min(errors)  # the lowest rank that raised an error of its own (the others were stopped)
         error = errors[rank]
         raise RankError(f"rank {rank} raised {type(error).__name__}: {error}") from error
     out = RankResults(results)
