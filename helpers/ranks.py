@@ -195,13 +195,20 @@ def _worker(rank: int, world_size: int, port: int, conn) -> None:
         except EOFError:
             return
         comm = DistComm(rank, world_size)
+        stage = "run"
         try:
             job, fn, shard, timeout = pickle.loads(message)  # fn by name: its module is imported here
+            stage = "group"
             dist.init_process_group("gloo", store=dist.PrefixStore(f"job{job}", store), rank=rank,
                                     world_size=world_size, timeout=datetime.timedelta(seconds=timeout))
-            reply = ("ok", fn(comm, *shard), comm.sent, comm.calls)
+            dist.barrier()        # every rank connected before any can finish and tear its end down
+            stage = "run"
+            out = fn(comm, *shard)
+            stage = "end"
+            dist.barrier()        # and none leaves while another may still be talking to it
+            reply = ("ok", out, comm.sent, comm.calls)
         except BaseException as error:  # noqa: BLE001  (reported to the parent, which raises)
-            reply = ("error", f"{type(error).__name__}: {error}", traceback.format_exc(), None)
+            reply = ("error", f"{type(error).__name__}: {error}", traceback.format_exc(), stage)
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()
@@ -402,7 +409,7 @@ class ThreadComm(Comm):
             hub.cv.notify_all()
             hub.wait(self.rank, f"{kind} (its collective number {number})", lambda: len(slot) == hub.n)
             calls = {r: (k, _describe(t)) for r, (k, t) in sorted(slot.items())}
-            if len(set(calls.values())) > 1 and kind != "all_gather_any":
+            if len(set(calls.values())) > 1:
                 listed = "; ".join(f"rank {r}: {k} of a {s}" for r, (k, s) in calls.items())
                 raise ValueError(f"collective number {number} differs between ranks ({listed}): every "
                                  "rank must make the same collectives, in the same order, on tensors of "
@@ -473,14 +480,23 @@ def run_ranks(fn: Callable, shards: Sequence[Sequence], backend: str = "threads"
     except (TimeoutError, RuntimeError):
         _POOLS.pop(n, None)
         raise
-    errors = [(r, reply) for r, reply in enumerate(replies) if reply[0] == "error"]
+    errors = [(r, reply[1], reply[3]) for r, reply in enumerate(replies) if reply[0] == "error"]
+    if any(stage == "group" for _, _, stage in errors):  # a group that could not form: the pool is suspect
+        _POOLS.pop(n).close()
+        message = next(m for _, m, stage in errors if stage == "group")
+        raise RankError(f"the rank processes could not form a process group ({message}); they were stopped "
+                        "(the next run starts new ones)")
+    waiting = ("timed out", "connection closed by peer", "connection reset by peer")
+    own = [(r, m) for r, m, stage in errors if stage == "run" and not any(w in m.lower() for w in waiting)]
+    if own:  # the lowest rank that raised an error of its own; the others saw it leave
+        raise RankError(f"rank {own[0][0]} raised {own[0][1]}")
+    if any("timed out" in m.lower() for _, m, _ in errors):
+        stuck = [r for r, m, _ in errors if any(w in m.lower() for w in waiting)]  # timed out, or saw one leave
+        message = next(m for _, m, _ in errors if "timed out" in m.lower())
+        raise DeadlockError(f"gloo timed out after {timeout:g} s on rank(s) {stuck}: the ranks were waiting "
+                            f"for each other ({message})")
     if errors:
-        first = next(((r, e) for r, e in errors if "timed out" not in e[1].lower()), errors[0])
-        rank, (_, message, _tb, _) = first
-        if all("timed out" in e[1].lower() for _, e in errors):
-            raise DeadlockError(f"gloo timed out after {timeout:g} s on rank(s) {[r for r, _ in errors]}: "
-                                f"the ranks were waiting for each other ({message})")
-        raise RankError(f"rank {rank} raised {message}")
+        raise RankError(f"rank {errors[0][0]} raised {errors[0][1]}")
     results = RankResults(reply[1] for reply in replies)
     results.sent = [reply[2] for reply in replies]
     results.calls = [reply[3] for reply in replies]

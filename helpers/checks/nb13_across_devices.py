@@ -29,6 +29,12 @@ from .watchers import ranks
 __all__ = in_module(__name__)  # its exercises' checks, as helpers/registry.py lists them
 
 
+_SHARED_MEMORY = Mistake(
+    "ranks-share-memory", "your ranks got each other's tensors without sending them: the check runs them as "
+    "threads of one process, but on devices they share no memory. Everything a rank uses of another's shard "
+    "must arrive through comm (and be counted).")
+
+
 # =========================================================================== 13.1 zigzag_positions
 
 _ZZ_STRIPED = Mistake(
@@ -240,6 +246,9 @@ def ring_attention(t: Trial) -> None:
         sent.append(((seen or {}).get("sent", []), ring_bytes, block_bytes, n))
     # the bytes, once every output is right: a whole extra K/V block sent is an extra hop
     for per_rank, ring_bytes, block_bytes, n in sent if t._pending is None else []:
+        if per_rank and max(per_rank) < (n - 1) * block_bytes / 2:
+            t.fail_observed(f"your ranks sent at most {max(per_rank):,.0f} bytes each, where N - 1 = {n - 1} hops "
+                            f"of a K/V block are {(n - 1) * block_bytes:,.0f}", _SHARED_MEMORY)
         if per_rank and max(per_rank) >= ring_bytes + block_bytes / 2:
             hops = (max(per_rank) - ring_bytes) / block_bytes + n - 1
             t.fail_observed(f"your ranks sent up to {max(per_rank):,.0f} bytes each, where N - 1 = {n - 1} hops of "
@@ -339,9 +348,13 @@ def ulysses_attention(t: Trial) -> None:
                 models[hint] = torch.stack(list(run_ranks(_wrong_ulysses, [(*s, m) for s in shards])))
             except Exception:  # noqa: BLE001 - a mistake that cannot happen on this case
                 continue
-        cases.append((shards, describe_case(N=n, causal=causal, B=B, H=H, H_kv=H_kv, T=T, d=d), expected, n, models))
-    for shards, described, expected, n, models in cases:
-        results, _ = t.call_watched(ranks, (shards,), {"timeout": 20}, case=described)
+        least = ref.comm_bytes_per_rank("ulysses", T, H, H_kv, d, n, 8, B)  # four all-to-alls, float64
+        cases.append((shards, describe_case(N=n, causal=causal, B=B, H=H, H_kv=H_kv, T=T, d=d), expected, n, models,
+                      least))
+    sent = []
+    for shards, described, expected, n, models, least in cases:
+        results, seen = t.call_watched(ranks, (shards,), {"timeout": 20}, case=described)
+        sent.append(((seen or {}).get("sent", []), least))
         if not isinstance(results, list) or len(results) != n:
             t.fail(f"expected one result per rank ({n}), got {results!r:.200}", what="type")
         bad = next((x for x in results if not isinstance(x, torch.Tensor)), None)
@@ -352,6 +365,10 @@ def ulysses_attention(t: Trial) -> None:
                    "every rank returns its own T/N positions, all heads: [B, H, T/N, d].", what="shape")
         t.tensor(torch.stack(results), expected, what="output (every rank's, stacked: [N, B, H, T/N, d])",
                  mistakes=models, hint=_UL_RECIPE, atol=1e-9, rtol=1e-7)
+    for per_rank, least in sent if t._pending is None else []:
+        if per_rank and max(per_rank) < least / 2:
+            t.fail_observed(f"your ranks sent at most {max(per_rank):,.0f} bytes each, where Ulysses' four "
+                            f"all-to-alls send {least:,.0f}", _SHARED_MEMORY)
 
 
 # =========================================================================== 13.4 comm_bytes_per_rank
