@@ -10,9 +10,10 @@
   oversubscribed small-tensor work runs several times slower. Outputs do not depend on it (they
   are rounded; nbval passes with 1 thread or 2). Set OMP_NUM_THREADS to choose otherwise.
 - The teaching notebooks that train or launch the most (09's Triton kernel in the interpreter, 10's
-  and 11's trained models: a third of all notebook time) run under nbval in `make test-all` only
-  (``SLOW_NOTEBOOKS``); `make test` keeps their solutions notebooks under nbval and their lessons'
-  unit tests (tests/test_nb09_*.py, test_nb10_*.py, test_nb11_*.py), and CI runs them all.
+  and 11's trained models: a third of all notebook time; 13's rank processes, started and timed
+  out on purpose) run under nbval in `make test-all` only (``SLOW_NOTEBOOKS``); `make test` keeps
+  their solutions notebooks under nbval and their lessons' unit tests (tests/test_nb09_*.py,
+  test_nb10_*.py, test_nb11_*.py, test_nb13_*.py, test_ranks.py), and CI runs them all.
 - ``--exercise 3.7`` (``make check-exercise EX=3.7``) keeps the tests of one exercise, slow ones
   included: those whose id names its function, its notebook's solutions under nbval, the grading of
   its notebook blank and solved, and the tests that compare the registry with what derives from it
@@ -29,7 +30,7 @@ import pytest
 
 RAISE_NOT_ATTEMPTED_ENV = "ATTN_COURSE_RAISE_NOT_ATTEMPTED"
 SLOW_NOTEBOOKS = ("notebooks/09_flash_attention.ipynb", "notebooks/10_positions.ipynb",
-                  "notebooks/11_trained_transformer.ipynb")
+                  "notebooks/11_trained_transformer.ipynb", "notebooks/13_across_devices.ipynb")
 
 
 # What every exercise's tests include (--exercise): the registry against the code and what derives from it.
