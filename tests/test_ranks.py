@@ -459,3 +459,23 @@ def test_gloo_a_rank_process_that_dies_is_reported_as_that_rank_and_the_next_run
         assert [t.tolist() for t in res] == [[1.0, 1.0], [0.0, 0.0]]
     finally:
         stop_rank_processes()                                    # never leave a broken pool behind
+
+
+@pytest.mark.slow  # two fresh interpreters importing torch (the Windows path), a few seconds
+def test_gloo_ranks_started_by_spawn_run_the_same_and_are_replaced_by_the_next_method(monkeypatch):
+    """Where there is no forkserver (Windows), rank processes start by spawn: fresh interpreters
+    that import the function by name. The same ring, the same bytes."""
+    import helpers.ranks as ranks
+
+    stop_rank_processes()
+    monkeypatch.setattr(ranks, "start_method", lambda: "spawn")
+    try:
+        xs = [torch.full((3,), float(r)) for r in range(2)]
+        res = run_ranks(ring_exchange, [(x,) for x in xs], backend="gloo")
+        assert ranks._POOLS[2].method == "spawn"
+        assert [t.tolist() for t in res] == [[1.0] * 3, [0.0] * 3] and res.sent == [12.0, 12.0]
+    finally:
+        stop_rank_processes()
+    monkeypatch.undo()
+    res = run_ranks(ring_exchange, [(torch.ones(2),), (torch.zeros(2),)], backend="gloo")
+    assert ranks._POOLS[2].method == ranks.start_method() and [t.tolist() for t in res] == [[0.0, 0.0], [1.0, 1.0]]
