@@ -434,6 +434,12 @@ def dtensor_tensor_parallel(comm: Comm, model: TinyAttention, x: torch.Tensor):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
+    for name in ("q", "k"):
+        heads = getattr(model, name).out_features // model.head_dim
+        if heads % comm.world_size:
+            raise ValueError(f"ColwiseParallel cuts {name}'s {heads} heads into {comm.world_size} equal column blocks, "
+                             "which would cut through a head: use a number of ranks that divides the query and "
+                             "the key/value heads (replicating key/value heads is not in PyTorch's plan)")
     mesh = init_device_mesh("cpu", (comm.world_size,))
     plan = {"q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(), "o": RowwiseParallel()}
     parallelize_module(model, mesh, plan)

@@ -529,6 +529,12 @@ def test_pytorch_tensor_parallelism_on_gloo_equals_the_module_in_one_process_and
         assert shapes == {"q.weight": [8, 16], "k.weight": [4, 16], "v.weight": [4, 16], "o.weight": [16, 8]}
 
 
+def test_pytorch_tensor_parallelism_refuses_heads_it_would_cut_in_two_before_any_communication():
+    model = TinyAttention(16, 4, 2, 4).double()
+    with pytest.raises(RankError, match="rank 0 raised ValueError: ColwiseParallel cuts k's 2 heads into 4"):
+        run_ranks(dtensor_tensor_parallel, [(model, _randn(1, 4, 16, seed=131))] * 4)
+
+
 # ============================================================ the exercises: wrong answers written as learners
 # write them (WRONG: each with words its check's hint must contain), right ones in other styles (RIGHT)
 
