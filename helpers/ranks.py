@@ -19,6 +19,7 @@ Standard library and torch only (the grader's sandbox runs it in a notebook's pr
 from __future__ import annotations
 
 import datetime
+import operator
 import pickle
 import threading
 import traceback
@@ -61,14 +62,23 @@ class Comm:
 
     def __init__(self, rank: int, world_size: int):
         self.rank, self.world_size = rank, world_size
-        self.sent = 0.0
+        self._sent = 0.0
         self.calls: list[tuple[str, tuple[int, ...], float]] = []
 
+    @property
+    def sent(self) -> float:
+        """Bytes this rank has sent so far (read-only)."""
+        return self._sent
+
     def _count(self, op: str, x: torch.Tensor, nbytes: float) -> None:
-        self.sent += nbytes
+        self._sent += nbytes
         self.calls.append((op, tuple(x.shape), nbytes))
 
     def _peer(self, other, what: str) -> int:
+        try:  # a Python int, or anything that is one (numpy and 0-d integer torch scalars)
+            other = operator.index(other) if not isinstance(other, bool) else other
+        except TypeError:
+            pass
         if not isinstance(other, int) or isinstance(other, bool) or not 0 <= other < self.world_size:
             raise ValueError(f"rank {self.rank}: {what} must be a rank in 0..{self.world_size - 1}, got {other!r}")
         if other == self.rank:
@@ -212,7 +222,13 @@ def _worker(rank: int, world_size: int, port: int, conn) -> None:
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()
-        conn.send_bytes(pickle.dumps(reply))
+        try:
+            data = pickle.dumps(reply)
+        except Exception as error:  # noqa: BLE001  (what fn returned cannot travel back)
+            data = pickle.dumps(("error", f"what rank {rank} returned cannot be sent back to the notebook (pickle: "
+                                 f"{type(error).__name__}: {error}); return tensors, numbers, lists, tuples or "
+                                 "dicts", "", "run"))
+        conn.send_bytes(data)
 
 
 def start_method() -> str:
@@ -267,8 +283,10 @@ class _Pool:
                 replies.append(pickle.loads(conn.recv_bytes()))
         except (EOFError, OSError) as error:  # a rank process died (killed, out of memory, ...)
             self.close()
-            raise RankError(f"rank {len(replies)}'s process ended without replying ({type(error).__name__}); "
-                            "the rank processes were stopped (the next run starts new ones)") from error
+            raise RankError(f"rank {len(replies)}'s process ended without replying ({type(error).__name__}): gloo "
+                            "ends a process whose receive does not match what was sent (shapes and dtypes must "
+                            "agree on both sides; backend='threads' says which), and so does running out of "
+                            "memory. The rank processes were stopped (the next run starts new ones)") from error
         except TimeoutError:
             self.close()
             raise
@@ -418,7 +436,8 @@ class ThreadComm(Comm):
 
     def all_reduce(self, x, op="sum"):
         op = _reduce_op(op)
-        combine = (lambda xs: torch.stack(xs).sum(0)) if op == "sum" else (lambda xs: torch.stack(xs).amax(0))
+        combine = ((lambda xs: torch.stack(xs).sum(0).to(x.dtype)) if op == "sum"  # bool: or, as gloo's
+                   else (lambda xs: torch.stack(xs).amax(0)))
         out = self._collective(f"all_reduce({op})", x, combine)
         self._count("all_reduce", x, 2 * (self.world_size - 1) * _nbytes(x) / self.world_size)
         return out
@@ -463,6 +482,8 @@ def run_ranks(fn: Callable, shards: Sequence[Sequence], backend: str = "threads"
     if isinstance(shards, (str, bytes, torch.Tensor)) or not isinstance(shards, Sequence):
         raise TypeError("run_ranks(fn, shards): shards is a list with one entry per rank (a tuple of that "
                         f"rank's arguments), got {type(shards).__name__}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"run_ranks: timeout is a number of seconds > 0, got {timeout!r}")
     shards = [tuple(s) if isinstance(s, (tuple, list)) else (s,) for s in shards]
     n = len(shards)
     if n < 1:

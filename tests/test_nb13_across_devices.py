@@ -810,7 +810,7 @@ def ul_movedim_einsum(comm, q, k, v, causal=True):
 
 
 def ul_gather_everything(comm, q, k, v, causal=True):
-    """all_gather of every rank's shard (more bytes than Ulysses, the same answer)."""
+    """all_gather of every rank's shard: the same answer, not Ulysses."""
     r = comm.rank
     full = [comm.all_gather(x).movedim(0, 2).flatten(2, 3) for x in (q, k, v)]   # [B, h, T, d]
     out = F.scaled_dot_product_attention(*full, is_causal=causal, enable_gqa=True)
@@ -931,17 +931,99 @@ _SHARED = {}
 
 
 def ring_through_shared_memory(comm, q, k, v, positions, causal=True):
-    """Every rank reads the others' shards from a dict: right values, nothing sent."""
+    """Every rank reads the others' shards from a dict (one per run): right values, nothing sent."""
     import time
-    _SHARED[comm.rank] = (k, v, positions)
-    while len([r for r in _SHARED if r < comm.world_size]) < comm.world_size:
+    mine = _SHARED.setdefault(comm._hub, {})                 # the ranks of this run share one hub
+    mine[comm.rank] = (k, v, positions)
+    while len(mine) < comm.world_size:
         time.sleep(0.001)
-    comm.all_reduce(torch.zeros(1))                      # everyone has read before the next case
-    ks, vs, ps = zip(*(_SHARED[r] for r in range(comm.world_size)))
-    out, lse = _attend(q, torch.cat(ks, 2), torch.cat(vs, 2), positions, torch.cat(ps), causal)
-    comm.all_reduce(torch.zeros(1))
-    _SHARED.clear() if comm.rank == 0 else None
+    ks, vs, ps = zip(*(mine[r] for r in range(comm.world_size)))
+    return _attend(q, torch.cat(ks, 2), torch.cat(vs, 2), positions, torch.cat(ps), causal)
+
+
+def ring_all_gather(comm, q, k, v, positions, causal=True):
+    """Every block at once: the right values, not a ring."""
+    K, V, P = (comm.all_gather(x) for x in (k, v, positions))
+    return _attend(q, K.movedim(0, 2).flatten(2, 3), V.movedim(0, 2).flatten(2, 3), positions, P.flatten(), causal)
+
+
+def ring_diagonal_masked(comm, q, k, v, positions, causal=True):
+    def attend(q, k, v, q_pos, k_pos, causal, me, src):
+        s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        if causal:
+            s = s.masked_fill(k_pos[None, :] >= q_pos[:, None], -math.inf)
+        lse = torch.logsumexp(s, -1)
+        m = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
+        return torch.exp(s - m[..., None]) @ v, lse
+    return _ring_with(comm, q, k, v, positions, causal, attend)
+
+
+def ring_one_hop_short(comm, q, k, v, positions, causal=True):
+    n, r = comm.world_size, comm.rank
+    out, lse = _attend(q, k, v, positions, positions, causal)
+    block = [k, v, positions]
+    for _ in range(n - 2):
+        block = [comm.exchange(x, (r + 1) % n, (r - 1) % n) for x in block]
+        out, lse = _merge(out, lse, *_attend(q, block[0], block[1], positions, block[2], causal))
     return out, lse
+
+
+def ring_running_sum_of_lses(comm, q, k, v, positions, causal=True):
+    """Merges with the new lse = lse + l (notebook 13's common mistake 1)."""
+    n, r = comm.world_size, comm.rank
+    out, lse = _attend(q, k, v, positions, positions, causal)
+    block = [k, v, positions]
+    for _ in range(n - 1):
+        block = [comm.exchange(x, (r + 1) % n, (r - 1) % n) for x in block]
+        o, l = _attend(q, block[0], block[1], positions, block[2], causal)
+        new = lse + l
+        out, lse = torch.exp(lse - new)[..., None] * out + torch.exp(l - new)[..., None] * o, new
+    return out, lse
+
+
+def ring_scales_q_in_place(comm, q, k, v, positions, causal=True):
+    """Scales its own q in place first: a rank's tensors are its own."""
+    q *= 1 / math.sqrt(q.shape[-1])
+    return ring_online_softmax(comm, q * math.sqrt(q.shape[-1]), k, v, positions, causal)
+
+
+def ring_positions_as_float(comm, q, k, v, positions, causal=True):
+    n, r = comm.world_size, comm.rank
+    out, lse = _attend(q, k, v, positions, positions, causal)
+    block = [k, v, positions.double()]
+    for _ in range(n - 1):
+        block = [comm.exchange(x, (r + 1) % n, (r - 1) % n) for x in block]
+        out, lse = _merge(out, lse, *_attend(q, block[0], block[1], positions.double(), block[2], causal))
+    return out, lse
+
+
+def ul_no_replication(comm, q, k, v, causal=True):
+    q, k, v = (_a2a_heads(comm, x) for x in (q, k, v))
+    return _a2a_seq(comm, F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True))
+
+
+def ul_replicated_to_h(comm, q, k, v, causal=True):
+    H, H_kv = q.shape[1], k.shape[1]
+    k, v = (x.repeat_interleave(H // H_kv, dim=1) for x in (k, v))
+    q, k, v = (_a2a_heads(comm, x) for x in (q, k, v))
+    return _a2a_seq(comm, F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+
+
+def ul_without_enable_gqa(comm, q, k, v, causal=True):
+    n, H_kv = comm.world_size, k.shape[1]
+    if H_kv < n:
+        k, v = (x.repeat_interleave(n // H_kv, dim=1) for x in (k, v))
+    q, k, v = (_a2a_heads(comm, x) for x in (q, k, v))
+    return _a2a_seq(comm, F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+
+
+def ul_scales_q_in_place(comm, q, k, v, causal=True):
+    q.mul_(q.shape[-1] ** -0.5)
+    n, H_kv = comm.world_size, k.shape[1]
+    if H_kv < n:
+        k, v = (x.repeat_interleave(n // H_kv, dim=1) for x in (k, v))
+    q, k, v = (_a2a_heads(comm, x) for x in (q, k, v))
+    return _a2a_seq(comm, F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=1.0, enable_gqa=True))
 
 
 WRONG = {
@@ -957,11 +1039,15 @@ WRONG = {
         (ring_average_outputs, "you averaged the blocks' outputs"), (ring_add_lses, "torch.logaddexp"),
         (ring_softmax_per_block, "exp(-inf - (-inf)) is NaN"), (ring_unscaled, "sqrt(d)"),
         (ring_one_hop_too_many, "sent their K/V block N times"), (ring_own_block_twice, "own K/V block twice"),
-        (ring_through_shared_memory, "share no memory"),
+        (ring_through_shared_memory, "share no memory"), (ring_all_gather, "not ring attention"),
+        (ring_diagonal_masked, "not >="), (ring_one_hop_short, "N - 1 of the N blocks"),
+        (ring_running_sum_of_lses, "torch.logaddexp"),
     ],
     "ulysses_attention": [
         (ul_tiled_kv, "repeat_interleave"), (ul_no_all_to_all, "own T/N tokens only"),
-        (ul_all_to_all_as_given, "put the heads first"), (ul_ignores_causal, "causal"),
+        (ul_all_to_all_as_given, "Put the heads first"), (ul_ignores_causal, "causal"),
+        (ul_gather_everything, "comm.all_to_all, four times"), (ul_no_replication, "replicate them to N heads"),
+        (ul_replicated_to_h, "not up to H"), (ul_without_enable_gqa, "enable_gqa=True"),
     ],
     "comm_bytes_per_rank": [
         (bytes_no_fraction, "(N - 1)/N"), (bytes_n_hops, "N hops"), (bytes_no_positions, "positions"),
@@ -972,8 +1058,9 @@ WRONG = {
 
 RIGHT = {
     "zigzag_positions": [zz_loop, zz_arange_pair, zz_chunk],
-    "ring_attention": [ring_online_softmax, ring_even_odd_blocking, ring_stacked_blocks],
-    "ulysses_attention": [ul_movedim_einsum, ul_gather_everything],
+    "ring_attention": [ring_online_softmax, ring_even_odd_blocking, ring_stacked_blocks, ring_scales_q_in_place,
+                       ring_positions_as_float],
+    "ulysses_attention": [ul_movedim_einsum, ul_scales_q_in_place],
     "comm_bytes_per_rank": [bytes_integers, bytes_by_tensors],
 }
 

@@ -14,6 +14,7 @@ are exact whatever order a backend adds in, and the two backends can be compared
 import os
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -37,12 +38,12 @@ def _nbytes(x: torch.Tensor) -> int:
 
 
 def _all_here(comm):
-    """A collective first, in every function in which a rank may finish without communicating:
-    on gloo a rank that returns (or raises) and tears its group down while another rank is still
-    connecting can fail that rank's ``init_process_group`` ("Connection closed by peer"), and the
-    rank processes then make every later run wait 20 s and fail (DistStoreError). helpers.ranks
-    does not guard against it (its worker calls fn as soon as its own init returns, and tears the
-    group down as soon as fn ends); these tests must not depend on that race."""
+    """A collective first, in functions in which a rank may finish without communicating. On gloo a
+    rank that returned (or raised) and tore its group down while another was still connecting used
+    to fail that rank's ``init_process_group`` and break the rank processes for every later run;
+    helpers.ranks now starts and ends every run on a barrier
+    (:func:`test_gloo_ranks_that_all_raise_at_once_leave_the_processes_working` holds it to that),
+    and these tests do not depend on it either."""
     comm.all_reduce(torch.zeros(1))
 
 
@@ -479,3 +480,65 @@ def test_gloo_ranks_started_by_spawn_run_the_same_and_are_replaced_by_the_next_m
     monkeypatch.undo()
     res = run_ranks(ring_exchange, [(torch.ones(2),), (torch.zeros(2),)], backend="gloo")
     assert ranks._POOLS[2].method == ranks.start_method() and [t.tolist() for t in res] == [[0.0, 0.0], [1.0, 1.0]]
+
+
+def overwrite_sent(comm, x):
+    comm.sent = 0.0
+    return x
+
+
+def bool_sum(comm, x):
+    return comm.all_reduce(x)
+
+
+def to_an_index(comm, x, make):
+    return comm.exchange(x, make((comm.rank + 1) % comm.world_size), make((comm.rank - 1) % comm.world_size))
+
+
+def returns_a_generator(comm, x):
+    return (y for y in x)
+
+
+def test_the_bytes_a_rank_sent_cannot_be_overwritten_by_its_function():
+    with pytest.raises(RankError, match="AttributeError"):
+        run_ranks(overwrite_sent, [(torch.ones(1),)] * 2)
+
+
+@pytest.mark.parametrize("make", [int, np.int64, lambda r: torch.tensor(r)], ids=["int", "numpy", "torch-0d"])
+def test_a_rank_may_be_named_by_any_integer_scalar(make):
+    res = run_ranks(to_an_index, [(torch.full((2,), float(r)), make) for r in range(3)])
+    assert [t.tolist() for t in res] == [[2.0, 2.0], [0.0, 0.0], [1.0, 1.0]]
+    with pytest.raises(RankError, match=r"dst must be a rank in 0\.\.1, got 1\.0"):
+        run_ranks(to_an_index, [(torch.ones(1), float)] * 2)
+
+
+@pytest.mark.parametrize("timeout", [0, -1, "20", None, True])
+def test_a_timeout_that_is_not_a_positive_number_is_refused_before_anything_runs(timeout):
+    with pytest.raises(ValueError, match="timeout is a number of seconds > 0"):
+        run_ranks(ring_exchange, [(torch.ones(1),)] * 2, timeout=timeout)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_all_reduce_of_bools_keeps_their_dtype_on_both_backends(backend):
+    res = run_ranks(bool_sum, [(torch.tensor([True, False]),), (torch.tensor([False, False]),)], backend=backend)
+    assert all(t.dtype == torch.bool and t.tolist() == [True, False] for t in res)
+
+
+def test_gloo_a_result_that_cannot_travel_back_is_named_and_the_processes_stay():
+    with pytest.raises(RankError, match="what rank 0 returned cannot be sent back to the notebook"):
+        run_ranks(returns_a_generator, [(torch.ones(2),)] * 2, backend="gloo")
+    res = run_ranks(ring_exchange, [(torch.full((2,), float(r)),) for r in range(2)], backend="gloo")
+    assert [t.tolist() for t in res] == [[1.0, 1.0], [0.0, 0.0]]
+
+
+def raise_at_once(comm, x):
+    raise ValueError(f"rank {comm.rank} refuses")
+
+
+@pytest.mark.slow  # 30 gloo runs
+def test_gloo_ranks_that_all_raise_at_once_leave_the_processes_working():
+    for _ in range(30):
+        with pytest.raises(RankError, match="rank 0 raised ValueError: rank 0 refuses"):
+            run_ranks(raise_at_once, [(torch.ones(1),)] * 3, backend="gloo", timeout=5)
+    res = run_ranks(ring_exchange, [(torch.full((1,), float(r)),) for r in range(3)], backend="gloo")
+    assert [t.item() for t in res] == [2.0, 0.0, 1.0]

@@ -36,6 +36,12 @@ _SHARED_MEMORY = Mistake(
     "must arrive through comm (and be counted).")
 
 
+# Notebook 13's helpers are stubs where make grade runs a notebook (they compute the answers): a
+# function of 13.2 or 13.3 that calls one is refused in a learner's session too, not only when graded.
+_LESSON_HELPERS = {"attend_block", "ring_attention_backward", "ring_attention_forward_backward", "seq_to_heads",
+                   "heads_to_seq", "_ring_step", "tp_attention", "decode_across_ranks"}
+
+
 # =========================================================================== 13.1 zigzag_positions
 
 _ZZ_STRIPED = Mistake(
@@ -85,12 +91,19 @@ _RING_AVERAGED = Mistake(
     "averaged-block-outputs", "you averaged the blocks' outputs: each is normalised over its own keys only, so "
     "they weigh by how much of the softmax's mass their block holds, exp(lse_block - lse), the merge of "
     "notebook 12.")
+_RING_AVERAGED_STEPWISE = Mistake(
+    "averaged-block-outputs", "you averaged the blocks' outputs, step by step: each is normalised over its own "
+    "keys only, so they weigh by how much of the softmax's mass their block holds, exp(lse_block - lse), the "
+    "merge of notebook 12.")
 _RING_SUMMED = Mistake(
     "summed-block-outputs", "you added the blocks' outputs: each is normalised over its own block; weigh block b "
     "by exp(lse_b - lse), lse = logsumexp over the blocks' lses (notebook 12's merge).")
 _RING_ADDED_LSE = Mistake(
     "added-lses", "you added the blocks' log-sum-exps: the sums of exponentials add, so the lse of the union is "
     "log(exp(lse_a) + exp(lse_b)) = torch.logaddexp(lse_a, lse_b), not lse_a + lse_b.")
+_RING_ADDED_LSE_RUNNING = Mistake(
+    "added-lses", "you added the log-sum-exps (lse + l) and merged with that sum: the sums of exponentials add, "
+    "so the lse of the union is log(exp(lse_a) + exp(lse_b)) = torch.logaddexp(lse_a, lse_b), not lse_a + lse_b.")
 _RING_MAX_LSE = Mistake(
     "max-not-logsumexp", "your lse is the largest of the blocks' lses: that is only the largest term; the lse "
     "of the union is log(exp(lse_a) + exp(lse_b)) (torch.logaddexp).")
@@ -114,8 +127,9 @@ _RING_ONLY_OWN = Mistake(
     "rank r + 1 and receive rank r - 1's, N - 1 times, attending to each block on the way.")
 _RING_NAN = Mistake(
     "nan-on-fully-masked-block", "NaN where a block holds no key a query may see (all later positions): that "
-    "block's lse is -inf and exp(-inf - (-inf)) is NaN. Give such a row output 0 and lse -inf "
-    "(subtract finite_or_zero(max), as in notebook 12's merge) so its weight is 0.")
+    "block's lse is -inf and exp(-inf - (-inf)) is NaN. Give such a row output 0 and lse -inf (where the max "
+    "is -inf, subtract 0 instead: torch.where(torch.isfinite(m), m, torch.zeros_like(m)), notebook 12's merge) "
+    "so that its weight is 0.")
 _RING_DEADLOCK = Mistake(
     "blocking-sends-deadlock", "every rank sent before receiving, and a send waits for its receive, so all ranks "
     "waited for each other: use comm.exchange(x, dst, src), which posts both at once (or let even ranks send "
@@ -123,6 +137,15 @@ _RING_DEADLOCK = Mistake(
 _RING_HOP = Mistake(
     "one-hop-too-many", "your ranks sent their K/V block N times: after N - 1 hops every rank has seen every "
     "block, and the last hop only carries each block back home.")
+_RING_STRICT = Mistake(
+    "diagonal-masked", "a query may see the key at its own position: hide keys with k_pos > q_pos, not >=.")
+_RING_HOP_SHORT = Mistake(
+    "one-hop-too-few", "your ranks attended to N - 1 of the N blocks: the ring needs N - 1 hops after the rank's "
+    "own block, so that each rank sees its own block and every other one once.")
+_RING_NOT_A_RING = Mistake(
+    "not-a-ring", "your ranks gathered every K/V block at once (all_gather, all_to_all or all_reduce): right values, "
+    "but not ring attention, whose point is that a rank holds two blocks at a time and each transfer overlaps "
+    "the next block's compute. Pass the block to rank r + 1 with comm.exchange (or send/recv), N - 1 hops.")
 _RING_EXTRA = Mistake(
     "sent-more-than-the-ring", "your ranks sent more than N - 1 hops of their K/V block: send only the block and "
     "its positions, once a hop, N - 1 hops in all (comm.exchange to rank r + 1, from rank r - 1).")
@@ -139,6 +162,8 @@ def _attend(q, k, v, q_pos, k_pos, causal, how="global", rank=0, src=0, scale=Tr
     if causal:
         if how == "global":
             hidden = k_pos[None, :] > q_pos[:, None]
+        elif how == "strict":
+            hidden = k_pos[None, :] >= q_pos[:, None]
         elif how == "local":
             hidden = torch.ones(s.shape[-2:], dtype=torch.bool).triu(1)
         else:  # by rank
@@ -152,11 +177,11 @@ def _attend(q, k, v, q_pos, k_pos, causal, how="global", rank=0, src=0, scale=Tr
 def _wrong_ring(comm, q, k, v, positions, causal, mistake):
     """A learner-style wrong ring attention (``mistake`` says which), run on the same ranks."""
     n, r = comm.world_size, comm.rank
-    how = {"local": "local", "by-rank": "by-rank"}.get(mistake, "global")
+    how = {"local": "local", "by-rank": "by-rank", "strict": "strict"}.get(mistake, "global")
     scale = mistake != "no-scale"
     blocks = [(k, v, positions, r)]
     kv = (k, v, positions, torch.tensor([r]))
-    hops = n if mistake == "own-twice" else 0 if mistake == "only-own" else n - 1
+    hops = {"own-twice": n, "only-own": 0, "hop-short": n - 2}.get(mistake, n - 1)
     for _ in range(hops):
         kv = tuple(comm.exchange(x, (r + 1) % n, (r - 1) % n) for x in kv)
         blocks.append((kv[0], kv[1], kv[2], int(kv[3])))
@@ -171,6 +196,15 @@ def _wrong_ring(comm, q, k, v, positions, causal, mistake):
     out = (weights[..., None] * outs).sum(0)
     if mistake == "averaged":
         out = outs.mean(0)
+    elif mistake == "averaged-stepwise":  # out = (out + o) / 2 at each step
+        out = outs[0]
+        for o in outs[1:]:
+            out = (out + o) / 2
+    elif mistake == "added-lse-running":  # the running lse a sum, used in the next merges too
+        out, lse = outs[0], lses[0]
+        for o, l in zip(outs[1:], lses[1:]):
+            new = lse + l
+            out, lse = torch.exp(lse - new)[..., None] * out + torch.exp(l - new)[..., None] * o, new
     elif mistake == "summed":
         out = outs.sum(0)
     elif mistake == "added-lse":
@@ -180,7 +214,9 @@ def _wrong_ring(comm, q, k, v, positions, causal, mistake):
     return out, lse
 
 
-_RING_MODELS = {"averaged": _RING_AVERAGED, "summed": _RING_SUMMED, "added-lse": _RING_ADDED_LSE,
+_RING_MODELS = {"averaged": _RING_AVERAGED, "averaged-stepwise": _RING_AVERAGED_STEPWISE, "summed": _RING_SUMMED,
+                "added-lse": _RING_ADDED_LSE, "added-lse-running": _RING_ADDED_LSE_RUNNING, "strict": _RING_STRICT,
+                "hop-short": _RING_HOP_SHORT,
                 "max-lse": _RING_MAX_LSE, "local": _RING_LOCAL_CAUSAL,
                 "by-rank": _RING_BY_RANK, "no-scale": _RING_NO_SCALE, "own-twice": _RING_OWN_TWICE,
                 "only-own": _RING_ONLY_OWN}
@@ -231,6 +267,7 @@ def _ring_setup(salt: int) -> list:
 
 @exercise(time_limit=30)
 def ring_attention(t: Trial) -> None:
+    t.forbidden_references |= _LESSON_HELPERS
     t.error_hints[r"DeadlockError"] = _RING_DEADLOCK
     t.error_hints[r"takes \d+ positional argument|unexpected keyword"] = wrong_signature(
         "ring_attention(comm, q, k, v, positions, causal=True)")
@@ -258,17 +295,21 @@ def ring_attention(t: Trial) -> None:
                  diagnosis=_RING_NAN if nan else "")
         t.tensor(got_lse, expected[1], what="lse (every rank's, stacked: [N, B, H, T/N])",
                  mistakes=lse_mistakes, hint=_RING_RECIPE, atol=1e-9, rtol=1e-7)
-        sent.append(((seen or {}).get("sent", []), ring_bytes, block_bytes, n))
-    # the bytes, once every output is right: a whole extra K/V block sent is an extra hop
-    for per_rank, ring_bytes, block_bytes, n in sent if t._pending is None else []:
-        if per_rank and max(per_rank) < (n - 1) * block_bytes / 2:
-            t.fail_observed(f"your ranks sent at most {max(per_rank):,.0f} bytes each, where N - 1 = {n - 1} hops "
-                            f"of a K/V block are {(n - 1) * block_bytes:,.0f}", _SHARED_MEMORY)
+        sent.append((described, seen or {}, ring_bytes, block_bytes, n))
+    # how the values were computed, once every output is right (observed: advisory when grading)
+    for described, seen, ring_bytes, block_bytes, n in sent if t._pending is None else []:
+        t.case = described
+        per_rank, ops = seen.get("sent", []), {op for calls in seen.get("ops", []) for op in calls}
+        if ops - {"exchange", "send"}:
+            t.fail_observed(f"your ranks called {', '.join(sorted(ops - {'exchange', 'send'}))}", _RING_NOT_A_RING)
+        if per_rank and min(per_rank) < (n - 1) * block_bytes * (1 - 1e-9):
+            t.fail_observed(f"a rank of yours sent {min(per_rank):,.0f} bytes, where N - 1 = {n - 1} hops of its K "
+                            f"and V block are {(n - 1) * block_bytes:,.0f}", _SHARED_MEMORY)
         if per_rank and max(per_rank) >= ring_bytes + block_bytes / 2:
-            hops = (max(per_rank) - ring_bytes) / block_bytes + n - 1
+            hops = max(per_rank) / (ring_bytes / (n - 1))
             t.fail_observed(f"your ranks sent up to {max(per_rank):,.0f} bytes each, where N - 1 = {n - 1} hops of "
-                            f"a K/V block and its positions are {ring_bytes:,.0f} (you sent about {hops:.3g} blocks' "
-                            "worth)", _RING_HOP if abs(hops - n) < 0.1 else _RING_EXTRA)
+                            f"a K/V block and its positions are {ring_bytes:,.0f} (about {hops:.3g} hops' worth)",
+                            _RING_HOP if abs(hops - n) < 0.05 else _RING_EXTRA)
 
 
 # =========================================================================== 13.3 ulysses_attention
@@ -287,6 +328,21 @@ _UL_ORDER = Mistake(
     "sequence-chunks-misordered", "after the all-to-all, the chunk received from rank i holds positions "
     "i T/N .. (i+1) T/N - 1: join the chunks along the sequence in rank order (and send the output back the "
     "same way).")
+_UL_NOT_ULYSSES = Mistake(
+    "not-ulysses", "your ranks gathered the whole sequence (all_gather or all_reduce, or point-to-point sends): "
+    "right values, but not Ulysses, whose all-to-all gives each rank H/N heads of the sequence, so a rank never "
+    "holds more than 1/N of the activations. Use comm.all_to_all, four times (q, k, v, the output).")
+_UL_TOO_MUCH = Mistake(
+    "sent-more-than-ulysses", "your ranks sent more than four all-to-alls of q, k, v and the output: replicate the "
+    "kv heads only up to N (one per rank) when there are fewer than N, not up to H, and send each tensor once.")
+_UL_DIM0 = Mistake(
+    "all-to-all-dim-0-not-divisible", "dim 0 of what you passed to comm.all_to_all is not a multiple of N: the "
+    "all-to-all cuts dim 0 into one part per rank. Put the heads first (.permute(1, 0, 2, 3)), and when there "
+    "are fewer kv heads than ranks, replicate them to N heads first (repeat_interleave(N // H_kv, dim=1)).")
+_UL_GROUPS = Mistake(
+    "kv-heads-not-matched-to-query-heads", "after the all-to-all a rank holds H/N query heads and fewer kv heads: "
+    "attend with F.scaled_dot_product_attention(..., enable_gqa=True), or repeat_interleave the kv heads to H/N "
+    "first (query head h reads kv head h // (H / H_kv)).")
 _UL_DEADLOCK = Mistake(
     "blocking-sends-deadlock", "the ranks waited for each other: use comm.all_to_all, which every rank calls "
     "once with the same shape.")
@@ -340,15 +396,17 @@ _UL_MODELS = {"tiled": _UL_TILED, "local": _UL_LOCAL, "batch": _UL_BATCH_SPLIT, 
 
 @exercise(time_limit=30)
 def ulysses_attention(t: Trial) -> None:
+    t.forbidden_references |= _LESSON_HELPERS
     t.error_hints[r"DeadlockError"] = _UL_DEADLOCK
-    t.error_hints[r"all_to_all splits dim 0"] = _UL_BATCH_SPLIT
+    t.error_hints[r"all_to_all splits dim 0"] = _UL_DIM0
+    t.error_hints[r"must match the size of tensor b .* at non-singleton dimension 1"] = _UL_GROUPS
     t.error_hints[r"takes \d+ positional argument|unexpected keyword"] = wrong_signature(
         "ulysses_attention(comm, q, k, v, causal=True)")
     cases = []
     # (N, causal, B, H, H_kv, T/N, d): kv heads fewer than, equal to and more than the ranks
     for i, (n, causal, B, H, H_kv, t_r, d) in enumerate((
             (4, True, 2, 8, 2, 3, 5), (2, True, 1, 4, 2, 5, 3), (2, False, 2, 6, 6, 3, 4),
-            (4, True, 1, 4, 1, 2, 3), (2, True, 4, 2, 1, 3, 5))):
+            (4, True, 1, 4, 1, 2, 3), (2, True, 4, 2, 1, 3, 5), (2, True, 1, 8, 4, 3, 2))):
         g = seeded(1350 + i)
         T = n * t_r
         q = torch.randn(B, H, T, d, generator=g, dtype=torch.float64)
@@ -369,7 +427,7 @@ def ulysses_attention(t: Trial) -> None:
     sent = []
     for shards, described, expected, n, models, least in cases:
         results, seen = t.call_watched(ranks, (shards,), {"timeout": 20}, case=described)
-        sent.append(((seen or {}).get("sent", []), least))
+        sent.append((described, seen or {}, least))
         if not isinstance(results, list) or len(results) != n:
             t.fail(f"expected one result per rank ({n}), got {results!r:.200}", what="type")
         bad = next((x for x in results if not isinstance(x, torch.Tensor)), None)
@@ -380,10 +438,18 @@ def ulysses_attention(t: Trial) -> None:
                    "every rank returns its own T/N positions, all heads: [B, H, T/N, d].", what="shape")
         t.tensor(torch.stack(results), expected, what="output (every rank's, stacked: [N, B, H, T/N, d])",
                  mistakes=models, hint=_UL_RECIPE, atol=1e-9, rtol=1e-7)
-    for per_rank, least in sent if t._pending is None else []:
-        if per_rank and max(per_rank) < least / 2:
-            t.fail_observed(f"your ranks sent at most {max(per_rank):,.0f} bytes each, where Ulysses' four "
-                            f"all-to-alls send {least:,.0f}", _SHARED_MEMORY)
+    # how the values were computed, once every output is right (observed: advisory when grading)
+    for described, seen, least in sent if t._pending is None else []:
+        t.case = described
+        per_rank, ops = seen.get("sent", []), {op for calls in seen.get("ops", []) for op in calls}
+        if ops - {"all_to_all"}:
+            t.fail_observed(f"your ranks called {', '.join(sorted(ops - {'all_to_all'}))}", _UL_NOT_ULYSSES)
+        if per_rank and min(per_rank) < least * (1 - 1e-9):
+            t.fail_observed(f"a rank of yours sent {min(per_rank):,.0f} bytes, where Ulysses' four all-to-alls "
+                            f"send {least:,.0f}", _SHARED_MEMORY)
+        if per_rank and max(per_rank) > least * (1 + 1e-9):
+            t.fail_observed(f"your ranks sent up to {max(per_rank):,.0f} bytes each, where Ulysses' four all-to-alls "
+                            f"send {least:,.0f}", _UL_TOO_MUCH)
 
 
 # =========================================================================== 13.4 comm_bytes_per_rank

@@ -328,6 +328,8 @@ def ranks(fn: Any, args: tuple, options: dict) -> tuple[list, dict]:
     from helpers.ranks import run_ranks
 
     (shards,) = args
-    results = run_ranks(fn, shards, backend="threads", timeout=float(options.get("timeout", 20.0)))
+    # each rank gets copies: what a rank does to its own tensors (q *= scale) is its business
+    copies = [tuple(x.clone() if isinstance(x, torch.Tensor) else x for x in shard) for shard in shards]
+    results = run_ranks(fn, copies, backend="threads", timeout=float(options.get("timeout", 20.0)))
     return list(results), {"sent": [float(s) for s in results.sent],
                            "ops": [[str(c[0]) for c in calls] for calls in results.calls]}
