@@ -13,6 +13,9 @@ bytes its rank sends. :func:`run_ranks` runs ``fn``
   waits for its receive) and reports a deadlock the moment every rank waits, saying who waits for
   whom. Threads run any function, a notebook's included: exercises are graded this way.
 
+A script (not a notebook) that runs gloo ranks must start them under ``if __name__ ==
+"__main__":``: forkserver and spawn import the script again in every new process.
+
 Standard library and torch only (the grader's sandbox runs it in a notebook's process).
 """
 
