@@ -40,6 +40,7 @@ import torch
 import helpers.nb01_qkv_shapes as att
 from helpers import checks, reference, registry
 from helpers.checks import EXERCISES, CheckFailed, core, feedback, guard
+from helpers.ranks import Comm
 from helpers.runtime import configure_triton
 from helpers.tools import notebooks as nbtools
 from tests.exercise_cases import all_cases
@@ -1240,8 +1241,8 @@ def test_the_salted_cases_of_make_grade_are_new_and_right_answers_pass_them(name
             seen = set()
 
             def recording(*args, **kwargs):
-                buffer = io.BytesIO()
-                torch.save((args, {k: v for k, v in kwargs.items()}), buffer)
+                buffer = io.BytesIO()  # a rank's communicator (13.2, 13.3) is not an input: left out
+                torch.save((tuple(a for a in args if not isinstance(a, Comm)), dict(kwargs)), buffer)
                 seen.add(hashlib.sha256(buffer.getvalue()).hexdigest())
                 return ref(*args, **kwargs)  # noqa: B023 - called before the loop moves on
 

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from .. import nb13_across_devices as ref
 from ..ranks import run_ranks
 from ..registry import in_module
-from .core import Trial, describe_case, eager_mistakes, exercise, salted, seeded
+from .core import Trial, describe_case, draw, eager_mistakes, exercise, salted, seeded
 from .feedback import Mistake, wrong_signature
 from .watchers import ranks
 
@@ -66,8 +66,10 @@ _ZZ_RECIPE = ("size = T // (2 * world_size); chunks = torch.arange(T).view(2 * w
 @exercise()
 def zigzag_positions(t: Trial) -> None:
     cases = []
-    for T, n in ((16, 2), (24, 3), (40, 4), (24, 6)):
-        size = T // (2 * n)
+    g = seeded(1301)
+    for n in (2, 3, 4, 6):
+        size = draw(g, 2, 6)                                   # tokens a chunk: T = 2 N size
+        T = 2 * n * size
         chunks = torch.arange(T).view(2 * n, size)
         for r in range(n):
             expected = ref.zigzag_positions(T, n, r)
@@ -509,11 +511,13 @@ def comm_bytes_per_rank(t: Trial) -> None:
     t.error_hints[r"takes \d+ positional argument|unexpected keyword"] = wrong_signature(
         "comm_bytes_per_rank(scheme, T, n_heads, n_kv_heads, head_dim, world_size, dtype_bytes=2, batch=1)")
     cases = []
-    for scheme, T, H, H_kv, d, n, b, batch in (
-            ("ring", 96, 8, 2, 16, 4, 2, 1), ("ring", 131072, 32, 8, 128, 8, 2, 1), ("ring", 60, 6, 3, 10, 3, 4, 2),
-            ("ulysses", 96, 8, 2, 16, 4, 2, 1), ("ulysses", 131072, 32, 8, 128, 8, 2, 1),
-            ("ulysses", 60, 6, 6, 10, 3, 4, 2), ("ulysses", 64, 16, 8, 8, 4, 2, 3),
-            ("tensor", 96, 8, 2, 16, 4, 2, 1), ("tensor", 131072, 32, 8, 128, 8, 2, 1), ("tensor", 60, 6, 3, 10, 3, 4, 2)):
+    g = seeded(1361)
+    for scheme, T, H, H_kv, d, n, b, batch in (  # T = 0: drawn, a multiple of N
+            ("ring", 0, 8, 2, 16, 4, 2, 1), ("ring", 131072, 32, 8, 128, 8, 2, 1), ("ring", 0, 6, 3, 10, 3, 4, 2),
+            ("ulysses", 0, 8, 2, 16, 4, 2, 1), ("ulysses", 131072, 32, 8, 128, 8, 2, 1),
+            ("ulysses", 0, 6, 6, 10, 3, 4, 2), ("ulysses", 0, 16, 8, 8, 4, 2, 3),
+            ("tensor", 0, 8, 2, 16, 4, 2, 1), ("tensor", 131072, 32, 8, 128, 8, 2, 1), ("tensor", 0, 6, 3, 10, 3, 4, 2)):
+        T = T or n * draw(g, 5, 40)
         expected = ref.comm_bytes_per_rank(scheme, T, H, H_kv, d, n, b, batch)
         mistakes = eager_mistakes({h: (lambda v=v: v) for h, v in _bytes_models(scheme, T, H, H_kv, d, n, b, batch).items()})
         mistakes = {h: v for h, v in mistakes.items() if not math.isclose(v, expected, rel_tol=1e-9)}
