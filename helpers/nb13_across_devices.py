@@ -83,6 +83,14 @@ def causal_pairs(T: int, world_size: int, layout: str) -> torch.Tensor:
 # --------------------------------------------------------------------------- attention over blocks
 
 
+def _scores(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool,
+            scale: float) -> torch.Tensor:
+    """Scaled scores ``[B, H, Tq, Tk]`` of q ``[B, H, Tq, d]`` against k ``[B, H, Tk, d]``; with
+    ``causal``, a key at a later global position than the query's is -inf."""
+    scores = q @ k.transpose(-1, -2) * scale
+    return scores.masked_fill(k_pos[None, :] > q_pos[:, None], -math.inf) if causal else scores
+
+
 def attend_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor,
                  k_pos: torch.Tensor, causal: bool, scale: float | None = None):
     """Attention of q ``[B, H, Tq, d]`` over one block k, v ``[B, H_kv, Tk, d]`` (GQA: H a
@@ -91,9 +99,7 @@ def attend_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch
     allowed key gets out 0 and lse -inf (weight 0 in a merge), never NaN."""
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
     group = q.shape[1] // k.shape[1]
-    scores = q @ repeat_kv(k, group).transpose(-1, -2) * scale             # [B, H, Tq, Tk]
-    if causal:
-        scores = scores.masked_fill(k_pos[None, :] > q_pos[:, None], -math.inf)
+    scores = _scores(q, repeat_kv(k, group), q_pos, k_pos, causal, scale)  # [B, H, Tq, Tk]
     lse = torch.logsumexp(scores, dim=-1)                                   # [B, H, Tq]
     p = torch.exp(scores - finite_or_zero(lse)[..., None])
     return p @ repeat_kv(v, group), lse
@@ -138,9 +144,7 @@ def ring_attention_backward(comm: Comm, q, k, v, positions, out, lse, grad_out, 
             block = _ring_step(comm, block)
         kb, vb, pos_b, dk, dv = block
         k_rep, v_rep = repeat_kv(kb, group), repeat_kv(vb, group)
-        s = q @ k_rep.transpose(-1, -2) * scale
-        if causal:
-            s = s.masked_fill(pos_b[None, :] > positions[:, None], -math.inf)
+        s = _scores(q, k_rep, positions, pos_b, causal, scale)
         p = torch.exp(s - finite_or_zero(lse)[..., None])                 # [B, H, T/N, Tk]
         dp = grad_out @ v_rep.transpose(-1, -2)
         ds = p * (dp - delta) * scale
