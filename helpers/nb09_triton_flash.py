@@ -3,12 +3,19 @@
 Public API (q ``[B, H, T_q, d]``, k and v ``[B, H_kv, T_k, d]``, H % H_kv == 0; other leading
 dims work too, ``[B, T, d]``, ``[T, d]``, ``[B1, B2, H, T, d]``: see ``helpers.nb09_flash_attention.flatten_batch``):
 
-* ``flash_attention_triton(q, k, v, causal=False, sm_scale=None)`` -> out ``[B, H, T_q, d]``,
-  differentiable (``out.sum().backward()`` runs the backward kernels). ``sm_scale`` defaults to
-  1/sqrt(d) everywhere.
-* ``FlashAttentionFunction.apply(q, k, v, causal=False, sm_scale=None)``: the same autograd function.
+* ``flash_attention_triton(q, k, v, causal=False, sm_scale=None, deterministic=True)`` -> out
+  ``[B, H, T_q, d]``, differentiable (``out.sum().backward()`` runs the backward kernels).
+  ``sm_scale`` defaults to 1/sqrt(d) everywhere.
+* ``FlashAttentionFunction.apply(q, k, v, causal=False, sm_scale=None, deterministic=True)``: the
+  same autograd function.
 * ``flash_attention_triton_forward(...)`` -> ``(out, lse)``, lse ``[B, H, T_q]`` float32, natural log.
 * ``flash_attention_triton_backward(q, k, v, out, lse, grad_out, ...)`` -> ``(grad_q, grad_k, grad_v)``.
+
+Two backward passes: ``deterministic=True`` (the default) runs a dK/dV kernel over query blocks and
+a dQ kernel over key blocks (7 matrix products and 2 exponentials per score tile, bit-for-bit
+repeatable); ``deterministic=False`` runs FlashAttention-2's fused one (the dK/dV kernel with
+``FUSED_DQ``: 5 products and 1 exponential, dQ added in fp32 with atomics, whose order, and so
+dQ's last bits, vary between runs on a GPU).
 
 Any T (not only multiples of the block), d in {16, 32, 64, 128}, fp16 / fp32 (bf16 on a GPU only:
 the interpreter's bf16 ``tl.dot`` is wrong), causal or not. Grouped-query attention (H_kv < H) reads
@@ -61,7 +68,7 @@ SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 # The interpreter runs one program at a time in NumPy: one fixed small tile (BLOCK_M, BLOCK_N) per
 # kernel keeps it quick (32 runs ~3x faster than 16) while sequences of a few hundred tokens still
 # span several query and key blocks. On a GPU the autotuner picks from the configs further down.
-INTERPRETER_BLOCKS = {"fwd": (32, 32), "dkdv": (32, 32), "dq": (32, 32)}
+INTERPRETER_BLOCKS = {"fwd": (32, 32), "dkdv": (32, 32), "dq": (32, 32), "bwd": (32, 32)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -220,13 +227,15 @@ def _attn_fwd(
 
 @triton.jit
 def _bwd_preprocess(
-    Out, DO, Delta,
+    Out, DO, Delta, DQ_ACC,
     stride_oz, stride_oh, stride_om, stride_od,
     stride_dz, stride_dh, stride_dm, stride_dd,
     H, N_Q,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, ZERO_DQ: tl.constexpr = False,
 ):
-    """Delta[b, h, i] = sum_d dO[b, h, i, d] * O[b, h, i, d]. Grid: (cdiv(N_Q, BLOCK_M), B * H)."""
+    """Delta[b, h, i] = sum_d dO[b, h, i, d] * O[b, h, i, d]. Grid: (cdiv(N_Q, BLOCK_M), B * H).
+    ZERO_DQ: also zero the fused backward's fp32 dQ accumulator, contiguous [B, H, N_Q, HEAD_DIM]
+    (one launch instead of two)."""
     off_hz = tl.program_id(1)
     off_z = (off_hz // H).to(tl.int64)
     off_h = (off_hz % H).to(tl.int64)
@@ -239,21 +248,29 @@ def _bwd_preprocess(
                  mask=row_ok, other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
     tl.store(Delta + off_hz.to(tl.int64) * N_Q + offs_m, delta, mask=offs_m < N_Q)
+    if ZERO_DQ:
+        zeros = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+        tl.store(DQ_ACC + (off_hz.to(tl.int64) * N_Q + offs_m[:, None]) * HEAD_DIM + offs_d[None, :], zeros, mask=row_ok)
 
 
 @triton.jit
 def _bwd_dkdv_inner(
     dk, dv, k, v,  # accumulators [BLOCK_N, HEAD_DIM] (fp32) and this program's key/value block
     q_src, do_src, lse_ptr, delta_ptr, stride_qm, stride_dm,  # Q/dO: descriptors (TMA) or pointers
+    dq_ptrs, stride_aqm, sm_scale,  # FUSED_DQ: this head's fp32 dQ accumulator: pointers to rows 0..BLOCK_M
     offs_n, offs_m, lo, hi, N_Q, qk_scale,
     BLOCK_M: tl.constexpr, DIAGONAL: tl.constexpr, DOT_PRECISION: tl.constexpr, TMA: tl.constexpr,
+    FUSED_DQ: tl.constexpr,
 ):
     """Add the contributions of query blocks [lo, hi) to dk, dv, working on transposed tiles
     [BLOCK_N keys, BLOCK_M queries]. DIAGONAL blocks mask keys j > i (causal). Rows i >= N_Q load
-    as zeros (q, dO, lse, Delta), which makes their contribution exactly zero: no mask needed."""
+    as zeros (q, dO, lse, Delta), which makes their contribution exactly zero: no mask needed.
+    FUSED_DQ: also add dS K (this key block's share of dQ) to the query rows' accumulator with
+    atomic adds; keys j >= N_K load as zeros, so they add nothing."""
     if not TMA:
         q_src += lo * stride_qm
         do_src += lo * stride_dm
+    dq_ptrs += lo * stride_aqm
     for start_m in range(lo, hi, BLOCK_M):
         rows = start_m + offs_m
         row_ok = rows < N_Q
@@ -275,18 +292,24 @@ def _bwd_dkdv_inner(
         # -- dV += P^T dO ;  dS^T = P^T * (dP^T - Delta) ;  dK += dS^T Q
         dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
         dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
-        dsT = pT * (dpT - delta[None, :])
-        dk = tl.dot(dsT.to(q.dtype), q, dk, input_precision=DOT_PRECISION)
+        dsT = (pT * (dpT - delta[None, :])).to(q.dtype)
+        dk = tl.dot(dsT, q, dk, input_precision=DOT_PRECISION)
         # lesson: end dkdv-step
+        # lesson: fused-dq
+        if FUSED_DQ:  # the fifth product: dQ += sm_scale * dS K, summed over key blocks by atomics
+            dq = tl.dot(tl.trans(dsT), k, input_precision=DOT_PRECISION)  # [BLOCK_M, HEAD_DIM]
+            tl.atomic_add(dq_ptrs, dq * sm_scale, mask=row_ok[:, None], sem="relaxed")
+        # lesson: end fused-dq
         if not TMA:
             q_src += BLOCK_M * stride_qm
             do_src += BLOCK_M * stride_dm
+        dq_ptrs += BLOCK_M * stride_aqm
     return dk, dv
 
 
 @triton.jit
 def _attn_bwd_dkdv(
-    Q, K, V, DO, DK, DV, Lse, Delta, qk_scale, sm_scale,
+    Q, K, V, DO, DK, DV, DQ_ACC, Lse, Delta, qk_scale, sm_scale,
     stride_qz, stride_qh, stride_qm, stride_qd,
     stride_kz, stride_kh, stride_kn, stride_kd,
     stride_vz, stride_vh, stride_vn, stride_vd,
@@ -295,10 +318,12 @@ def _attn_bwd_dkdv(
     stride_dvz, stride_dvh, stride_dvn, stride_dvd,
     H, H_KV, N_Q, N_K, GROUP,
     HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr = False,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr = False, FUSED_DQ: tl.constexpr = False,
 ):
     """One program = BLOCK_N keys of one (batch, kv head); it loops over the GROUP query heads
-    that share this kv head, so GQA needs no atomics. Grid: (cdiv(N_K, BLOCK_N), B * H_kv)."""
+    that share this kv head, so GQA needs no atomics for dK, dV. Grid: (cdiv(N_K, BLOCK_N), B * H_kv).
+    FUSED_DQ (the fused backward): dQ too, added with atomics into DQ_ACC, fp32, contiguous
+    [B, H, N_Q, HEAD_DIM] and zeroed beforehand; without it DQ_ACC is not touched."""
     start_n = tl.program_id(0)
     off_zh = tl.program_id(1)
     off_z = (off_zh // H_KV).to(tl.int64)
@@ -324,22 +349,23 @@ def _attn_bwd_dkdv(
                               BLOCK_M, HEAD_DIM, TMA)
         lse_ptr = Lse + (off_z * H + off_h) * N_Q
         delta_ptr = Delta + (off_z * H + off_h) * N_Q
+        dq_ptrs = DQ_ACC + (off_z * H + off_h) * N_Q * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
         if CAUSAL:
             tl.static_assert(BLOCK_N % BLOCK_M == 0, "causal: query blocks must tile the key block")
             # stage 1: the diagonal: queries in the same rows as these keys, masked j <= i.
             # Queries above it (i < start_n * BLOCK_N) see none of these keys: skipped.
             lo = start_n * BLOCK_N
             dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, lse_ptr, delta_ptr, stride_qm, stride_dm,
-                                     offs_n, offs_m, lo, tl.minimum(lo + BLOCK_N, N_Q), N_Q, qk_scale,
-                                     BLOCK_M, True, DOT_PRECISION, TMA)
+                                     dq_ptrs, HEAD_DIM, sm_scale, offs_n, offs_m, lo, tl.minimum(lo + BLOCK_N, N_Q), N_Q, qk_scale,
+                                     BLOCK_M, True, DOT_PRECISION, TMA, FUSED_DQ)
             # stage 2: query blocks below the diagonal see all these keys: no mask
             dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, lse_ptr, delta_ptr, stride_qm, stride_dm,
-                                     offs_n, offs_m, lo + BLOCK_N, N_Q, N_Q, qk_scale,
-                                     BLOCK_M, False, DOT_PRECISION, TMA)
+                                     dq_ptrs, HEAD_DIM, sm_scale, offs_n, offs_m, lo + BLOCK_N, N_Q, N_Q, qk_scale,
+                                     BLOCK_M, False, DOT_PRECISION, TMA, FUSED_DQ)
         else:
             dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, lse_ptr, delta_ptr, stride_qm, stride_dm,
-                                     offs_n, offs_m, 0, N_Q, N_Q, qk_scale,
-                                     BLOCK_M, False, DOT_PRECISION, TMA)
+                                     dq_ptrs, HEAD_DIM, sm_scale, offs_n, offs_m, 0, N_Q, N_Q, qk_scale,
+                                     BLOCK_M, False, DOT_PRECISION, TMA, FUSED_DQ)
 
     dk = dk * sm_scale  # dS was taken w.r.t. the scaled scores
     dk_ptrs = DK + off_z * stride_dkz + off_hkv * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd
@@ -468,6 +494,10 @@ DQ_CONFIGS = [  # many queries x few keys
     (128, 32, 4, 3), (128, 32, 8, 3), (128, 64, 8, 2), (128, 64, 8, 3),
     (64, 32, 4, 3), (64, 32, 4, 4), (64, 64, 4, 3),
 ]
+BWD_CONFIGS = [  # the fused backward (dK/dV's loop, plus dQ by atomics): the kv block stays put
+    (64, 128, 8, 2), (64, 128, 8, 3), (32, 128, 8, 3), (16, 128, 8, 3),
+    (64, 64, 4, 3), (32, 64, 4, 3), (32, 64, 8, 3), (64, 64, 8, 3),
+]
 
 
 # Per head dim and GPU generation, the rows of the tables above that compile without spilling
@@ -509,6 +539,23 @@ CONFIG_TABLES: dict[tuple[str, int, str], list[tuple[int, int, int, int]]] = {
     ("dq", 64, "sm_90-pointers"): _ampere_less("dq", 64),
     ("dq", 128, "sm_90-pointers"): _ampere_less("dq", 128),
     **{(kind, head_dim, "sm_80"): rows for (kind, head_dim), rows in _AMPERE.items()},
+    # The fused backward (dK/dV's loop with dQ's atomics: k, v, dK and dV all stay in registers). At
+    # d = 128 every tile with 64 x 128 or more spills, 16 warps included (their 128-register ceiling);
+    # Hopper's pointer path keeps fewer rows than its TMA path. Spill-free with Triton 3.9 and 3.6
+    # (kernel_aot.json, kernel_aot_triton36.json: 3.6 spills 32 x 64 with 4 warps at d = 128 and
+    # 64 x 64 with 4 warps on the pointer path at d = 64, both causal, which 3.9 does not).
+    ("bwd", 64, "sm_90"): [(64, 128, 8, 3), (32, 128, 8, 3), (32, 128, 8, 2), (16, 128, 8, 3), (64, 64, 8, 2),
+                           (64, 64, 8, 3), (64, 64, 4, 3), (32, 64, 4, 3), (32, 64, 8, 3)],
+    ("bwd", 128, "sm_90"): [(32, 128, 8, 3), (32, 128, 8, 2), (16, 128, 8, 3), (32, 64, 8, 3)],
+    ("bwd", 64, "sm_90-pointers"): [(64, 128, 8, 3), (32, 128, 8, 3), (32, 128, 8, 2), (16, 128, 8, 3),
+                                    (64, 64, 8, 2), (64, 64, 8, 3), (32, 64, 4, 3), (32, 64, 8, 3)],
+    ("bwd", 128, "sm_90-pointers"): [(16, 128, 8, 3), (32, 64, 8, 3)],
+    ("bwd", 64, "sm_80"): [(32, 128, 8, 3), (16, 128, 8, 3), (64, 64, 8, 3), (32, 64, 8, 3)],
+    ("bwd", 128, "sm_80"): [(16, 128, 8, 3), (64, 64, 8, 3), (32, 64, 8, 3)],
+    ("bwd", 64, "sm_89"): [(32, 128, 8, 3), (16, 128, 8, 3), (32, 64, 8, 3), (32, 64, 4, 3), (32, 64, 4, 4)],
+    ("bwd", 128, "sm_89"): [(16, 128, 8, 3), (32, 64, 8, 3)],
+    ("bwd", 64, "sm_75"): [(16, 32, 4, 1)],
+    ("bwd", 128, "sm_75"): [(16, 32, 4, 1)],
     # Turing (T4): Triton emits no tensor-core instructions (every dot is FMA) and a block has 64 KiB of
     # shared memory: the tiles with the fewest spills that fit. The backward still spills at d = 128.
     ("fwd", 64, "sm_75"): [(32, 32, 4, 1)],
@@ -547,7 +594,7 @@ def config_table(kind: str, head_dim: int, table: str) -> list[tuple[int, int, i
     """The (BLOCK_M, BLOCK_N, num_warps, num_stages) rows the autotuner tries for kernel `kind` at
     this head dim in ``table``, the GPU generation's tables as :func:`table_name` names them ("sm_90",
     "sm_90-pointers"; head dims below 64 use the 64 tables)."""
-    generic = {"fwd": FWD_CONFIGS, "dkdv": DKDV_CONFIGS, "dq": DQ_CONFIGS}[kind]
+    generic = {"fwd": FWD_CONFIGS, "dkdv": DKDV_CONFIGS, "dq": DQ_CONFIGS, "bwd": BWD_CONFIGS}[kind]
     return CONFIG_TABLES.get((kind, max(head_dim, 64), table), generic)
 
 
@@ -572,13 +619,14 @@ def lesson_part(kernel, part: str) -> str:
 
 
 def valid_config(kind: str, block_m: int, block_n: int, causal: bool, n_q: int, n_k: int) -> bool:
-    """Whether a tile (block_m query rows x block_n keys) suits kernel `kind` ("fwd", "dkdv", "dq").
+    """Whether a tile (block_m query rows x block_n keys) suits kernel `kind` ("fwd", "dkdv", "dq",
+    "bwd": the fused backward, whose loops are dK/dV's).
 
     Causal loops need one block size to divide the other; tiles much larger than the sequence
     only waste work (tiles up to 64 always pass, so short sequences keep several configs)."""
     if causal and kind in ("fwd", "dq") and block_m % block_n:
         return False
-    if causal and kind == "dkdv" and block_n % block_m:
+    if causal and kind in ("dkdv", "bwd") and block_n % block_m:
         return False
     too_big = block_m > max(64, triton.next_power_of_2(n_q)) or block_n > max(64, triton.next_power_of_2(n_k))
     return not too_big
@@ -601,7 +649,7 @@ def _pruner(kind: str):
         ] or configs[-1:]
         if max(args["N_Q"], args["N_K"]) >= TUNE_FROM_T:
             return kept
-        resident = "BLOCK_N" if kind == "dkdv" else "BLOCK_M"  # the block a program keeps on chip
+        resident = "BLOCK_N" if kind in ("dkdv", "bwd") else "BLOCK_M"  # the block a program keeps on chip
         return [min(kept, key=lambda c: (c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"], c.kwargs[resident], c.num_stages))]
 
     return prune
@@ -612,24 +660,30 @@ def triton_configs(table: list[tuple[int, int, int, int]]) -> list[triton.Config
     return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s) for bm, bn, w, s in table]
 
 
+KINDS = ("fwd", "dkdv", "dq", "bwd")  # the launchers' order; "bwd" is the dK/dV kernel with FUSED_DQ
+
+
 @functools.cache
 def _kernels(interpret: bool, head_dim: int = 64, table: str = "sm_90"):
-    """(forward, dK/dV, dQ) launchers: the plain kernels in the interpreter, autotuned ones on a GPU,
-    each tuning over ``config_table(kind, head_dim, table)``.
+    """(forward, dK/dV, dQ, fused backward) launchers: the plain kernels in the interpreter, autotuned
+    ones on a GPU, each tuning over ``config_table(kind, head_dim, table)`` (the fused backward is the
+    dK/dV kernel launched with FUSED_DQ=True, tuned over its own table).
 
     Built on first use, never at import, so importing this module touches no GPU driver."""
     if interpret:
-        return _attn_fwd, _attn_bwd_dkdv, _attn_bwd_dq
+        return _attn_fwd, _attn_bwd_dkdv, _attn_bwd_dq, _attn_bwd_dkdv
     key = ["N_Q", "N_K", "HEAD_DIM", "CAUSAL", "TMA"]
     tune = lambda kind, fn: triton.autotune(  # noqa: E731
         configs=triton_configs(config_table(kind, head_dim, table)), key=key,
         prune_configs_by={"early_config_prune": _pruner(kind)},
+        # the fused kernel adds into dQ's accumulator: each timed run must start from zeros
+        reset_to_zero=["DQ_ACC"] if kind == "bwd" else None,
     )(fn)
-    return tune("fwd", _attn_fwd), tune("dkdv", _attn_bwd_dkdv), tune("dq", _attn_bwd_dq)
+    return tune("fwd", _attn_fwd), tune("dkdv", _attn_bwd_dkdv), tune("dq", _attn_bwd_dq), tune("bwd", _attn_bwd_dkdv)
 
 
 def _launchers(q: torch.Tensor, tma: bool):
-    """The (forward, dK/dV, dQ) launchers for q's head dim, GPU generation and load path."""
+    """The (forward, dK/dV, dQ, fused backward) launchers for q's head dim, GPU generation and load path."""
     if _INTERPRET:
         return _kernels(True)
     target = gpu_target(torch.cuda.get_device_capability(q.device))
@@ -764,11 +818,17 @@ def flash_attention_triton_forward(
 
 def flash_attention_triton_backward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-    grad_out: torch.Tensor, causal: bool = False, sm_scale: float | None = None,
+    grad_out: torch.Tensor, causal: bool = False, sm_scale: float | None = None, deterministic: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward kernels: recompute P from the saved ``lse`` ``[B, H, T_q]`` (natural log) and return
     ``(grad_q [B, H, T_q, d], grad_k [B, H_kv, T_k, d], grad_v [B, H_kv, T_k, d])`` in the inputs' dtype
-    (other leading dims: as in the forward; the gradients take the shapes of q, k, v)."""
+    (other leading dims: as in the forward; the gradients take the shapes of q, k, v).
+
+    ``deterministic=True``: two kernels (dK/dV over query blocks, then dQ over key blocks), 7 matrix
+    products and 2 exponentials per score, every output written by one program: bit-for-bit
+    repeatable. ``deterministic=False``: one fused kernel, 5 products and 1 exponential, dQ summed in
+    fp32 by atomic adds whose order varies on a GPU from run to run (last bits of dQ); ignored, with
+    the deterministic kernels run, while ``torch.use_deterministic_algorithms(True)`` is in force."""
     q_in, k_in, v_in = q, k, v
     q, k, v = flatten_batch(q, k, v)
     _check_inputs(q, k, v, causal)
@@ -783,29 +843,37 @@ def flash_attention_triton_backward(
         raise ValueError(f"lse must have shape {tuple(q_in.shape[:-1])}; got {tuple(lse.shape)}")
     if out.device != q.device or grad_out.device != q.device or lse.device != q.device:
         raise ValueError("out, lse and grad_out must be on q's device")
+    if not isinstance(deterministic, bool):
+        raise ValueError(f"deterministic must be True or False; got {deterministic!r}")
     out, grad_out, lse = out.reshape(q.shape), grad_out.reshape(q.shape), lse.reshape(B, H, T_q)
     scale = _scale(d, sm_scale)
     grad_out = grad_out.to(q.dtype)
     lse = lse.to(torch.float32).contiguous()
+    fused = not deterministic and not torch.are_deterministic_algorithms_enabled()
     delta = torch.empty((B, H, T_q), dtype=torch.float32, device=q.device)
-    dq = torch.empty((B, H, T_q, d), dtype=q.dtype, device=q.device)
+    # the fused kernel sums dQ in fp32 (zeroed by the preprocess); an fp32 call's accumulator is dQ
+    dq = torch.empty((B, H, T_q, d), dtype=torch.float32 if fused else q.dtype, device=q.device)
     dk = torch.empty((B, H_kv, T_k, d), dtype=k.dtype, device=q.device)
     dv = torch.empty((B, H_kv, T_k, d), dtype=v.dtype, device=q.device)
     tma_dkdv, tma_dq = _prepare(_tma_for(q, grad_out)), _prepare(_tma_for(k, v))
-    dkdv, dqk = _launchers(q, tma_dkdv)[1], _launchers(q, tma_dq)[2]
+    kind = "bwd" if fused else "dkdv"
+    dkdv, dqk = _launchers(q, tma_dkdv)[KINDS.index(kind)], _launchers(q, tma_dq)[2]
     common = dict(HEAD_DIM=d, CAUSAL=bool(causal), DOT_PRECISION=_dot_precision(q.dtype))
 
-    # 1) Delta = rowsum(dO * O)  [B, H, T_q]
+    # 1) Delta = rowsum(dO * O)  [B, H, T_q]; fused: dQ's accumulator zeroed in the same launch
     pre_block = INTERPRETER_BLOCKS["fwd"][0] if _INTERPRET else 128
     _bwd_preprocess[(triton.cdiv(T_q, pre_block), B * H)](
-        out, grad_out, delta, *out.stride(), *grad_out.stride(), H, T_q, HEAD_DIM=d, BLOCK_M=pre_block
+        out, grad_out, delta, dq, *out.stride(), *grad_out.stride(), H, T_q, HEAD_DIM=d, BLOCK_M=pre_block,
+        ZERO_DQ=fused,
     )
-    # 2) dK, dV: one program per key block and kv head
+    # 2) dK, dV (fused: and dQ, by atomics): one program per key block and kv head
     dkdv[lambda meta: (triton.cdiv(T_k, meta["BLOCK_N"]), B * H_kv)](
-        q, k, v, grad_out, dk, dv, lse, delta, scale * LOG2E, scale,
+        q, k, v, grad_out, dk, dv, dq, lse, delta, scale * LOG2E, scale,
         *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dk.stride(), *dv.stride(),
-        H, H_kv, T_q, T_k, H // H_kv, **common, TMA=tma_dkdv, **_fixed_blocks("dkdv"),
+        H, H_kv, T_q, T_k, H // H_kv, **common, TMA=tma_dkdv, FUSED_DQ=fused, **_fixed_blocks(kind),
     )
+    if fused:
+        return dq.to(q.dtype).reshape(q_in.shape), dk.reshape(k_in.shape), dv.reshape(v_in.shape)
     # 3) dQ: one program per query block and query head
     dqk[lambda meta: (triton.cdiv(T_q, meta["BLOCK_M"]), B * H)](
         q, k, v, grad_out, dq, lse, delta, scale * LOG2E, scale,
@@ -818,29 +886,34 @@ def flash_attention_triton_backward(
 class FlashAttentionFunction(torch.autograd.Function):
     """Autograd glue: the forward saves (q, k, v, out, lse); the backward recomputes P from lse.
 
-    ``FlashAttentionFunction.apply(q, k, v, causal=False, sm_scale=None)`` -> out, arguments by
-    position (``Function.apply`` takes no keywords); lse is saved in shape ``q.shape[:-1]``."""
+    ``FlashAttentionFunction.apply(q, k, v, causal=False, sm_scale=None, deterministic=True)`` -> out,
+    arguments by position (``Function.apply`` takes no keywords); lse is saved in shape ``q.shape[:-1]``."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal=False, sm_scale=None):
+    def forward(ctx, q, k, v, causal=False, sm_scale=None, deterministic=True):
+        if not isinstance(deterministic, bool):  # before the forward's work, not at backward time
+            raise ValueError(f"deterministic must be True or False; got {deterministic!r}")
         out, lse = flash_attention_triton_forward(q, k, v, causal, sm_scale)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.causal, ctx.sm_scale = causal, sm_scale
+        ctx.causal, ctx.sm_scale, ctx.deterministic = causal, sm_scale, deterministic
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = flash_attention_triton_backward(q, k, v, out, lse, grad_out, ctx.causal, ctx.sm_scale)
-        return dq, dk, dv, None, None
+        dq, dk, dv = flash_attention_triton_backward(q, k, v, out, lse, grad_out, ctx.causal, ctx.sm_scale,
+                                                     ctx.deterministic)
+        return dq, dk, dv, None, None, None
 
 
 def flash_attention_triton(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, sm_scale: float | None = None
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, sm_scale: float | None = None,
+    deterministic: bool = True,
 ) -> torch.Tensor:
     """FlashAttention: q ``[B, H, T_q, d]``, k, v ``[B, H_kv, T_k, d]`` -> out ``[B, H, T_q, d]``
     (or any other leading dims, as :func:`helpers.nb09_flash_attention.flatten_batch` describes).
 
     Equals ``torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
-    scale=sm_scale, enable_gqa=H_kv < H)``; differentiable through the Triton backward kernels."""
-    return FlashAttentionFunction.apply(q, k, v, causal, sm_scale)
+    scale=sm_scale, enable_gqa=H_kv < H)``; differentiable through the Triton backward kernels
+    (``deterministic=False``: the fused backward, see :func:`flash_attention_triton_backward`)."""
+    return FlashAttentionFunction.apply(q, k, v, causal, sm_scale, deterministic)

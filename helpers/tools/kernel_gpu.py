@@ -34,7 +34,7 @@ from helpers.tools.kernel_report import (
     read_report,
 )
 
-KINDS = tuple(KERNELS)  # "fwd", "dkdv", "dq"
+KINDS = tuple(KERNELS)  # "fwd", "dkdv", "dq", "bwd" (the fused backward): nb09_triton_flash.KINDS's order
 DTYPES = TORCH_DTYPES  # the cases' dtypes, short name -> torch's (tests/test_nb09_triton_flash.py reads them here)
 # (atol, rtol) against a float32 reference (tests/test_nb09_triton_flash.py uses these too)
 TOL = {("fp32", "fwd"): (1e-4, 1e-4), ("fp32", "bwd"): (1e-4, 1e-4),
@@ -103,6 +103,7 @@ def check_case(case: tuple, tma: bool) -> tuple[str, float, list[str]]:
         with nan_filled_empty():
             out, lse = tf.flash_attention_triton_forward(q, k, v, causal=causal)
             grads = tf.flash_attention_triton_backward(q, k, v, out, lse, grad_out, causal=causal)
+            fused = tf.flash_attention_triton_backward(q, k, v, out, lse, grad_out, causal=causal, deterministic=False)
         if device == "cuda":
             torch.cuda.synchronize()
     except Exception as exc:  # a compile or launch error is a failure of this case, not of the run
@@ -110,8 +111,10 @@ def check_case(case: tuple, tma: bool) -> tuple[str, float, list[str]]:
     q32, k32, v32 = (t.float().requires_grad_() for t in (q, k, v))
     ref = F.scaled_dot_product_attention(q32, k32, v32, is_causal=causal, enable_gqa=H_kv != H)
     ref.backward(grad_out.float())
-    for what, got, want, kind in (("out", out, ref.detach(), "fwd"), ("dq", grads[0], q32.grad, "bwd"),
-                                  ("dk", grads[1], k32.grad, "bwd"), ("dv", grads[2], v32.grad, "bwd")):
+    checks = [("out", out, ref.detach(), "fwd")] + [
+        (f"{prefix}{what}", got, want, "bwd") for prefix, three in (("", grads), ("fused ", fused))
+        for what, got, want in zip(("dq", "dk", "dv"), three, (q32.grad, k32.grad, v32.grad))]
+    for what, got, want, kind in checks:
         atol, rtol = TOL[(dtype_name, kind)]
         if got.isnan().any():
             failures.append(f"{what}: {int(got.isnan().sum())} NaN (elements never written?)")
@@ -181,8 +184,9 @@ def precompile_one(job: tuple) -> tuple[tuple, str]:
     tf._launchers = lambda _q, _tma: warm
     try:
         out, lse = tf.flash_attention_triton_forward(q, k, v, causal=causal)
-        if kind != "fwd":
-            tf.flash_attention_triton_backward(q, k, v, out, lse, grad_out, causal=causal)
+        if kind != "fwd":  # "bwd": the fused backward's launcher; "dkdv", "dq": the two-kernel one's
+            tf.flash_attention_triton_backward(q, k, v, out, lse, grad_out, causal=causal,
+                                               deterministic=kind != "bwd")
         torch.cuda.synchronize()
         return job, ""
     except Exception as exc:  # a config that does not compile: the autotuner skips it too
@@ -231,14 +235,17 @@ def compiled_kernels() -> list[dict]:
     from helpers import nb09_triton_flash as tf
 
     rows = []
-    for kind, function_name in KERNELS.items():
+    for function_name in dict.fromkeys(KERNELS.values()):  # the dK/dV kernel serves "dkdv" and "bwd"
         fn = getattr(tf, function_name)
         for entry in getattr(fn, "device_caches", {}).values():
             for kernel in entry[0].values():
+                kind = next(k for k, name in KERNELS.items() if name == function_name)
                 try:
                     kernel._init_handles()
                     consts = {(fn.arg_names[key[0]] if isinstance(key, tuple) else key): value
                               for key, value in kernel.src.constants.items()}
+                    if consts.get("FUSED_DQ"):
+                        kind = "bwd"
                     ptx = kernel.asm.get("ptx", "")
                     signature = getattr(kernel.src, "signature", {})
                     rows.append({
