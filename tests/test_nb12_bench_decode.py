@@ -128,3 +128,39 @@ def test_the_recorded_h200_run_holds_what_notebook_12_reads():
             for T in (1024, 4096, 16384, 65536):
                 assert (impl, H_kv, 1, T) in ok
     assert ("sdpa-flash", 8, 32, 65536) in ok and ("sdpa-default", 8, 32, 65536) in ok
+
+
+def _graph_row(impl, B, T, H_kv, graph, run=1, **extra):
+    return dict(impl=impl, B=B, T=T, H=32, H_kv=H_kv, d=128, page=16, n_splits=extra.pop("n", None),
+                us=2 * graph, us_eager=3 * graph, us_graph=graph, us_graph_cold=1.5 * graph, gb_per_s=None,
+                backend=None, kernels=None, status="ok", run=run, **extra)
+
+
+def test_decode_passes_give_medians_spreads_and_the_goal_per_cell(tmp_path):
+    # two cells; pass 2 of course at B=1 is 20% slower (flagged); sdpa-default faster than course at B=8
+    runs = []
+    for run, slow in ((1, 1.0), (2, 1.2), (3, 1.0)):
+        runs += [_graph_row("course", 1, 1024, 8, 10.0 * slow, run, n=4), _graph_row("course-1split", 1, 1024, 8, 12.0, run, n=1),
+                 _graph_row("sdpa-default", 1, 1024, 8, 10.4, run),
+                 _graph_row("course", 8, 1024, 8, 30.0, run, n=2), _graph_row("course-1split", 8, 1024, 8, 29.0, run, n=1),
+                 _graph_row("sdpa-default", 8, 1024, 8, 25.0, run)]
+    rows = bd.with_bandwidth(bd.aggregate(runs, bd.KEY, bd.TIMES))
+    course = rows[0]
+    assert (course["us_graph"], course["runs"], course["us_runs"]) == (10.0, 3, "20;24;20")
+    assert course["us_graph_spread"] == pytest.approx(20.0) and course["us_spread"] == pytest.approx(20.0)
+    assert course["gb_per_s"] == pytest.approx(2 * 1 * 1024 * 8 * 128 * 2 / 20e-6 / 1e9)
+    lines = bd.goal_checks(rows)
+    assert lines[0] == ("- PASS: decode H_kv=8 B=1 T=1024, CUDA graphs: course at 1.04x sdpa-default's speed "
+                        "(10.0 against 10.4 us; goal >= 0.95x)")
+    assert lines[1].startswith("- FAIL: decode H_kv=8 B=8 T=1024, CUDA graphs: course-1split at 0.86x")  # the faster one
+    assert lines[-1].strip() == "1 of 2 cells pass, 1 fail, 0 not measured."
+    info = dict(INFO, cudnn="91002", clocks_before="SM 345 of 1980 MHz", clocks_after="SM 1980 of 1980 MHz")
+    bd.write_markdown(rows, info, tmp_path / "x.md")
+    md = (tmp_path / "x.md").read_text()
+    assert "median of 3 passes" in md and "- before the decode rows: SM 345 of 1980 MHz" in md and "cuDNN 91002" in md
+    assert "| 8 | 1 | 1024 | 10.0 [20%] | 12.0 | 10.4 | 1.20x |" in md  # graph table: the moved cell flagged
+    assert "## Summary: the decode goal" in md and "1 of 2 cells pass" in md
+    bd.write_csv(rows, info, tmp_path / "x.csv")
+    back = list(csv.DictReader((tmp_path / "x.csv").open()))
+    assert back[0]["runs"] == "3" and float(back[0]["us_graph_spread"]) == pytest.approx(20.0)
+    assert back[0]["clocks_after"] == "SM 1980 of 1980 MHz"
