@@ -21,7 +21,9 @@ Public API:
   natural log; an empty chunk has partial 0 and lse -inf) and ``merge_splits_triton(partials, lse,
   dtype)``: the two steps on their own.
 * ``default_n_splits``, ``sm_count``, ``flash_decode_programs``, ``split_kv_programs`` and
-  ``GPU_SM_COUNTS``: how many programs each kernel launches, against how many SMs a GPU has.
+  ``GPU_SM_COUNTS``: how many programs each kernel launches, against how many SMs a GPU has;
+  ``split_waves`` and ``split_cost``: the waves those programs run in, the model the default split
+  count minimises.
 
 fp16 / fp32 everywhere, bf16 on a GPU only (the interpreter's bf16 ``tl.dot`` is wrong); head dims
 ``SUPPORTED_HEAD_DIMS``. Each program loads ``BLOCK_N`` keys per iteration (several pages when
@@ -63,8 +65,8 @@ except ImportError as exc:  # macOS / Windows: no Triton wheels
 
 __all__ = [
     "GPU_SM_COUNTS", "LESSON_MARK", "default_n_splits", "flash_decode_programs", "lesson_part",
-    "merge_splits_triton", "paged_decode_splits", "paged_decode_triton", "sm_count",
-    "split_kv_programs",
+    "merge_splits_triton", "paged_decode_splits", "paged_decode_triton", "sm_count", "split_cost",
+    "split_kv_programs", "split_waves",
 ]
 
 LN2 = 0.6931471805599453  # ln(2): from log2 units back to natural logs
@@ -76,8 +78,28 @@ LN2 = 0.6931471805599453  # ln(2): from log2 units back to natural logs
 # Streaming multiprocessors of common GPUs (what torch.cuda.get_device_properties reports).
 GPU_SM_COUNTS = {"H100 SXM": 132, "H200": 132, "H100 PCIe": 114, "A100": 108, "L4": 58, "T4": 40}
 
-WAVES = 4  # aim for about this many programs per SM (a few resident at once hide memory latency)
+# The split count's model (default_n_splits): P programs run in ceil(P / (sms * RESIDENT)) waves,
+# each as long as one chunk. RESIDENT is how many programs of this kernel an SM is counted on to run
+# at once. What the registers and shared memory of each configuration the autotuner can choose allow
+# is in helpers/results/kernel_aot_decode.md (programs per SM): 3 to 5 programs of 4 warps on sm_90
+# at d = 128, 2 to 7 on sm_80, more at d = 64. A memory-bound kernel needs no more than about 2: on
+# the H200 a lone program streams K and V at about 24 GB/s (132 of them: ~3.2 TB/s), and at 65,536
+# tokens 256 programs (one per sequence and kv head, B * H_kv = 256) read at 94-98% of SDPA's rate
+# (helpers/results/nvidia-h200-decode.csv; notebook 12 computes both). Counted at 2 per SM, a
+# launch that fills its waves runs at once under every configuration (all hold 2 or more, on the
+# tl.dot path) and keeps the memory bus busy; counting more would pay a whole chunk's time for a
+# tail wherever the autotuner picks a configuration that holds fewer.
+RESIDENT = 2
+MODEL_TILE = 64  # keys per tile the model cuts chunks in (the kernel's BLOCK_N in most GPU_CONFIGS)
+# A wave's start, in keys: each program reads its sequence's length, its queries and its first
+# block-table entries before its first tile can load (a few memory latencies, ~1.5 us, about as
+# long as a tile takes to stream); without it, 20 waves 99% full would beat one wave 97% full.
+WAVE_START_KEYS = MODEL_TILE
 MIN_KEYS_PER_SPLIT = 256  # a chunk shorter than this costs more to merge than it saves
+# The model's price of one more split, in keys: small next to a chunk, it breaks ties toward fewer
+# splits and outweighs a gain of a few keys per wave. Its partials are of that order: d floats per
+# query head written and read back by the merge, the bytes of 2 keys of K and V per query head.
+MERGE_KEYS_PER_SPLIT = 16
 MAX_SPLITS = 128
 INTERPRETER_SMS = 2  # the interpreter runs one program at a time: pretend a tiny GPU
 
@@ -106,18 +128,46 @@ def _cuda_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+def split_waves(batch: int, kv_heads: int, max_seq_len: int, n_splits: int, sms: int,
+                resident: int = RESIDENT) -> tuple[int, int, int]:
+    """(chunk, programs, waves) of a launch with ``n_splits`` splits, in default_n_splits's model:
+    a chunk is ``ceil(T / n_splits)`` keys rounded up to whole MODEL_TILE tiles (the kernel's
+    ``per_split``), ``programs`` the ``B * H_kv * ceil(T / chunk)`` programs whose chunk is not
+    empty (rounding can leave the last splits empty: they return at once), and they run in
+    ``waves = ceil(programs / (sms * resident))`` waves."""
+    keys = max(1, max_seq_len)
+    chunk = math.ceil(math.ceil(keys / n_splits) / MODEL_TILE) * MODEL_TILE
+    programs = split_kv_programs(batch, kv_heads, math.ceil(keys / chunk))
+    return chunk, programs, math.ceil(programs / (sms * resident))
+
+
+def split_cost(batch: int, kv_heads: int, max_seq_len: int, n_splits: int, sms: int,
+               resident: int = RESIDENT, merge_keys: int = MERGE_KEYS_PER_SPLIT) -> int:
+    """The model's time of one decode step, in keys one program reads: ``waves * (chunk +
+    WAVE_START_KEYS)`` (split_waves) plus ``merge_keys`` for each split past the first (1 split has
+    no merge). A memory-bound kernel's real time also depends on the bytes in flight: this ranks
+    split counts, it does not predict microseconds."""
+    chunk, _, waves = split_waves(batch, kv_heads, max_seq_len, n_splits, sms, resident)
+    return waves * (chunk + WAVE_START_KEYS) + merge_keys * (n_splits - 1)
+
+
 def default_n_splits(batch: int, kv_heads: int, max_seq_len: int, sms: int,
-                     waves: int = WAVES, min_keys: int = MIN_KEYS_PER_SPLIT) -> int:
+                     resident: int = RESIDENT, min_keys: int = MIN_KEYS_PER_SPLIT, *,
+                     merge_keys: int = MERGE_KEYS_PER_SPLIT) -> int:
     """Splits per sequence. 1 when ``B * H_kv`` programs already give every SM one (a memory-bound
-    kernel then streams at full speed: measured on an H200, splitting further only adds the
-    merge); otherwise enough splits for ``waves`` programs per SM, but no chunk shorter than
-    ``min_keys`` keys and at most ``MAX_SPLITS``. ``default_n_splits(1, 8, 65536, 132) == 66``."""
-    base = max(1, batch * kv_heads)
-    if base >= sms:
+    kernel then streams at nearly full speed: measured on an H200, splitting further only adds the
+    merge). Otherwise the split count with the least :func:`split_cost`, the fewest on ties: the
+    programs fill whole waves of ``sms * resident`` rather than spill a few into one more wave, no
+    chunk is shorter than ``min_keys`` keys and there are at most ``MAX_SPLITS``.
+    ``default_n_splits(1, 8, 65536, 132) == 32`` (256 programs: one wave of 264, 97% full)."""
+    if sms < 1 or resident < 1:
+        raise ValueError(f"sms and resident must be at least 1; got sms={sms}, resident={resident}")
+    if max(1, batch * kv_heads) >= sms:
         return 1
-    wanted = math.ceil(waves * sms / base)
-    by_length = math.ceil(max(1, max_seq_len) / min_keys)
-    return max(1, min(wanted, by_length, MAX_SPLITS))
+    most = max(1, min(MAX_SPLITS, math.ceil(max(1, max_seq_len) / min_keys)))
+    costs = [split_cost(batch, kv_heads, max_seq_len, n, sms, resident, merge_keys)
+             for n in range(1, most + 1)]
+    return 1 + costs.index(min(costs))  # the first of the cheapest: the fewest splits
 
 
 # ---------------------------------------------------------------------------------------------

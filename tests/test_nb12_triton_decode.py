@@ -200,18 +200,118 @@ def test_program_counts_and_the_default_split():
     assert td.GPU_SM_COUNTS["H100 SXM"] == 132 and td.GPU_SM_COUNTS["A100"] == 108
     assert td.GPU_SM_COUNTS["L4"] == 58 and td.GPU_SM_COUNTS["T4"] == 40
     sms = 132
-    # one sequence, 8 kv heads, long context: enough splits for WAVES programs per SM
-    n = td.default_n_splits(1, 8, 65536, sms)
-    assert n == math.ceil(td.WAVES * sms / 8) and td.split_kv_programs(1, 8, n) >= td.WAVES * sms
+    # one sequence, 8 kv heads, long context: 32 splits of 2,048 keys, 256 programs in one wave
+    assert td.default_n_splits(1, 8, 65536, sms) == 32
+    assert td.split_waves(1, 8, 65536, 32, sms) == (2048, 256, 1)
     # a batch that fills the GPU on its own needs no split
     assert td.default_n_splits(64, 32, 65536, sms) == 1
     assert td.default_n_splits(1, 132, 65536, sms) == 1
     # short sequences: no chunk shorter than MIN_KEYS_PER_SPLIT
     assert td.default_n_splits(1, 8, 600, sms) == math.ceil(600 / td.MIN_KEYS_PER_SPLIT)
     assert td.default_n_splits(1, 1, 10**7, sms) == td.MAX_SPLITS
-    assert td.default_n_splits(1, 8, 0, sms) == 1
+    assert td.default_n_splits(1, 8, 0, sms) == 1 and td.default_n_splits(0, 8, 4096, sms) == 1
+    # the signature of before still works: positional (..., sms, resident, min_keys)
+    assert td.default_n_splits(1, 8, 65536, sms, 2, 4096) == 16
     if td._INTERPRET:
         assert td.sm_count() == td.INTERPRETER_SMS
+
+
+# ------------------------------------------------ the split count against whole waves of SMs
+
+# The decode grid of bench/bench_decode.py (H = 32, d = 128) and the H200's SMs.
+GRID = [(B, H_kv, T) for B in (1, 8, 32) for H_kv in (8, 32) for T in (1024, 4096, 16384, 65536)]
+H200_SMS = 132
+
+
+def rule_before_waves(batch, kv_heads, max_seq_len, sms):
+    """default_n_splits before it counted waves: enough splits for 4 programs per SM, at least
+    256 keys a chunk, at most 128 splits (what the recorded H200 run used)."""
+    if batch * kv_heads >= sms:
+        return 1
+    return max(1, min(math.ceil(4 * sms / (batch * kv_heads)), math.ceil(max_seq_len / 256), 128))
+
+
+def last_wave_fill(batch, kv_heads, max_seq_len, n_splits, sms=H200_SMS):
+    """Programs over the slots of the waves they take, in the model (1.0: whole waves)."""
+    _, programs, waves = td.split_waves(batch, kv_heads, max_seq_len, n_splits, sms)
+    return programs / (waves * sms * td.RESIDENT)
+
+
+@needs_triton
+def test_the_recorded_split_counts_are_the_rule_before_waves():
+    """The H200 run (helpers/results/nvidia-h200-decode.csv) used rule_before_waves: 9 splits at
+    B = 8 / H_kv = 8 (576 programs), 17 at B = 1 / H_kv = 32 (544)."""
+    import csv
+
+    from helpers.package_data import RESULTS, package_file
+
+    with package_file(RESULTS, "nvidia-h200-decode.csv").open() as f:
+        recorded = {(int(r["B"]), int(r["H_kv"]), int(r["T"])): int(r["n_splits"])
+                    for r in csv.DictReader(f) if r["impl"] == "course"}
+    assert recorded == {cell: rule_before_waves(*cell, H200_SMS) for cell in GRID}
+    assert recorded[8, 8, 65536] == 9 and recorded[1, 32, 65536] == 17
+
+
+@needs_triton
+@pytest.mark.parametrize("B, H_kv, T", [(8, 8, 16384), (8, 8, 65536), (1, 32, 65536)])
+def test_the_h200_cells_no_longer_spill_into_one_more_wave(B, H_kv, T):
+    """The cells at 0.85-0.90x SDPA in the recorded run: 576 and 544 programs on 132 SMs, just past
+    4 per SM, a third wave of 2 per SM only 18% / 6% full. Now 256 programs, one wave 97% full."""
+    before = rule_before_waves(B, H_kv, T, H200_SMS)
+    assert td.split_kv_programs(B, H_kv, before) in (576, 544)
+    assert last_wave_fill(B, H_kv, T, before) < 0.75
+    n = td.default_n_splits(B, H_kv, T, H200_SMS)
+    chunk, programs, waves = td.split_waves(B, H_kv, T, n, H200_SMS)
+    assert (n, programs, waves) == ({8: 4, 32: 8}[H_kv], 256, 1) and chunk * n == T
+    assert last_wave_fill(B, H_kv, T, n) > 0.95
+    assert td.split_cost(B, H_kv, T, n, H200_SMS) < 0.8 * td.split_cost(B, H_kv, T, before, H200_SMS)
+
+
+@needs_triton
+def test_no_cell_of_the_decode_grid_gets_worse_waves():
+    """Every (B, H_kv, T) the bench times, by the model: the new count costs no more than the one
+    before, and its waves are at least as full; 1 split where B * H_kv fills the SMs, as before."""
+    for B, H_kv, T in GRID:
+        n, before = td.default_n_splits(B, H_kv, T, H200_SMS), rule_before_waves(B, H_kv, T, H200_SMS)
+        assert td.split_cost(B, H_kv, T, n, H200_SMS) <= td.split_cost(B, H_kv, T, before, H200_SMS)
+        assert last_wave_fill(B, H_kv, T, n) >= last_wave_fill(B, H_kv, T, before) - 1e-9, (B, H_kv, T)
+        if B * H_kv >= H200_SMS:
+            assert n == before == 1
+
+
+@needs_triton
+def test_the_split_model_prefers_fewer_splits_on_ties_and_rejects_bad_input():
+    # 32 and 33 splits of 65,536 keys both make chunks of 2,048 (whole tiles), 256 programs with
+    # work: the same cost without a merge price, and the fewer splits win
+    assert td.split_cost(1, 8, 65536, 32, 132, merge_keys=0) == td.split_cost(1, 8, 65536, 33, 132, merge_keys=0)
+    assert td.default_n_splits(1, 8, 65536, 132, merge_keys=0) == 32
+    # a wave's start counts: at B * H_kv = 128, 2 splits (one wave 97% full), not 41 (20 waves 99%)
+    assert td.split_waves(16, 8, 65536, 41, 132)[1:] == (5248, 20)
+    assert td.default_n_splits(16, 8, 65536, 132) == 2
+    # chunks in whole tiles: 66 splits of 65,536 keys are 64 chunks of 1,024 and 2 empty ones
+    assert td.split_waves(1, 8, 65536, 66, 132) == (1024, 512, 2)
+    # more resident programs per SM: more splits fit one wave
+    assert td.default_n_splits(1, 8, 65536, 132, resident=4) == 64
+    with pytest.raises(ValueError, match="sms and resident must be at least 1"):
+        td.default_n_splits(1, 8, 4096, 0)
+    with pytest.raises(ValueError, match="resident=0"):
+        td.default_n_splits(1, 8, 4096, 132, resident=0)
+
+
+@needs_triton
+def test_resident_programs_are_what_every_dot_config_holds():
+    """RESIDENT (programs per SM the model counts on) is at most what the registers and shared
+    memory of every tl.dot configuration allow on sm_80 and sm_90, by the committed decode report
+    (helpers/results/kernel_aot_decode.json), and is reached on sm_80 at d = 128 (BLOCK_N = 128)."""
+    from helpers.package_data import RESULTS, package_file
+    from helpers.tools.kernel_report import read_report
+
+    rows = [r for r in read_report(package_file(RESULTS, "kernel_aot_decode.json"))
+            if r["kernel"] == "split" and r["path"] == "dot"]
+    assert {r["target"] for r in rows} == {"sm_80", "sm_90"}
+    assert min(r["programs_per_sm"] for r in rows) == td.RESIDENT
+    assert min(r["programs_per_sm"] for r in rows if r["target"] == "sm_90") > td.RESIDENT
+    assert td.MODEL_TILE in {block_n for block_n, _, _ in td.GPU_CONFIGS["dot"]}
 
 
 @needs_triton
