@@ -15,6 +15,10 @@ configurations, compiled ahead of time for named GPUs without one.
 
 * The committed report covers every configuration the tables can choose, none spilling; the
   T4/L4 figures match their tables.
+* The decode kernels' report (kernel_aot_decode.json, notebook 12) covers every configuration of
+  the split and merge kernels, none spilling; programs_per_sm counts registers, threads and shared
+  memory. The Triton 3.6 reports (kernel_aot_triton36.json, kernel_aot_decode_triton36.json: the
+  GPU machines' Triton) cover sm_90 at fp16 and spill nowhere a launch goes; --suffix names them.
 * The GPU's record (make bench on an H200, helpers/results/nvidia-h200*): the autotuner chose only
   table rows, the TMA ones spill-free on the GPU as the report predicted, and the README states
   what the CSV holds.
@@ -235,6 +239,144 @@ def test_the_committed_report_covers_every_choosable_config_and_none_spills():
     assert all(r["mma"] == "mma.sync" and kr.fits_shared(r) for r in rows if r["target"] == "sm_80")
 
 
+def test_the_committed_decode_report_covers_every_choosable_config_and_none_spills():
+    """helpers/results/kernel_aot_decode.json (make kernel-report, --kernels decode) holds one row
+    per configuration of notebook 12's kernels: the split kernel's autotuner configs on each score
+    path (tl.dot for both GQA groups of the bench, 4 and 1; the broadcast product for 1), writing
+    float32 partials or the output directly, and the merge for 2 to MAX_SPLITS splits, on sm_80 and
+    sm_90 (fp16, bf16; d = 64, 128). None spills, the dot path uses tensor cores (mma.sync: a group
+    padded to 16 rows is too short for Hopper's wgmma) and copies tiles asynchronously, every row
+    fits shared memory, and a spec of the split kernel is what the launcher would pass."""
+    rows = kr.read_report(package_file(RESULTS, "kernel_aot_decode.json"))
+    assert sorted(map(kr.decode_config_key, rows)) == sorted(map(kr.decode_config_key, kr.decode_report_specs())), \
+        "python -m helpers.tools.kernel_report --kernels decode: the configurations changed"
+    assert all(set(r) == set(kr.DECODE_ROW_KEYS) for r in rows)
+    assert not kr.spilling(rows), kr.spilling(rows)[:3]
+    assert all(kr.fits_shared(r) and r["programs_per_sm"] >= 1 for r in rows)
+    dot = [r for r in rows if r["path"] == "dot"]
+    assert {r["group"] for r in dot} == {4, 1} and {r["out"] for r in dot} == {"partials", "direct"}
+    assert all(r["mma"] == "mma.sync" and r["loads"] == "cp.async" for r in dot)
+    assert {r["n_splits"] for r in rows if r["kernel"] == "merge"} == {2, 4, 8, 16, 32, 64, 128}
+    assert all(r["n_splits"] == 1 for r in rows if r["out"] == "direct")
+
+
+def test_programs_per_sm_counts_registers_threads_and_shared_memory():
+    assert kr.programs_per_sm("sm_90", 86, 4, 38912) == 5  # shared: 228 KiB / (38 + 1 KiB)
+    assert kr.programs_per_sm("sm_90", 128, 4, 0) == 4  # registers: 64 K / (128 * 128 threads)
+    assert kr.programs_per_sm("sm_90", 129, 4, 0) == 3  # 129 -> 136 a thread (256 a warp at a time)
+    assert kr.programs_per_sm("sm_90", 16, 4, 0) == 16  # threads: 2,048 / 128
+    assert kr.programs_per_sm("sm_90", 16, 1, 0) == 32  # block slots
+    assert kr.programs_per_sm("sm_80", 128, 4, 73728) == 2  # 164 KiB / (72 + 1 KiB)
+    assert kr.programs_per_sm("sm_75", 64, 4, 32768) == 2  # 64 KiB, nothing reserved
+
+
+class _Recorder:
+    """Stands in for a Triton kernel: ``kernel[grid](*args, **kwargs)`` records the call."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.calls.append((args, kwargs))
+
+
+@needs_triton
+@pytest.mark.parametrize("group, n_splits", [(4, 8), (1, 1)])
+def test_the_decode_stand_ins_are_what_the_launcher_passes(monkeypatch, group, n_splits):
+    """decode_launch_arguments and decode_constexprs against the arguments paged_decode_triton
+    really passes its two kernels (recorded, nothing runs), at the bench's shape with T = 256: the
+    tensors' dtypes in order, every stride, size and scale."""
+    import torch
+    from triton.runtime.jit import JITFunction
+
+    from helpers import nb12_triton_decode as td
+
+    T, d = 256, 64
+    monkeypatch.setitem(kr.DECODE_SHAPE, "T", T)
+    H, page = kr.DECODE_SHAPE["H"], kr.DECODE_SHAPE["PAGE"]
+    out = "partials" if n_splits > 1 else "direct"
+    B, H_kv = kr.DECODE_OUTPUTS[out], H // group
+    q = torch.zeros(B, H, d, dtype=torch.float16)
+    pages = torch.zeros(B * T // page, page, H_kv, d, dtype=torch.float16)
+    table = torch.arange(B * T // page, dtype=torch.int32).view(B, T // page)
+    merge_fn, split, merge = td._merge_splits, _Recorder(), _Recorder()
+    monkeypatch.setattr(td, "_split_kernel", lambda *_: split)
+    monkeypatch.setattr(td, "_merge_splits", merge)
+    td.paged_decode_triton(q, pages, pages, table, torch.full((B,), T, dtype=torch.int32), n_splits=n_splits)
+    spec = dict(kernel="split", target="sm_90", path="dot", out=out, dtype="fp16", head_dim=d, group=group,
+                n_splits=n_splits, block_n=16, num_warps=4, num_stages=2)
+    calls = [(td._paged_decode_split, spec, split.calls)]
+    if n_splits > 1:
+        calls.append((merge_fn, {**spec, "kernel": "merge", "path": "merge"}, merge.calls))
+    assert len(merge.calls) == (n_splits > 1)
+    for fn, spec, ((args, kwargs),) in calls:
+        stand_ins = kr.decode_launch_arguments(JITFunction(fn.fn), spec)  # the GPU's JITFunction
+        assert len(stand_ins) == len(args)
+        for real, mock in zip(args, stand_ins):
+            assert (mock.dtype == real.dtype) if isinstance(real, torch.Tensor) else mock == pytest.approx(real)
+        options = ("BLOCK_N", "num_warps", "num_stages")  # the autotuner's (the interpreter's fixed tile)
+        want = {k: v for k, v in kr.decode_constexprs(spec).items() if k not in options}
+        assert {k: v for k, v in kwargs.items() if k not in options} == want
+
+
+TRITON36_COMMAND = ("TRITON_INTERPRET=0 .venv-triton36/bin/python -m helpers.tools.kernel_report --kernels all "
+                    "--fast --targets sm_90 --suffix _triton36")
+
+
+def test_the_triton36_report_covers_sm_90s_choosable_configs_and_none_spills():
+    """helpers/results/kernel_aot_triton36.json: the FlashAttention kernels compiled by Triton 3.6
+    (the GPU machines', ptxas 12.8) for sm_90 at fp16: one row per configuration the autotuner can
+    choose (both load paths, d = 64 and 128, causal or not), none spilling, wgmma and the path's
+    loads on every one, as in the Triton 3.9 report."""
+    rows = kr.read_report(package_file(RESULTS, "kernel_aot_triton36.json"))
+    meta = json.loads(package_file(RESULTS, "kernel_aot_triton36.meta.json").read_text())
+    assert meta["triton"].startswith("3.6.") and "release 12.8" in meta["ptxas"]
+    key = lambda r: (r["kernel"], r["target"], r["tma"], r["dtype"], r["head_dim"], r["causal"],  # noqa: E731
+                     r["block_m"], r["block_n"], r["num_warps"], r["num_stages"])
+    want = kr.report_specs(targets=("sm_90",), dtypes=("fp16",))
+    assert sorted(map(key, rows)) == sorted(map(key, want)), f"the tables changed; rerun: {TRITON36_COMMAND}"
+    assert not kr.spilling(rows), kr.spilling(rows)[:3]
+    assert all(r["mma"] == "wgmma" and r["loads"] == ("tma" if r["tma"] else "cp.async") and kr.fits_shared(r)
+               for r in rows)
+
+
+def test_the_triton36_decode_report_spills_only_off_the_launch_path():
+    """helpers/results/kernel_aot_decode_triton36.json: the decode kernels compiled by Triton 3.6
+    (the GPU machines', whose ptxas is 12.8) for sm_90 at fp16, every configuration of the 3.9
+    report's. What a launch compiles (the tl.dot path: every group reaches DOT_MIN_GROUP = 1, and
+    the merge) spills nothing and holds at least RESIDENT programs per SM; the broadcast path, which
+    only a raised DOT_MIN_GROUP takes, spills 4 bytes in one configuration (BLOCK_N = 32, 4 warps,
+    d = 128, writing the output: 80 registers, a ptxas 12.8 choice; Triton 3.9's ptxas spills none)."""
+    from helpers import nb12_triton_decode as td
+
+    rows = kr.read_report(package_file(RESULTS, "kernel_aot_decode_triton36.json"))
+    meta = json.loads(package_file(RESULTS, "kernel_aot_decode_triton36.meta.json").read_text())
+    assert meta["triton"].startswith("3.6.") and "release 12.8" in meta["ptxas"]
+    want = kr.decode_report_specs(targets=("sm_90",), dtypes=("fp16",))
+    assert sorted(map(kr.decode_config_key, rows)) == sorted(map(kr.decode_config_key, want)), (
+        f"rerun: {TRITON36_COMMAND}")
+    launched = [r for r in rows if r["path"] in ("dot", "merge")]
+    assert not kr.spilling(launched) and all(kr.fits_shared(r) for r in rows)
+    assert min(r["programs_per_sm"] for r in launched if r["kernel"] == "split") > td.RESIDENT
+    assert [(r["path"], r["out"], r["head_dim"], r["block_n"], r["num_warps"], r["spill_bytes"])
+            for r in kr.spilling(rows)] == [("broadcast", "direct", 128, 32, 4, 4)]
+
+
+def test_the_cli_suffix_names_the_files_and_refuses_a_path(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # as in a test process: nothing may compile here
+    with pytest.raises(SystemExit) as stop:
+        kr.main(["--suffix", "../x", "--out", str(tmp_path)])
+    assert stop.value.code == 2 and "--suffix '../x': use letters, digits, _ and - only" in capsys.readouterr().err
+    work = tmp_path / ".kernel_report_triton36"
+    work.mkdir()
+    for name in ("kernel_aot.json", "kernel_aot.meta.json", "kernel_aot_decode.md"):
+        (work / name).write_text(name)
+    kr._move_with_suffix(work, tmp_path, "_triton36")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "kernel_aot_decode_triton36.md", "kernel_aot_triton36.json", "kernel_aot_triton36.meta.json"]
+    assert (tmp_path / "kernel_aot_triton36.meta.json").read_text() == "kernel_aot.meta.json"
+
+
 def test_t4_and_l4_figures_match_their_tables():
     """helpers/results/kernel_aot_t4_l4.json: the T4 (sm_75) runs with tiles that fit its 64 KiB but
     no tensor cores (every dot is FMA in Triton 3.9); the L4 (sm_89) tables fit 99 KiB, spill-free."""
@@ -242,7 +384,7 @@ def test_t4_and_l4_figures_match_their_tables():
     key = lambda r: (r["kernel"], r["target"], r["head_dim"], r["causal"], r["block_m"], r["block_n"],  # noqa: E731
                      r["num_warps"], r["num_stages"])
     want = kr.report_specs(targets=("sm_75", "sm_89"), dtypes=("fp16",))
-    assert sorted(map(key, rows)) == sorted(map(key, want)), "rerun: python -m helpers.tools.kernel_report --targets sm_75,sm_89 --fast"
+    assert sorted(map(key, rows)) == sorted(map(key, want)), "rerun: python -m helpers.tools.kernel_report --kernels flash --targets sm_75,sm_89 --fast --out DIR"
     assert all(kr.fits_shared(r) for r in rows)
     assert all(r["mma"] == "fma" for r in rows if r["target"] == "sm_75")
     assert not kr.spilling([r for r in rows if r["target"] == "sm_89"])
@@ -260,6 +402,26 @@ def test_compile_row_for_ampere_from_an_interpreter_process():
         raise
     assert row["mma"] == "mma.sync" and row["loads"] == "cp.async", row
     assert 0 < row["registers"] <= 255 and row["shared_bytes"] > 0 and kr.fits_shared(row), row
+
+
+@needs_triton
+@pytest.mark.slow
+def test_compile_decode_rows_from_an_interpreter_process():
+    """The decode kernels compile in a spawned worker too: the split kernel's first tl.dot config for
+    sm_90 at d = 128 (a group of 4 padded to 16 rows: mma.sync, not wgmma) and the merge."""
+    from helpers import nb12_triton_decode as td
+
+    specs = [s for s in kr.decode_report_specs(targets=("sm_90",), dtypes=("fp16",)) if s["head_dim"] == 128]
+    specs = [specs[0], next(s for s in specs if s["kernel"] == "merge")]
+    try:
+        split, merge = kr.compile_decode_rows(specs, jobs=1)
+    except RuntimeError as exc:
+        if "ptxas" in str(exc) and ("not found" in str(exc) or "No such file" in str(exc)):
+            pytest.skip("this Triton install has no ptxas to compile with")
+        raise
+    assert (split["path"], split["group"], split["mma"], split["loads"]) == ("dot", 4, "mma.sync", "cp.async"), split
+    assert split["spill_bytes"] == 0 and split["programs_per_sm"] > td.RESIDENT, split
+    assert merge["kernel"] == "merge" and merge["spill_bytes"] == 0 and merge["registers"] > 0, merge
 
 
 @needs_triton

@@ -28,6 +28,17 @@ Each row of the report (``helpers/results/kernel_aot.json``, package data: noteb
 ``kernel_aot.meta.json`` for where it came from) has the keys of :data:`ROW_KEYS`.
 
     python -m helpers.tools.kernel_report [--fast] [--targets sm_80,sm_90] [--out helpers/results] [--jobs N]
+        [--kernels flash|decode|all] [--suffix _triton36]
+
+Notebook 12's decode kernels (helpers/nb12_triton_decode.py: the split kernel on each score path,
+writing partials or the output, and the merge) go into their own files,
+``kernel_aot_decode.json/.md/.meta.json``, whose rows have the keys of :data:`DECODE_ROW_KEYS`,
+``programs_per_sm`` among them (what the registers and shared memory let one SM hold at once).
+``--kernels flash`` or ``--kernels decode`` writes one report; the default, ``all``, both.
+``--suffix _triton36`` adds to the files' names (``kernel_aot_triton36.json``, ...): the reports
+of another Triton, e.g. the GPU machines' Triton 3.6 run from a venv that has it
+(helpers/results/README.md). The Triton internals used here differ between versions; where they
+do, a shim says which (``_reg_alloc_flags``, ``_ptxas_version``).
 
 The compiles run in worker processes (spawned, with ``TRITON_INTERPRET=0`` set before Triton is
 imported, so that the kernels are decorated for the GPU even from a notebook running the
@@ -60,7 +71,8 @@ from helpers.package_data import RESULTS, RESULTS_DIR, package_file
 ROOT = Path(__file__).resolve().parents[2]
 KERNEL_SOURCE = ROOT / "helpers" / "nb09_triton_flash.py"
 
-KERNELS = {"fwd": "_attn_fwd", "dkdv": "_attn_bwd_dkdv", "dq": "_attn_bwd_dq"}
+# kind -> kernel function; "bwd", the fused backward, is the dK/dV kernel compiled with FUSED_DQ=True
+KERNELS = {"fwd": "_attn_fwd", "dkdv": "_attn_bwd_dkdv", "dq": "_attn_bwd_dq", "bwd": "_attn_bwd_dkdv"}
 TARGETS = {"sm_75": 75, "sm_80": 80, "sm_89": 89, "sm_90": 90}  # T4, A100, L4, H100/H200
 REPORT_TARGETS = ("sm_80", "sm_90")
 DTYPES = ("fp16", "bf16")  # the report's
@@ -173,6 +185,8 @@ def launch_arguments(fn, dtype: str, head_dim: int) -> list:
             continue
         if name in POINTERS:
             args.append(MockTensor(torch_dtype, shape))
+        elif name == "DQ_ACC":  # the fused backward's fp32 dQ accumulator
+            args.append(MockTensor(torch.float32, shape))
         elif name in FP32_POINTERS:
             args.append(MockTensor(torch.float32, shape[:3]))
         elif name == "qk_scale":
@@ -207,8 +221,19 @@ def specialise(fn, target, args: list, kwargs: dict):
     return signature, constexprs, attrs, options
 
 
+def _reg_alloc_flags() -> list[str]:
+    """``--regAllocOptLevel=2`` where this Triton's ``CUDABackend.make_cubin`` passes it to ptxas:
+    Triton 3.9 does (around a ptxas 13 bug), Triton 3.6 does not; read from make_cubin's source."""
+    import inspect
+
+    from triton.backends.nvidia.compiler import CUDABackend
+
+    return ["--regAllocOptLevel=2"] if "--regAllocOptLevel=2" in inspect.getsource(CUDABackend.make_cubin) else []
+
+
 def ptxas_command(capability: int, options, ptx_path: str, out_path: str) -> list[str]:
-    """ptxas's command line as ``CUDABackend.make_cubin`` builds it (Triton 3.9), with -v."""
+    """ptxas's command line as ``CUDABackend.make_cubin`` builds it (Triton 3.9; Triton 3.6's lacks
+    --regAllocOptLevel=2, see _reg_alloc_flags), with -v."""
     from triton import knobs
     from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
 
@@ -218,7 +243,7 @@ def ptxas_command(capability: int, options, ptx_path: str, out_path: str) -> lis
         debug_info = ["-g"] if knobs.nvidia.disable_ptxas_opt else ["-lineinfo"]
     fmad = [] if options.enable_fp_fusion else ["--fmad=false"]
     extra = options.ptx_options.split(" ") if options.ptx_options else []
-    return [get_ptxas(capability).path, *debug_info, *fmad, "-v", "--regAllocOptLevel=2", *extra,
+    return [get_ptxas(capability).path, *debug_info, *fmad, "-v", *_reg_alloc_flags(), *extra,
             f"--gpu-name={sm_arch_from_capability(capability)}", ptx_path, "-o", out_path]
 
 
@@ -255,6 +280,8 @@ def compile_kernel(kernel: str, target: str, dtype: str, head_dim: int, causal: 
                       BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages)
     if "TMA" in fn.arg_names:
         constexprs["TMA"] = tma
+    if "FUSED_DQ" in fn.arg_names:
+        constexprs["FUSED_DQ"] = kernel == "bwd"
     signature, consts, attrs, options = specialise(fn, gpu, launch_arguments(fn, dtype, head_dim), constexprs)
     log = io.StringIO()
     knobs.nvidia.dump_ptxas_log = True  # Triton prints its own ptxas -v log when it assembles
@@ -345,19 +372,21 @@ def _pool(jobs: int) -> concurrent.futures.ProcessPoolExecutor:
         max_workers=jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker)
 
 
-def compile_rows(specs: list[dict], jobs: int | None = None, on_row=None) -> list[dict]:
+def compile_rows(specs: list[dict], jobs: int | None = None, on_row=None, worker=None) -> list[dict]:
     """compile_row for each spec (dicts of its arguments), `jobs` at a time (default: all cores), in
-    the specs' order; ``on_row(row)`` is called as each one finishes."""
+    the specs' order; ``on_row(row)`` is called as each one finishes. ``worker``: the function that
+    compiles one spec (default _compile_row; _compile_decode_row for the decode kernels)."""
+    worker = worker or _compile_row
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(specs) or 1))
     if jobs == 1 and _compiles_here():
         rows = []
         for spec in specs:
-            rows.append(_compile_row(spec))
+            rows.append(worker(spec))
             if on_row:
                 on_row(rows[-1])
         return rows
     with _pool(jobs) as pool:
-        futures = {pool.submit(_compile_row, spec): i for i, spec in enumerate(specs)}
+        futures = {pool.submit(worker, spec): i for i, spec in enumerate(specs)}
         rows = [None] * len(specs)
         for future in concurrent.futures.as_completed(futures):
             rows[futures[future]] = future.result()
@@ -413,28 +442,35 @@ def _git(*args: str) -> str:
         return ""
 
 
-def _ptxas_version() -> str:
-    """The release line of the wheel's ptxas, e.g. 'Cuda compilation tools, release 12.9, V12.9.86'."""
-    import importlib.util
+def _ptxas_version(targets=REPORT_TARGETS) -> str:
+    """The release line of the ptxas that assembles `targets`, e.g. 'Cuda compilation tools, release
+    12.9, V12.9.86', or 'sm_80: ...; sm_90: ...' when they differ. Asked of ``get_ptxas(capability)``
+    as make_cubin does: Triton 3.9 assembles sm_90 with its wheel's ptxas-blackwell and older targets
+    with ptxas; Triton 3.6 uses ptxas below sm_100."""
+    from triton.backends.nvidia.compiler import get_ptxas
 
-    spec = importlib.util.find_spec("triton")
-    for name in ("ptxas-blackwell", "ptxas"):
-        path = Path(spec.submodule_search_locations[0]) / "backends" / "nvidia" / "bin" / name
-        if path.exists():
-            out = subprocess.run([str(path), "--version"], capture_output=True, text=True).stdout
-            return next((line for line in out.splitlines() if "release" in line), out.strip())
-    return "unknown"
+    lines = {}
+    for target in targets:
+        try:
+            out = subprocess.run([get_ptxas(TARGETS[target]).path, "--version"], capture_output=True, text=True).stdout
+        except (OSError, RuntimeError):
+            out = "unknown"
+        lines[target] = next((line for line in out.splitlines() if "release" in line), out.strip())
+    if len(set(lines.values())) == 1:
+        return next(iter(lines.values()))
+    return "; ".join(f"{target}: {line}" for target, line in lines.items())
 
 
-def provenance() -> dict:
-    """Where and from what the report was compiled: machine, Triton, ptxas, commit, kernel source."""
+def provenance(targets=REPORT_TARGETS) -> dict:
+    """Where and from what the report was compiled: machine, Triton, ptxas (of `targets`), commit,
+    kernel source."""
     from helpers.runtime import machine_name
 
     dirty = bool(_git("status", "--porcelain", "--", str(KERNEL_SOURCE.relative_to(ROOT))))
     return {
         "machine": machine_name(),
         "triton": metadata.version("triton"),
-        "ptxas": _ptxas_version(),
+        "ptxas": _ptxas_version(targets),
         "commit": _git("rev-parse", "--short", "HEAD") + (" + uncommitted changes to the kernels" if dirty else ""),
         "kernel_source_sha256": _source_hash(),
         "date": datetime.date.today().isoformat(),
@@ -521,7 +557,7 @@ def run_report(targets=REPORT_TARGETS, dtypes=DTYPES, out: Path = RESULTS_DIR,
     Path(out).mkdir(parents=True, exist_ok=True)
     if not done:
         partial.write_text(json.dumps(stamp) + "\n", encoding="utf-8")
-    meta = provenance()  # before compiling: the commit and kernels the workers import now
+    meta = provenance(targets)  # before compiling: the commit and kernels the workers import now
     print(f"kernel report: {len(specs)} configurations, {len(specs) - len(todo)} from an earlier run, "
           f"{len(todo)} to compile with {jobs or os.cpu_count()} workers", file=sys.stderr)
     start = time.time()
@@ -548,6 +584,317 @@ def run_report(targets=REPORT_TARGETS, dtypes=DTYPES, out: Path = RESULTS_DIR,
     return rows
 
 
+# ----------------------------------------------------------------------------- the decode kernels (notebook 12)
+
+# helpers/nb12_triton_decode.py's two kernels, in their own report (kernel_aot_decode.*), compiled at
+# the shapes bench/bench_decode.py times: H = 32 query heads, pages of 16 tokens, T = 65,536 cached
+# tokens, H_kv = 8 (GQA, 4 query heads per kv head) or 32 (MHA, 1).
+DECODE_SOURCE = ROOT / "helpers" / "nb12_triton_decode.py"
+DECODE_KERNELS = {"split": "_paged_decode_split", "merge": "_merge_splits"}
+DECODE_SHAPE = {"H": 32, "PAGE": 16, "T": 65536}
+DECODE_GROUPS = {4: 8, 1: 32}  # GQA group (query heads per kv head) -> H_kv
+# How the split kernel writes, and the batch the bench launches it with: several splits per
+# sequence at B = 1 (float32 partials, then the merge), or one split at B = 32 (q's dtype, no merge).
+DECODE_OUTPUTS = {"partials": 1, "direct": 32}
+DECODE_SMS = 132  # the split count of the partials rows: default_n_splits on an H100 / H200
+DECODE_ROW_KEYS = ("kernel", "target", "path", "out", "dtype", "head_dim", "group", "n_splits", "block_n",
+                   "num_warps", "num_stages", "registers", "spill_bytes", "mma", "loads", "shared_bytes",
+                   "programs_per_sm")
+DECODE_CONFIG_KEYS = DECODE_ROW_KEYS[:11]  # what identifies a row; the rest is what the compile gave
+
+# What one SM holds, per compute capability: registers, threads, resident blocks, shared memory, and
+# the shared memory the driver reserves per block (CUDA C++ Programming Guide, "Compute Capabilities",
+# "Technical Specifications per Compute Capability"); registers are allocated per warp, 256 at a time.
+SM_LIMITS = {
+    "sm_75": dict(registers=65536, threads=1024, blocks=16, shared=64 * 1024, reserved=0),
+    "sm_80": dict(registers=65536, threads=2048, blocks=32, shared=164 * 1024, reserved=1024),
+    "sm_89": dict(registers=65536, threads=1536, blocks=24, shared=100 * 1024, reserved=1024),
+    "sm_90": dict(registers=65536, threads=2048, blocks=32, shared=228 * 1024, reserved=1024),
+}
+
+
+def programs_per_sm(target: str, registers: int, num_warps: int, shared_bytes: int) -> int:
+    """Programs (thread blocks) of this kernel one SM of `target` runs at once: the least of what its
+    registers, threads, block slots and shared memory allow (the occupancy calculator's count)."""
+    limits = SM_LIMITS[target]
+    per_warp = math.ceil(max(registers, 1) * 32 / 256) * 256
+    by_registers = limits["registers"] // (per_warp * num_warps)
+    by_threads = limits["threads"] // (32 * num_warps)
+    by_shared = limits["shared"] // (shared_bytes + limits["reserved"]) if shared_bytes else limits["blocks"]
+    return min(by_registers, by_threads, limits["blocks"], by_shared)
+
+
+def _decode():
+    """helpers.nb12_triton_decode (imports Triton, in whatever mode this process chose)."""
+    from helpers import nb12_triton_decode
+
+    return nb12_triton_decode
+
+
+def decode_paths(group: int) -> tuple[str, ...]:
+    """The split kernel's score paths compiled for a GQA group: the tensor-core product ("dot", what
+    a launch takes from DOT_MIN_GROUP heads up), and for one or two heads also the broadcast product
+    ("broadcast", what a launch takes below DOT_MIN_GROUP; the kernel's comment: for one or two heads)."""
+    paths = ("dot",) if group >= _decode().DOT_MIN_GROUP else ()
+    return paths + (("broadcast",) if group <= 2 else ())
+
+
+def decode_n_splits(out: str, group: int) -> int:
+    """The split count of the bench's launch: default_n_splits at B = 1, T = 65,536 on DECODE_SMS SMs
+    for the partials rows (at least 2: those rows are the merge's input), 1 for the direct ones."""
+    if out == "direct":
+        return 1
+    batch, T = DECODE_OUTPUTS[out], DECODE_SHAPE["T"]
+    return max(2, _decode().default_n_splits(batch, DECODE_GROUPS[group], T, DECODE_SMS))
+
+
+def decode_report_specs(targets=REPORT_TARGETS, dtypes=DTYPES) -> list[dict]:
+    """Every configuration the decode report compiles, as compile_decode_row's kwargs: the split
+    kernel on each path of decode_paths, writing partials and writing the output directly, with
+    each config of its autotuner (GPU_CONFIGS), for the groups of DECODE_GROUPS; the merge kernel
+    (not autotuned: Triton's default warps and stages) for 2, 4, ..., MAX_SPLITS splits."""
+    td = _decode()
+    specs = []
+    for target in targets:
+        for dtype in dtypes:
+            for head_dim in HEAD_DIMS:
+                for group in DECODE_GROUPS:
+                    for path in decode_paths(group):
+                        for out in DECODE_OUTPUTS:
+                            for block_n, warps, stages in td.GPU_CONFIGS[path]:
+                                specs.append(dict(kernel="split", target=target, path=path, out=out, dtype=dtype,
+                                                  head_dim=head_dim, group=group, n_splits=decode_n_splits(out, group),
+                                                  block_n=block_n, num_warps=warps, num_stages=stages))
+                warps, stages = _default_launch_options()
+                n_splits = 2
+                while n_splits <= td.MAX_SPLITS:
+                    specs.append(dict(kernel="merge", target=target, path="merge", out=dtype, dtype=dtype,
+                                      head_dim=head_dim, group=None, n_splits=n_splits, block_n=None,
+                                      num_warps=warps, num_stages=stages))
+                    n_splits *= 2
+    return specs
+
+
+def _default_launch_options() -> tuple[int, int]:
+    """(num_warps, num_stages) of a launch that names neither: the NVIDIA backend's defaults."""
+    from triton.backends.nvidia.compiler import CUDAOptions
+
+    return CUDAOptions.num_warps, CUDAOptions.num_stages
+
+
+def _contiguous_strides(shape: list[int]) -> list[int]:
+    """Strides of a contiguous tensor of this shape (torch's)."""
+    strides = [1]
+    for size in reversed(shape[1:]):
+        strides.insert(0, strides[0] * size)
+    return strides
+
+
+def decode_launch_arguments(fn, spec: dict) -> list:
+    """Stand-ins for the non-constexpr arguments of a decode kernel, as paged_decode_triton passes
+    them at the bench's shape (DECODE_SHAPE, spec's group and n_splits, B from DECODE_OUTPUTS):
+    MockTensors for pointers, the contiguous tensors' strides (stride_<letter><dim>: the tensor by
+    its letter, its dims in order), the scale and the sizes."""
+    import torch
+    from triton.runtime.jit import MockTensor
+
+    H, page, T, d, n = DECODE_SHAPE["H"], DECODE_SHAPE["PAGE"], DECODE_SHAPE["T"], spec["head_dim"], spec["n_splits"]
+    group = spec["group"] or 1
+    B, H_kv = DECODE_OUTPUTS["direct" if n == 1 else "partials"], H // group
+    dtype, f32 = _torch_dtype(spec["dtype"]), torch.float32
+    tensors = {"Q": (dtype, [B, H, d]), "K": (dtype, [B * T // page, page, H_kv, d]),
+               "V": (dtype, [B * T // page, page, H_kv, d]), "BlockTables": (torch.int32, [B, T // page]),
+               "SeqLens": (torch.int32, [B]), "PartOut": (f32 if n > 1 else dtype, [n, B, H, d]),
+               "PartLse": (f32, [n, B, H]), "Out": (dtype, [B, H, d])}
+    letters = ({"q": "Q", "k": "K", "v": "V", "t": "BlockTables", "o": "PartOut", "l": "PartLse"}
+               if spec["kernel"] == "split" else {"p": "PartOut", "l": "PartLse", "o": "Out"})
+    ints = {"H": H, "H_KV": H_kv, "GROUP": group, "N_SPLITS": n,
+            "CHUNK_BUCKET": min(8192, 1 << max(0, math.ceil(T / n) - 1).bit_length())}  # as _launch_split
+    seen = {letter: 0 for letter in letters}
+    args = []
+    for p in fn.params:
+        name = p.name
+        if p.is_constexpr:
+            continue
+        if name in tensors:
+            args.append(MockTensor(*tensors[name]))
+        elif name == "qk_scale":
+            args.append(1.4426950408889634 / math.sqrt(d))
+        elif name.startswith("stride_") and name[7] in letters:
+            shape = tensors[letters[name[7]]][1]
+            args.append(_contiguous_strides(shape)[seen[name[7]]])
+            seen[name[7]] += 1
+        elif name in ints:
+            args.append(ints[name])
+        else:
+            raise ValueError(f"{fn.__name__}: no stand-in for argument {name!r}; add one to decode_launch_arguments")
+    return args
+
+
+def decode_constexprs(spec: dict) -> dict:
+    """The constexprs (and launch options) paged_decode_triton gives the kernel of `spec`."""
+    td = _decode()
+    if spec["kernel"] == "merge":
+        return dict(HEAD_DIM=spec["head_dim"], SPLITS_PAD=spec["n_splits"])  # n_splits: a power of 2
+    use_dot = spec["path"] == "dot"
+    return dict(HEAD_DIM=spec["head_dim"], PAGE_SIZE=DECODE_SHAPE["PAGE"], GROUP_PAD=td._group_pad(spec["group"], use_dot),
+                USE_DOT=use_dot, DOT_PRECISION=td._dot_precision(_torch_dtype(spec["dtype"])),
+                BLOCK_N=spec["block_n"], num_warps=spec["num_warps"], num_stages=spec["num_stages"])
+
+
+def compile_decode_kernel(spec: dict):
+    """(CompiledKernel, ptxas -v log, options) of one decode configuration, specialised as on the GPU."""
+    import triton
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    td = _decode()
+    if td._INTERPRET:
+        raise RuntimeError("helpers.nb12_triton_decode runs in Triton's interpreter here: set TRITON_INTERPRET=0 "
+                           "before importing helpers (or call compile_decode_rows, which compiles in fresh processes)")
+    fn = getattr(td, DECODE_KERNELS[spec["kernel"]])
+    capability = TARGETS[spec["target"]]
+    gpu = GPUTarget("cuda", capability, 32)
+    signature, consts, attrs, options = specialise(fn, gpu, decode_launch_arguments(fn, spec), decode_constexprs(spec))
+    log = io.StringIO()
+    knobs.nvidia.dump_ptxas_log = True
+    with contextlib.redirect_stdout(log):
+        compiled = triton.compile(ASTSource(fn, signature, consts, attrs), target=gpu, options=options.__dict__)
+    ptxas_log = log.getvalue()
+    if "Used" not in ptxas_log:  # from Triton's cache
+        ptxas_log = run_ptxas(compiled.asm["ptx"], capability, options)
+    return compiled, ptxas_log, options
+
+
+def _compile_decode_row(spec: dict) -> dict:
+    """compile_decode_row's work, in a process that compiles for the GPU."""
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    compiled, ptxas_log, options = compile_decode_kernel(spec)
+    usage = parse_ptxas(ptxas_log, entry=DECODE_KERNELS[spec["kernel"]])
+    ptx, shared = compiled.asm["ptx"], int(compiled.metadata.shared)
+    warps = options.num_warps
+    return {**spec, "registers": usage["registers"],
+            "spill_bytes": usage["spill_stores"], "mma": mma_kind(ptx), "loads": load_kind(ptx),
+            "shared_bytes": shared,
+            "programs_per_sm": programs_per_sm(spec["target"], usage["registers"], warps, shared)}
+
+
+def compile_decode_rows(specs: list[dict], jobs: int | None = None, on_row=None) -> list[dict]:
+    """_compile_decode_row for each spec, `jobs` at a time, in spawned workers (or here, one at a
+    time, when this process compiles for the GPU); ``on_row(row)`` as each one finishes."""
+    return compile_rows(specs, jobs=jobs, on_row=on_row, worker=_compile_decode_row)
+
+
+def decode_config_key(spec: dict) -> tuple:
+    """The configuration part of a decode row or spec (DECODE_CONFIG_KEYS)."""
+    return tuple(spec.get(k) for k in DECODE_CONFIG_KEYS)
+
+
+def _decode_source_hash() -> str:
+    """sha256 (12 hex digits) of helpers/nb12_triton_decode.py."""
+    return hashlib.sha256(DECODE_SOURCE.read_bytes()).hexdigest()[:12]
+
+
+def decode_provenance(targets=REPORT_TARGETS) -> dict:
+    """provenance() for the decode report: its kernels' source and the bench's shapes."""
+    dirty = bool(_git("status", "--porcelain", "--", str(DECODE_SOURCE.relative_to(ROOT))))
+    commit = _git("rev-parse", "--short", "HEAD") + (" + uncommitted changes to the kernels" if dirty else "")
+    shape = (f"H={DECODE_SHAPE['H']}, H_kv={' or '.join(map(str, DECODE_GROUPS.values()))}, "
+             f"T={DECODE_SHAPE['T']}, pages of {DECODE_SHAPE['PAGE']}; partials: B={DECODE_OUTPUTS['partials']}, "
+             f"default split count for {DECODE_SMS} SMs; direct: B={DECODE_OUTPUTS['direct']}, one split")
+    return {**provenance(targets), "commit": commit, "kernel_source_sha256": _decode_source_hash(), "shape": shape}
+
+
+def decode_summary_markdown(rows: list[dict], meta: dict) -> str:
+    """The decode report in markdown: per (kernel, target, path, out, d, group) the configs, their
+    registers, spills, shared memory and programs per SM, then every spilling row."""
+    lines = [
+        "# Registers and spills of the decode kernels, compiled ahead of time",
+        "",
+        f"helpers/nb12_triton_decode.py's split kernel (every config its autotuner can choose, on each "
+        f"score path, writing float32 partials or the output directly) and merge kernel, at {meta['shape']}, "
+        f"compiled on {meta['machine']} with Triton {meta['triton']} ({meta['ptxas']}), commit {meta['commit']}, "
+        f"kernels sha256 {meta['kernel_source_sha256']}, {meta['date']}. No GPU ran: registers and spills are "
+        "ptxas -v's for the named architecture; programs per SM is what those registers and that shared "
+        "memory allow (the occupancy calculator's count). `make kernel-report` writes this file "
+        "(`--suffix` names another Triton's: helpers/results/README.md).",
+        "",
+        "| kernel | target | path | out | d | group | n_splits | configs | registers | spilling | max shared (KiB) "
+        "| programs per SM | mma | loads |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        out = "q's dtype" if row["kernel"] == "merge" else row["out"]
+        key = (row["kernel"], row["target"], row["path"], out, row["head_dim"], row["group"],
+               row["n_splits"] if row["kernel"] == "split" else "2-128")
+        groups.setdefault(key, []).append(row)
+    span = lambda values: f"{min(values)}-{max(values)}" if min(values) != max(values) else f"{min(values)}"  # noqa: E731
+    for (kernel, target, path, out, d, group, n), group_rows in groups.items():
+        lines.append(
+            f"| {kernel} | {target} | {path} | {out} | {d} | {group if group is not None else '-'} | {n} | "
+            f"{len(group_rows)} | {span([r['registers'] for r in group_rows])} | {len(spilling(group_rows))} | "
+            f"{max(r['shared_bytes'] for r in group_rows) / 1024:.0f} | "
+            f"{span([r['programs_per_sm'] for r in group_rows])} | "
+            f"{'/'.join(sorted({r['mma'] for r in group_rows}))} | {'/'.join(sorted({r['loads'] for r in group_rows}))} |")
+    dtypes = ", ".join(sorted({row["dtype"] for row in rows}))
+    lines += ["", f"Configurations are counted over dtypes ({dtypes}).", ""]
+    if spills := spilling(rows):
+        lines += ["## Spilling configurations", "",
+                  "| kernel | target | path | out | dtype | d | group | n_splits | BLOCK_N, warps, stages | registers "
+                  "| spill bytes |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['kernel']} | {r['target']} | {r['path']} | {r['out']} | {r['dtype']} | {r['head_dim']} | "
+                  f"{r['group']} | {r['n_splits']} | {r['block_n']}, {r['num_warps']}, {r['num_stages']} | "
+                  f"{r['registers']} | {r['spill_bytes']} |" for r in spills]
+    return "\n".join(lines) + "\n"
+
+
+def write_decode_report(rows: list[dict], meta: dict, out: Path, name: str = "kernel_aot_decode") -> None:
+    """<name>.json (the rows), <name>.meta.json (provenance) and <name>.md under `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+    (out / f"{name}.meta.json").write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
+    (out / f"{name}.md").write_text(decode_summary_markdown(rows, meta), encoding="utf-8")
+
+
+def run_decode_report(targets=REPORT_TARGETS, dtypes=DTYPES, out: Path = RESULTS_DIR,
+                      jobs: int | None = None) -> list[dict]:
+    """Compile every spec of decode_report_specs (resuming an interrupted run from
+    <out>/kernel_aot_decode.partial.jsonl), print progress on stderr, write the decode report."""
+    specs = decode_report_specs(targets=targets, dtypes=dtypes)
+    stamp = {"triton": metadata.version("triton"), "kernels": _decode_source_hash()}
+    partial = Path(out) / "kernel_aot_decode.partial.jsonl"
+    lines = partial.read_text(encoding="utf-8").splitlines() if partial.exists() else []
+    done = ({decode_config_key(json.loads(line)): json.loads(line) for line in lines[1:] if line.strip()}
+            if lines and json.loads(lines[0]) == stamp else {})
+    todo = [s for s in specs if decode_config_key(s) not in done]
+    Path(out).mkdir(parents=True, exist_ok=True)
+    if not done:
+        partial.write_text(json.dumps(stamp) + "\n", encoding="utf-8")
+    meta = decode_provenance(targets)
+    print(f"decode kernel report: {len(specs)} configurations, {len(specs) - len(todo)} from an earlier run, "
+          f"{len(todo)} to compile with {jobs or os.cpu_count()} workers", file=sys.stderr)
+    start = time.time()
+
+    def progress(row):
+        with partial.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+        print(f"[{time.time() - start:5.0f} s] {row['kernel']} {row['target']} {row['path']} {row['out']} "
+              f"{row['dtype']} d={row['head_dim']} group={row['group']} n_splits={row['n_splits']} "
+              f"BLOCK_N={row['block_n']} w{row['num_warps']} s{row['num_stages']}: {row['registers']} registers, "
+              f"{row['spill_bytes']} bytes spilled", file=sys.stderr)
+
+    for row in compile_decode_rows(todo, jobs=jobs, on_row=progress):
+        done[decode_config_key(row)] = row
+    rows = [done[decode_config_key(s)] for s in specs]
+    write_decode_report(rows, {**meta, "seconds": round(time.time() - start), "rows": len(rows)}, Path(out))
+    partial.unlink()
+    print(f"decode kernel report: {len(rows)} rows, {len(spilling(rows))} spill; wrote "
+          f"{Path(out) / 'kernel_aot_decode.md'} in {time.time() - start:.0f} s", file=sys.stderr)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     """The CLI (module docstring)."""
     parser = argparse.ArgumentParser(prog="python -m helpers.tools.kernel_report", description=__doc__.split("\n\n")[0])
@@ -556,7 +903,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtypes", default=",".join(DTYPES), help=f"comma-separated, of {','.join(TORCH_DTYPES)}")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--jobs", type=int, default=os.cpu_count(), help="compiles at once (default: all cores)")
+    parser.add_argument("--kernels", choices=("flash", "decode", "all"), default="all",
+                        help="flash: notebook 09's kernels (kernel_aot.*); decode: notebook 12's "
+                             "(kernel_aot_decode.*); all (default): both")
+    parser.add_argument("--suffix", default="", help="added to the files' names: --suffix _triton36 writes "
+                        "kernel_aot_triton36.json (kernel_aot_decode_triton36.json, ...)")
     args = parser.parse_args(argv)
+    if not re.fullmatch(r"[A-Za-z0-9_-]*", args.suffix):
+        parser.error(f"--suffix {args.suffix!r}: use letters, digits, _ and - only")
     targets = tuple(t for t in args.targets.split(",") if t)
     unknown = [t for t in targets if t not in TARGETS]
     if unknown:
@@ -566,8 +920,23 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown dtype(s) {unknown}; use {list(TORCH_DTYPES)}")
     _init_worker()  # the parent decorates for the GPU too (it compiles itself with --jobs 1)
-    run_report(targets=targets, dtypes=dtypes, out=args.out, jobs=args.jobs)
+    out = args.out / f".kernel_report{args.suffix}" if args.suffix else args.out  # resumable there
+    if args.kernels in ("flash", "all"):
+        run_report(targets=targets, dtypes=dtypes, out=out, jobs=args.jobs)
+    if args.kernels in ("decode", "all"):
+        run_decode_report(targets=targets, dtypes=dtypes, out=out, jobs=args.jobs)
+    if args.suffix:
+        _move_with_suffix(out, args.out, args.suffix)
     return 0
+
+
+def _move_with_suffix(work: Path, out: Path, suffix: str) -> None:
+    """Move the reports written under `work` to `out`, `suffix` added before the extension
+    (kernel_aot.meta.json -> kernel_aot<suffix>.meta.json), and remove `work`."""
+    for path in sorted(work.glob("kernel_aot*")):
+        base, ext = path.name.split(".", 1)
+        path.replace(out / f"{base}{suffix}.{ext}")
+    work.rmdir()
 
 
 if __name__ == "__main__":
