@@ -705,3 +705,37 @@ def test_the_readme_says_whether_a_gpu_timed_the_fused_backward():
     assert ("not yet timed on a GPU" in readme) == (not timed), (
         f"{timed} timed the fused backward: say what it measured in the README" if timed
         else "the README should say the fused backward is not yet timed on a GPU")
+
+
+def test_notebook_09_reads_a_run_of_todays_bench(tmp_path, monkeypatch, capsys):
+    """The cells of notebook 09 that read recorded benchmarks (section 8's table and figure, the cost
+    of determinism, the short-sequence columns) on a CSV written by today's bench/bench_attention.py
+    (synthetic rows with every column): the committed run predates these columns, so without this
+    the branches that print them would first run on a learner's machine after the next GPU run."""
+    import csv
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from helpers.tools import notebooks as nbtools
+    from tests import test_bench_attention as tba
+
+    runs = tba.synthetic_runs()
+    tba.ba.write_csv(tba.ba.aggregate(runs), tba.INFO, tmp_path / "fake-gpu.csv")
+    cells = [c.source for c in nbtools.read(ROOT / "notebooks" / "09_flash_attention.ipynb").cells
+             if c.cell_type == "code"]
+    wanted = [next(s for s in cells if marker in s) for marker in ("def recorded_ms", "def fused_cost", "def short_rows")]
+    namespace = {"csv": csv, "re": re, "torch": torch, "plt": plt, "has_cuda": lambda: False,
+                 "package_file": lambda *parts: tmp_path}
+    for source in wanted:
+        exec(compile(source, "<notebook 09>", "exec"), namespace)
+    plt.close("all")
+    out = capsys.readouterr().out
+    assert "Fake GPU (driver 580.1)" in out and "backward: vs flash" in out
+    assert out.count("determinism costs") == 4, out
+    short = [r for r in csv.DictReader((tmp_path / "fake-gpu.csv").open())
+             if r["T"] == "1024" and r["impl"] in ("course", "sdpa-flash") and r["gpu_ms"]]
+    assert "fake-gpu, T = 1,024:" in out and out.count(" fwd") >= len(short) == 16, out
+    assert out.count("host-bound") == sum(float(r["host_ms"]) >= float(r["gpu_ms"]) for r in short) > 0, out
