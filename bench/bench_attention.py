@@ -53,8 +53,10 @@ import time
 import warnings
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
+START = time.perf_counter()  # --time-limit counts from here: before torch's and Triton's imports, which take seconds
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `helpers` when run as a script
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_decode, beside this file
@@ -71,7 +73,6 @@ try:
 except ImportError as exc:  # no Triton on this platform
     tf, TRITON_MISSING = None, str(exc)
 
-START = time.perf_counter()  # --time-limit counts from here
 GiB = 2**30
 BATCH, HEADS = 4, 32
 FULL_T = (1024, 2048, 4096, 8192, 16384)
@@ -208,10 +209,13 @@ def aggregate(runs: list[dict]) -> list[dict]:
     return rows
 
 
-def profile_summary(events, calls: int) -> tuple[float, float]:
+def profile_summary(events, calls: int) -> tuple[float | None, float | None]:
     """(GPU ms per call, launches per call) from a profile of ``calls`` calls: ``events`` are
-    (name, on_gpu, microseconds); every GPU activity (kernels, memsets, copies) counts."""
+    (name, on_gpu, microseconds); every GPU activity (kernels, memsets, copies) counts. (None,
+    None) where the profiler saw no GPU activity at all (no CUPTI): not a call of 0 ms."""
     gpu = [us for _, on_gpu, us in events if on_gpu]
+    if not gpu:
+        return None, None
     return sum(gpu) / 1e3 / calls, round(len(gpu) / calls, 2)
 
 
@@ -298,6 +302,8 @@ def _once(row: dict, step, reset, qkv: list, backward: bool) -> None:
     if row["T"] <= SHORT_T:
         try:
             row["gpu_ms"], row["launches"] = profile_calls(step, reset)
+            if row["gpu_ms"] is None:
+                print(f"  profiler, {row['impl']} {row['mode']} T={row['T']}: no GPU activity seen", flush=True)
         except Exception as exc:  # noqa: BLE001 - the profiler's columns stay empty
             print(f"  profiler, {row['impl']} {row['mode']} T={row['T']}: {type(exc).__name__}: {exc}", flush=True)
     reset()
@@ -864,11 +870,10 @@ def _deadline(args: argparse.Namespace) -> float | None:
 def run_prefill(impls, seqs, rep: int, repeats: int, info: dict, out: Path, hopper: bool,
                 deadline: float | None = None) -> int:
     """Compile, check, warm up, then time every cell in ``repeats`` passes over the grid (fewer
-    where another pass would end after ``deadline``, a ``time.perf_counter()`` value); write the
-    CSV after every cell, the markdown after every pass, then the plot and the autotuner's choices.
+    where another pass would end after ``deadline``, a ``time.perf_counter()`` value; a pass stops
+    at the first cell that would start after it, the cells never reached say so); write the CSV
+    after every cell, the markdown after every pass, then the plot and the autotuner's choices.
     Returns 1 (nothing timed) when the course kernel disagrees with SDPA."""
-    from tqdm import tqdm
-
     from helpers.tools import kernel_gpu
 
     start = time.perf_counter()
@@ -877,7 +882,10 @@ def run_prefill(impls, seqs, rep: int, repeats: int, info: dict, out: Path, hopp
     paths = sorted({tma for impl, tma in (("course", hopper), ("course-fused", hopper), ("course-pointers", False))
                     if impl in impls})
     if paths:  # every config the autotuner will try, compiled in parallel (the check reuses some)
-        kernel_gpu.precompile(1, HEADS, seqs, HEAD_DIMS, paths)
+        try:
+            kernel_gpu.precompile(1, HEADS, seqs, HEAD_DIMS, paths)
+        except Exception as exc:  # noqa: BLE001 - a speed-up only: the autotuner compiles what is missing
+            print(f"Precompile failed ({type(exc).__name__}: {exc}); the autotuner compiles instead", flush=True)
     print("Checking the course kernel against SDPA (outputs poisoned with NaN first):", flush=True)
     failures, refused = refusals(kernel_gpu.check_kernels((True, False) if hopper else (False,)), impls)
     if failures:
@@ -896,22 +904,25 @@ def run_prefill(impls, seqs, rep: int, repeats: int, info: dict, out: Path, hopp
     warm_up(timed, seqs[0], rep)
     print(f"Warm-up (every implementation once, untimed): {time.perf_counter() - start:.0f} s", flush=True)
     first_status: dict[tuple, str] = {}
-    last = 0.0
+    last, stopped = 0.0, None
     for run_no in range(1, repeats + 1):
         if not bench_decode.another_pass(time.perf_counter(), last, deadline):
             print(f"Stopping after {run_no - 1} passes: another would end past --time-limit", flush=True)
             break
         start = time.perf_counter()
         todo = [cell for cell in cells if cell[4] in timed and first_status.get(cell, "ok") == "ok"]
-        for T, d, c, mode, impl in tqdm(todo, desc=f"pass {run_no} of {repeats}", unit="cell", mininterval=10):
-            row = measure(impl, mode, T, d, c, rep, first=run_no == 1)
-            first_status.setdefault((T, d, c, mode, impl), row["status"])
-            runs.append(dict(row, run=run_no))
-            write_csv(aggregate(runs), info, stem.with_suffix(".csv"))  # every row as soon as it exists
+        done, stopped = time_pass(todo, run_no, repeats, rep, deadline, first_status, runs,
+                                  lambda: write_csv(aggregate(runs), info, stem.with_suffix(".csv")))
         info["states"].append((f"after pass {run_no}", bench_decode.gpu_state()))
         write_markdown(aggregate(runs), info, seqs, stem.with_suffix(".md"))
         last = time.perf_counter() - start
-        print(f"Pass {run_no} of {repeats}: {len(todo)} cells in {last:.0f} s", flush=True)
+        print(f"Pass {run_no} of {repeats}: {done} of {len(todo)} cells in {last:.0f} s", flush=True)
+        if stopped:
+            print(f"Stopping in pass {run_no}: {stopped}", flush=True)
+            break
+    reached = {(r["T"], r["d"], r["causal"], r["mode"], r["impl"]) for r in runs}
+    runs += [dict(new_row(i, m, T, d, c, "skipped: not reached before --time-limit"), run=1)
+             for T, d, c, m, i in cells if (T, d, c, m, i) not in reached]
     info["clocks_after"] = bench_decode.clocks_text(info["states"][-1][1])
     rows = aggregate(runs)
     write_csv(rows, info, stem.with_suffix(".csv"))
@@ -919,17 +930,57 @@ def run_prefill(impls, seqs, rep: int, repeats: int, info: dict, out: Path, hopp
     plot(rows, info, seqs, stem.with_suffix(".png"))
     print("\n".join(goal_checks(rows)))
     if paths:
-        choices = kernel_gpu.autotune_choices(HEAD_DIMS, RESULTS_DIR / "kernel_aot.json")
-        (stem.parent / f"{stem.name}-kernels.json").write_text(json.dumps(choices, indent=1))
-        table = kernel_gpu.choices_markdown(choices)
-        machine_line = ", ".join(f"{k} {v}" for k, v in info.items() if k not in ("states", "clocks_before", "clocks_after"))
-        (stem.parent / f"{stem.name}-kernels.md").write_text("\n".join(
-            [f"# The autotuner's choices on {info['gpu']}", "",
-             machine_line + ". registers / spill_bytes: this GPU's compile; "
-             "aot_*: helpers/results/kernel_aot.json (make kernel-report, Triton on a CPU).", ""] + table) + "\n")
-        print("\n".join(table))
+        write_choices(stem, info)
     print(f"Wrote {stem}.csv, .md and .png, and {stem.name}-kernels.md/.json")
     return 0
+
+
+def time_pass(todo: list[tuple], run_no: int, repeats: int, rep: int, deadline: float | None,
+              first_status: dict, runs: list[dict], save) -> tuple[int, str | None]:
+    """One pass over the cells ``todo`` ((T, d, causal, mode, impl)): each row into ``runs`` (and
+    its first status into ``first_status``), ``save()`` after each; a cell whose measurement raised
+    outside measure's own handling (its inputs, a CUDA error that sticks) is an ``error`` row, not
+    the end of the run. Stops before a cell that would start past ``deadline``: returns (cells
+    measured, "--time-limit reached"), else (len(todo), None)."""
+    from tqdm import tqdm
+
+    for n, (T, d, c, mode, impl) in enumerate(tqdm(todo, desc=f"pass {run_no} of {repeats}", unit="cell",
+                                                   mininterval=10)):
+        if deadline is not None and time.perf_counter() > deadline:
+            return n, "--time-limit reached"
+        try:
+            row = measure(impl, mode, T, d, c, rep, first=run_no == 1)
+        except Exception as exc:  # noqa: BLE001 - keep every row measured so far, and the reports
+            row = new_row(impl, mode, T, d, c, "error: " + _reason(exc, []))
+            print(f"  {impl} {mode} T={T} d={d} causal={c}: {row['status']}", flush=True)
+        first_status.setdefault((T, d, c, mode, impl), row["status"])
+        runs.append(dict(row, run=run_no))
+        save()  # every row as soon as it exists
+    return len(todo), None
+
+
+def write_choices(stem: Path, info: dict) -> None:
+    """The autotuner's choices (kernel_gpu.autotune_choices, against the ahead-of-time report of this
+    Triton) into ``<stem>-kernels.json`` and ``.md``; a failure is printed, not raised."""
+    import triton
+
+    from helpers.tools import kernel_gpu
+
+    try:
+        report = kernel_gpu.aot_report(RESULTS_DIR, triton.__version__)
+        choices = kernel_gpu.autotune_choices(HEAD_DIMS, report)
+    except Exception as exc:  # noqa: BLE001 - the timings are written already
+        print(f"The autotuner's choices: not read: {type(exc).__name__}: {exc}", flush=True)
+        return
+    (stem.parent / f"{stem.name}-kernels.json").write_text(json.dumps(choices, indent=1))
+    table = kernel_gpu.choices_markdown(choices)
+    machine_line = ", ".join(f"{k} {v}" for k, v in info.items() if k not in ("states", "clocks_before", "clocks_after"))
+    (stem.parent / f"{stem.name}-kernels.md").write_text("\n".join(
+        [f"# The autotuner's choices on {info['gpu']}", "",
+         machine_line + ". registers / spill_bytes: this GPU's compile; "
+         f"aot_*: helpers/results/{report.name} (make kernel-report, Triton {triton.__version__} on a CPU).", ""]
+        + table) + "\n")
+    print("\n".join(table))
 
 
 def run_decode(args: argparse.Namespace, info: dict) -> int:

@@ -424,21 +424,24 @@ def refusal(exc: BaseException, caught: list) -> str:
     return re.sub(r"\s+", " ", text)[:200]
 
 
+def blank_rows(B: int, T: int, H_kv: int, impls, status: str) -> list[dict]:
+    """One row per implementation of a shape, nothing measured, with ``status``."""
+    return [dict(B=B, T=T, H=HEADS, H_kv=H_kv, d=HEAD_DIM, page=PAGE, impl=i, n_splits=None, gb_per_s=None,
+                 backend=None, kernels=None, **dict.fromkeys(TIMES), status=status) for i in impls]
+
+
 def measure_shape(B: int, T: int, H_kv: int, impls, rep: int, device: str = "cuda",
                   profile: bool = True) -> list[dict]:
     """Every implementation on one (B, T, H_kv): rows of the four times (µs), GB/s, the SDPA
     backend and (``profile``: the first pass) kernels, status. ``device="cpu"``: fp32, the course
     kernel in Triton's interpreter, ``us_eager`` by the wall clock (2 steps), no GPU columns."""
     cuda = device == "cuda"
-    base = dict(B=B, T=T, H=HEADS, H_kv=H_kv, d=HEAD_DIM, page=PAGE)
-    empty = dict(n_splits=None, gb_per_s=None, backend=None, kernels=None,
-                 **dict.fromkeys(TIMES))
     kv_bytes = 2 * B * T * H_kv * HEAD_DIM * 2
     if cuda:
         free, _ = torch.cuda.mem_get_info()
         if 2.6 * kv_bytes > 0.9 * free:  # contiguous + paged caches, a page-sized copy in flight
             why = f"skipped: needs ~{2.6 * kv_bytes / 2**30:.0f} GiB, {free / 2**30:.0f} GiB free"
-            return [dict(base, impl=i, **empty, status=why) for i in impls]
+            return blank_rows(B, T, H_kv, impls, why)
     gen = torch.Generator(device=device).manual_seed(B * T + H_kv)
     k, v, k_pages, v_pages, table, lens = _caches(B, T, H_kv, gen, device)
     q = torch.randn(B, HEADS, HEAD_DIM, device=device, dtype=k.dtype, generator=gen)
@@ -447,7 +450,7 @@ def measure_shape(B: int, T: int, H_kv: int, impls, rep: int, device: str = "cud
     for impl in impls:
         n_splits = {"course": None if sms is None else td.default_n_splits(B, H_kv, T, sms),
                     "course-1split": 1}.get(impl)
-        row = dict(base, impl=impl, **empty, status="ok")
+        (row,) = blank_rows(B, T, H_kv, [impl], "ok")
         row["n_splits"] = n_splits
         step = _step(impl, q, k, v, k_pages, v_pages, table, lens, n_splits)
         caught: list = []
@@ -476,6 +479,8 @@ def measure_shape(B: int, T: int, H_kv: int, impls, rep: int, device: str = "cud
             row["status"] = "OOM"
         except RuntimeError as exc:  # an SDPA backend that refuses this shape
             row["status"] = "unsupported: " + refusal(exc, caught)
+        except Exception as exc:  # noqa: BLE001 - any other failure is this row's, not the run's
+            row["status"] = f"error: {type(exc).__name__}: " + refusal(exc, [])
         rows.append(row)
     del k, v, k_pages, v_pages, table, lens, q
     gc.collect()
@@ -648,13 +653,32 @@ def _progress(rows: list[dict]) -> str:
         f"graph cold {r['us_graph_cold'] or 0:.1f})" if r["us"] else r["status"]) for r in rows)
 
 
+def time_pass(shapes, impls, rep: int, run_no: int, deadline: float | None, runs: list[dict], save) -> str | None:
+    """One pass over ``shapes`` ((H_kv, B, T)): each shape's rows into ``runs``, ``save()`` after
+    each; a shape that raised outside measure_shape's own handling (its caches) gives ``error``
+    rows. Stops before a shape that would start past ``deadline`` (a ``time.perf_counter()``
+    value) and says why; else returns None."""
+    for H_kv, B, T in shapes:
+        if deadline is not None and time.perf_counter() > deadline:
+            return "the time limit reached"
+        try:
+            new = measure_shape(B, T, H_kv, impls, rep, profile=run_no == 1)
+        except Exception as exc:  # noqa: BLE001 - keep every row measured so far, and the report
+            new = blank_rows(B, T, H_kv, impls, f"error: {type(exc).__name__}: " + refusal(exc, []))
+        runs.extend(dict(r, run=run_no) for r in new)
+        print(_progress(new), flush=True)
+        save()
+    return None
+
+
 def run(info: dict, out_dir: Path, rep: int = 20, batches=BATCHES, contexts=CONTEXTS,
         kv_heads=KV_HEADS, impls=IMPLS, repeats: int = REPEATS, deadline: float | None = None) -> int:
     """Check, warm every implementation up (one untimed shape), then time every shape in
     ``repeats`` passes over the grid (fewer where another pass would end after ``deadline``, a
-    ``time.perf_counter()`` value); after each shape, ``<out_dir>/<gpu>-decode.csv`` holds every
-    row so far (medians of the passes so far), after each pass ``.md`` too. Returns 1 (nothing
-    timed) when the kernel disagrees with SDPA."""
+    ``time.perf_counter()`` value; a pass stops at the first shape that would start after it);
+    after each shape, ``<out_dir>/<gpu>-decode.csv`` holds every row so far (medians of the
+    passes so far), after each pass ``.md`` too. Returns 1 (nothing timed) when the kernel
+    disagrees with SDPA."""
     print("Checking the decode kernel against SDPA (caches poisoned with NaN):", flush=True)
     failures = check_decode()
     if failures:
@@ -673,14 +697,14 @@ def run(info: dict, out_dir: Path, rep: int = 20, batches=BATCHES, contexts=CONT
             print(f"Decode: stopping after {run_no - 1} passes: another would end past the time limit", flush=True)
             break
         start = time.perf_counter()
-        for H_kv, B, T in shapes:
-            new = measure_shape(B, T, H_kv, impls, rep, profile=run_no == 1)
-            runs += [dict(r, run=run_no) for r in new]
-            print(_progress(new), flush=True)
-            write_csv(with_bandwidth(aggregate(runs, KEY, TIMES)), info, stem.with_suffix(".csv"))
+        stopped = time_pass(shapes, impls, rep, run_no, deadline, runs,
+                            lambda: write_csv(with_bandwidth(aggregate(runs, KEY, TIMES)), info, stem.with_suffix(".csv")))
         write_markdown(with_bandwidth(aggregate(runs, KEY, TIMES)), info, stem.with_suffix(".md"))
         last = time.perf_counter() - start
         print(f"Decode pass {run_no} of {repeats}: {last:.0f} s", flush=True)
+        if stopped:
+            print(f"Decode: stopping in pass {run_no}: {stopped}", flush=True)
+            break
     info["clocks_after"] = clocks_text(gpu_state())
     rows = with_bandwidth(aggregate(runs, KEY, TIMES))
     write_csv(rows, info, stem.with_suffix(".csv"))

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One call on a lent GPU (the device tool), run from the repository root:
 #   COURSE_COMMIT=<sha> bash bench/gpu_session.sh
-# Stages, each with its own time limit, so that the call ends in under 9 minutes (worst case: the
-# limits' sum, ENV_S + AOT_S + PREFILL_S + DECODE_S + TEST_S = 515 s, plus packing):
+# Stages, each under one time limit of its own, so that the call ends in under 9 minutes (worst case:
+# the limits' sum, ENV_S + AOT_S + PREFILL_S + DECODE_S + TEST_S = 525 s, plus packing):
 #   1. the environment: nvidia-smi's query, torch / CUDA / cuDNN / Triton versions, and what
 #      `bench_attention.py --estimate` expects each bench stage to take (a model; compare with the log);
 #   2. ahead-of-time compiles with the Triton the GPU runs (helpers.tools.kernel_report);
@@ -19,7 +19,7 @@ WORK=${WORK:-/tmp/gpu_session_work}
 mkdir -p "$OUT" "$WORK"
 export PYTHONUNBUFFERED=1
 PY=${PY:-python3}
-ENV_S=${ENV_S:-20} AOT_S=${AOT_S:-90} PREFILL_S=${PREFILL_S:-240} DECODE_S=${DECODE_S:-105} TEST_S=${TEST_S:-60}
+ENV_S=${ENV_S:-30} AOT_S=${AOT_S:-90} PREFILL_S=${PREFILL_S:-240} DECODE_S=${DECODE_S:-105} TEST_S=${TEST_S:-60}
 # T = 1,024 and 4,096 hold every goal's cells; course-pointers and both SDPA backends are what
 # notebook 09 reads at T = 4,096. What each should take: the environment stage prints it (and
 # bench/README.md says it, tests/test_bench_attention.py keeping the two in step).
@@ -27,16 +27,23 @@ PREFILL_ARGS=${PREFILL_ARGS:---seqs 1024,4096 --impls sdpa-flash,sdpa-cudnn,cour
 DECODE_ARGS=${DECODE_ARGS:---decode-batches 1,32 --decode-ctx 1024,16384 --decode-impls course,course-1split,sdpa-flash,sdpa-cudnn,sdpa-default --rep 25 --repeats 3}
 pack() { tar -czf "$OUT/session.tgz.part" -C "$WORK" . && mv "$OUT/session.tgz.part" "$OUT/session.tgz"; }
 stage() { echo "== $1, at most $2 s ($(date -u +%T))"; }
+# the environment stage's commands, under one timeout together (a timeout each would allow 4 x ENV_S)
+# shellcheck disable=SC2086
+environment() {
+  nvidia-smi --format=csv \
+    --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,clocks.mem,power.limit,temperature.gpu,pstate
+  $PY -c "import os, torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda,
+'cudnn', torch.backends.cudnn.version(), 'triton', triton.__version__, 'capability',
+torch.cuda.get_device_capability(), 'cpus', os.cpu_count())"
+  $PY bench/bench_attention.py --estimate --no-decode $PREFILL_ARGS
+  $PY bench/bench_attention.py --estimate --decode-only $DECODE_ARGS
+}
+export -f environment
+export PY PREFILL_ARGS DECODE_ARGS
 # shellcheck disable=SC2086
 {
   stage environment "$ENV_S"
-  timeout "$ENV_S" nvidia-smi --format=csv \
-    --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,clocks.mem,power.limit,temperature.gpu,pstate
-  timeout "$ENV_S" $PY -c "import os, torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda,
-'cudnn', torch.backends.cudnn.version(), 'triton', triton.__version__, 'capability',
-torch.cuda.get_device_capability(), 'cpus', os.cpu_count())"
-  timeout "$ENV_S" $PY bench/bench_attention.py --estimate --no-decode $PREFILL_ARGS
-  timeout "$ENV_S" $PY bench/bench_attention.py --estimate --decode-only $DECODE_ARGS
+  timeout "$ENV_S" bash -c environment
   stage "ahead-of-time compiles (kernel_report)" "$AOT_S"
   time timeout "$AOT_S" $PY -m helpers.tools.kernel_report --fast --targets sm_90 --jobs 16 --out "$WORK/aot"
   pack

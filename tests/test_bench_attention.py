@@ -2,8 +2,10 @@
 spreads of given per-pass timings), the report on made-up passes (flags, the CUDA-graph and profiler
 columns, the machine's record, the plot), the goals (a run that passes every one, and one failing
 each, named in the summary), the name of SDPA's default backend on the CPU, the fused backward's
-check (stand-ins where the real kernel would be slow or is missing), the run-time model behind
-bench/README.md's estimates, and `make bench`'s no-GPU path.
+check (a fused backward that fails refuses course-fused alone), the passes against a made-up clock
+(--time-limit mid-pass, a cell that raises), which ahead-of-time report the autotuner's choices are
+compared with, the compile workers' start under a script that imported Triton, the run-time model
+behind bench/README.md's estimates, and `make bench`'s no-GPU path.
 
 The CUDA glue (do_bench, do_bench_cudagraph, torch.profiler on the GPU, nvidia-smi) runs on the next
 lent GPU (bench/gpu_session.sh); its arithmetic is factored out and tested here.
@@ -11,10 +13,14 @@ lent GPU (bench/gpu_session.sh); its arithmetic is factored out and tested here.
 
 from __future__ import annotations
 
+import ast
 import csv
+import os
 import re
 import shlex
+import subprocess
 import sys
+import textwrap
 import warnings
 from pathlib import Path
 
@@ -144,6 +150,7 @@ def test_report_of_synthetic_passes(tmp_path):
 def test_profiler_and_host_arithmetic():
     events = [("flash_fwd", True, 100.0), ("aten::sdpa", False, 50.0), ("Memset (Device)", True, 300.0)]
     assert ba.profile_summary(events, 2) == (pytest.approx(0.2), 1.0)
+    assert ba.profile_summary(events[1:2], 2) == (None, None)  # no GPU activity seen: no number, not 0 ms
     assert ba.bound({"host_ms": 0.05, "gpu_ms": 0.03}) == "host"
     assert ba.bound({"host_ms": 0.05, "gpu_ms": 0.3}) == "GPU"
     assert ba.bound({"host_ms": 0.05, "gpu_ms": None}) == ""
@@ -167,7 +174,7 @@ def test_the_cuda_glue_runs_its_python_on_the_cpu(monkeypatch):
     assert ba.host_ms(step, reset, n=3) > 0 and len(calls) == 3 and x.grad is not None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # CUDA is not available, disabling CUDA profiling
-        assert ba.profile_calls(step, reset) == (0.0, 0.0)
+        assert ba.profile_calls(step, reset) == (None, None)
     ms, status = ba.graph_ms(step, [x], 25)
     assert ms is None and status.startswith("not captured: ")
 
@@ -290,6 +297,119 @@ def test_a_case_failing_only_in_the_fused_backward_refuses_course_fused_alone():
     assert blocking == [] and refused["course-fused"].startswith("not timed: disagrees with SDPA (2 failures")
     assert ba.refusals(fused + other, impls)[0] == other
     assert ba.refusals(fused, ["course"]) == ([], {})
+
+
+def test_a_fused_backward_that_fails_to_run_refuses_course_fused_alone(monkeypatch):
+    """check_case runs the fused backward apart: its error is a "fused ..." failure of the case, which
+    refusals turns into course-fused's refusal alone, the forward and two-kernel backward still checked."""
+    from helpers.tools import kernel_gpu
+
+    real = ba.tf.flash_attention_triton_backward
+
+    def no_fused(*args, deterministic=True, **kwargs):
+        if not deterministic:
+            raise RuntimeError("the fused kernel does not compile here")
+        return real(*args, deterministic=deterministic, **kwargs)
+
+    monkeypatch.setattr(ba.tf, "flash_attention_triton_backward", no_fused)
+    before = ba.tf.USE_TMA
+    name, _, failures = kernel_gpu.check_case(("fp32", 1, 2, 1, 17, 17, 16, True), False)
+    assert failures == ["fused dq, dk, dv: RuntimeError: the fused kernel does not compile here"]
+    assert ba.tf.USE_TMA is before, "check_case must give back the load path it forced"
+    blocking, refused = ba.refusals([f"{name}: {f}" for f in failures], ["sdpa-flash", "course", "course-fused"])
+    assert blocking == [] and list(refused) == ["course-fused"]
+
+
+def test_the_autotuners_choices_compare_with_the_report_of_the_same_triton(tmp_path):
+    from helpers.tools import kernel_gpu
+
+    assert kernel_gpu.aot_report(ba.RESULTS_DIR, "3.6.0").name == "kernel_aot_triton36.json"  # the GPU's Triton
+    for name, version in (("kernel_aot", "3.9.0"), ("kernel_aot_triton36", "3.6.0")):
+        (tmp_path / f"{name}.json").write_text("[]")
+        (tmp_path / f"{name}.meta.json").write_text(f'{{"triton": "{version}"}}')
+    assert kernel_gpu.aot_report(tmp_path, "3.6.1").name == "kernel_aot_triton36.json"
+    assert kernel_gpu.aot_report(tmp_path, "3.9.0").name == "kernel_aot.json"
+    assert kernel_gpu.aot_report(tmp_path, "3.7.0").name == "kernel_aot.json"  # none of its own: the default
+
+
+@pytest.mark.slow  # make test-all: two fresh interpreters import torch and Triton (several seconds)
+def test_compile_workers_start_under_a_script_that_imported_triton(tmp_path):
+    """On a GPU, kernel_gpu's pools run under bench_attention.py, a main script that imports Triton:
+    each spawned worker re-imports it, then kernel_report's start-up refuses a Triton imported without
+    TRITON_INTERPRET=0. Played on the CPU: kernels decorated for the GPU, the variable then unset, as
+    on a GPU host."""
+    script = tmp_path / "bench_like.py"
+    script.write_text(textwrap.dedent(f"""
+        import os
+        import sys
+
+        os.environ["TRITON_INTERPRET"] = "0"  # decorated for the GPU, as on a GPU host
+        sys.path.insert(0, {str(ROOT / "bench")!r})
+        import bench_attention  # noqa: F401, E402  (the benchmark's main script imports Triton)
+        from helpers.tools import kernel_gpu  # noqa: E402
+
+        if __name__ == "__main__":
+            del os.environ["TRITON_INTERPRET"]  # a GPU host sets none
+            with kernel_gpu._gpu_pool(1) as pool:
+                print(list(pool.map(abs, [-3])))
+        """))
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0 and "[3]" in run.stdout, run.stderr[-3000:]
+
+
+class Clock:
+    """A stand-in for the time module: perf_counter() reads ``now``, which the test moves."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+def test_a_pass_stops_at_the_time_limit_and_a_cell_that_raises_is_a_row(monkeypatch, tmp_path, capsys):
+    """run_prefill's passes against a made-up clock (each cell 10 s): the first pass stops before the
+    first cell that would start past the deadline, the cells never reached say so, a cell whose
+    measurement raised (a CUDA error outside measure's own handling) is an error row, and the
+    reports are written."""
+    from helpers.tools import kernel_gpu
+
+    clock = Clock()
+    monkeypatch.setattr(ba, "time", clock)
+    monkeypatch.setattr(kernel_gpu, "check_kernels", lambda paths: [])
+    monkeypatch.setattr(bd, "gpu_state", lambda: {})
+    monkeypatch.setattr(ba, "warm_up", lambda *args: None)
+    monkeypatch.setattr(ba, "plot", lambda *args: None)
+    measured = []
+
+    def measure(impl, mode, T, d, c, rep, first=True):
+        measured.append((mode, d, c))
+        clock.now += 10
+        if (mode, d, c) == ("fwd", 64, True):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return dict(ba.new_row(impl, mode, T, d, c), ms=1.0, host_ms=0.1)
+
+    monkeypatch.setattr(ba, "measure", measure)
+    info = {k: v for k, v in INFO.items() if k != "states"}
+    assert ba.run_prefill(["sdpa-flash"], (1024,), 1, 3, info, tmp_path, False, deadline=clock.now + 55) == 0
+    assert len(measured) == 6  # cells start at 0, 10, ..., 50 s; the 7th would start at 60 s > 55 s
+    assert "Stopping in pass 1: --time-limit reached" in capsys.readouterr().out
+    rows = {(r["mode"], r["d"], r["causal"]): r for r in csv.DictReader((tmp_path / "fake-gpu.csv").open())}
+    assert len(rows) == 8 and rows[("fwd", "64", "False")]["ms"] == "1"
+    assert rows[("fwd", "64", "True")]["status"] == "error: CUDA error: an illegal memory access was encountered"
+    not_reached = [k for k, r in rows.items() if r["status"] == "skipped: not reached before --time-limit"]
+    assert not_reached == [("fwd", "128", "True"), ("fwd+bwd", "128", "True")]
+    assert "skipped: not reached before --time-limit" in (tmp_path / "fake-gpu.md").read_text()
+
+
+def test_the_time_limit_counts_from_before_the_slow_imports():
+    """--time-limit counts from START, as the session's `timeout` counts from the process's start:
+    START is taken before torch's and Triton's imports (seconds on a GPU host), not after them."""
+    body = ast.parse((ROOT / "bench" / "bench_attention.py").read_text()).body
+    start = next(n.lineno for n in body if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "START")
+    torch_import = next(n.lineno for n in body if isinstance(n, ast.Import) and n.names[0].name == "torch")
+    assert start < torch_import
 
 
 def test_make_bench_without_cuda_checks_the_kernels_in_the_interpreter(monkeypatch, capsys):

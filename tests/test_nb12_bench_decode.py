@@ -1,8 +1,9 @@
 """Notebook 12's decode benchmark (bench/bench_decode.py), as far as it runs without a GPU: the
 paged and contiguous caches it times hold the same tokens (a wrong page layout would time a step
 that computes something else), each SDPA row records the backend and the ops that ran, a backend
-that refuses the shape says so, the four timing modes reach the CSV and the markdown with a split
-gain of their own, and a run recorded before the new columns existed still reports.
+that refuses the shape says so and a step that fails otherwise is its row's error, the four timing
+modes reach the CSV and the markdown with a split gain of their own, a run recorded before the new
+columns existed still reports, and the passes stop at the time limit (a made-up clock).
 
 The GPU-only paths (``do_bench``, the CUDA-graph replays, the profiler's kernel names) run on the
 next lent GPU; here ``measure_shape(..., device="cpu")`` takes the same rows through the course
@@ -65,6 +66,62 @@ def test_measure_shape_on_cpu_records_backend_ops_and_refusals():
     for name in ("course", "sdpa-math", "sdpa-default"):
         r = rows[name]
         assert r["us_eager"] > 0 and r["us"] is r["us_graph"] is r["us_graph_cold"] is None
+
+
+def test_a_step_that_fails_otherwise_is_its_rows_error(monkeypatch):
+    """Not a backend's refusal (RuntimeError) nor OOM: the row says error, the other rows are timed."""
+    real = bd._step
+
+    def step(impl, *args):
+        if impl != "sdpa-efficient":
+            return real(impl, *args)
+
+        def fails():
+            raise ValueError("a kernel that cannot take this shape")
+
+        return fails
+
+    monkeypatch.setattr(bd, "_step", step)
+    rows = {r["impl"]: r for r in bd.measure_shape(1, 32, 8, ("sdpa-math", "sdpa-efficient"), rep=1, device="cpu",
+                                                    profile=False)}
+    assert rows["sdpa-math"]["status"] == "ok" and rows["sdpa-math"]["us_eager"] > 0
+    assert rows["sdpa-efficient"]["status"] == "error: ValueError: a kernel that cannot take this shape"
+
+
+class Clock:
+    """A stand-in for the time module: perf_counter() reads ``now``, which the test moves."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+def test_a_decode_pass_stops_at_the_time_limit_and_a_shape_that_raises_is_rows(monkeypatch, tmp_path, capsys):
+    """run's passes against a made-up clock (each shape 10 s, the warm-up one): the first pass stops
+    before the shape that would start past the deadline; a shape whose caches raised gives error
+    rows; the CSV and the markdown are written."""
+    clock = Clock()
+    monkeypatch.setattr(bd, "time", clock)
+    monkeypatch.setattr(bd, "check_decode", lambda: [])
+    monkeypatch.setattr(bd, "gpu_state", lambda: {})
+
+    def measure_shape(B, T, H_kv, impls, rep, device="cuda", profile=True):
+        clock.now += 10
+        if T == 4096:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (the caches)")
+        return [dict(r, us=10.0, us_graph=5.0) for r in bd.blank_rows(B, T, H_kv, impls, "ok")]
+
+    monkeypatch.setattr(bd, "measure_shape", measure_shape)
+    assert bd.run(dict(INFO), tmp_path, rep=1, batches=(1,), contexts=(1024, 4096, 16384), kv_heads=(8,),
+                  impls=("course", "sdpa-default"), repeats=3, deadline=clock.now + 25) == 0
+    assert "Decode: stopping in pass 1: the time limit reached" in capsys.readouterr().out
+    rows = list(csv.DictReader((tmp_path / "test-gpu-decode.csv").open()))
+    assert [(r["T"], r["status"]) for r in rows] == [
+        ("1024", "ok"), ("1024", "ok"), ("4096", "error: OutOfMemoryError: CUDA out of memory (the caches)"),
+        ("4096", "error: OutOfMemoryError: CUDA out of memory (the caches)")]
+    assert "| 1 | 1024 | 10.0 / 419 " in (tmp_path / "test-gpu-decode.md").read_text()  # GB/s from the median
 
 
 def test_short_kernel_names():

@@ -18,6 +18,7 @@ Needs a CUDA GPU; ``python -m helpers.tools.kernel_gpu`` runs the checks alone.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 import time
@@ -60,6 +61,21 @@ def _workers() -> int:
 
 
 @contextlib.contextmanager
+def _gpu_pool(jobs: int):
+    """kernel_report's spawned workers, for a process that compiles for the GPU. A spawned worker
+    first re-imports the parent's main script (bench/bench_attention.py imports Triton), and
+    kernel_report's initializer refuses a Triton imported without TRITON_INTERPRET=0: on a GPU,
+    where the variable is unset, every worker would die and the pool break. So the workers inherit
+    TRITON_INTERPRET=0, what this process already runs under."""
+    from helpers import nb09_triton_flash as tf
+
+    if not tf._INTERPRET:
+        os.environ["TRITON_INTERPRET"] = "0"
+    with _pool(jobs) as pool:
+        yield pool
+
+
+@contextlib.contextmanager
 def nan_filled_empty():
     """Within it, torch.empty fills floating-point tensors with NaN, so an output element a kernel
     never writes shows as NaN instead of whatever the memory held."""
@@ -79,7 +95,18 @@ def nan_filled_empty():
 
 
 def check_case(case: tuple, tma: bool) -> tuple[str, float, list[str]]:
-    """One case on the GPU: (its name, seconds, failures; empty when it passes)."""
+    """One case on the GPU: (its name, seconds, failures; empty when it passes). The load path is
+    forced for the case (``USE_TMA``) and given back after it."""
+    from helpers import nb09_triton_flash as tf
+
+    previous, tf.USE_TMA = tf.USE_TMA, tma
+    try:
+        return _check_case(case, tma)
+    finally:
+        tf.USE_TMA = previous
+
+
+def _check_case(case: tuple, tma: bool) -> tuple[str, float, list[str]]:
     import torch
     import torch.nn.functional as F
 
@@ -89,7 +116,6 @@ def check_case(case: tuple, tma: bool) -> tuple[str, float, list[str]]:
     name = (f"{dtype_name} B={B} H={H} H_kv={H_kv} T_q={T_q} T_k={T_k} d={d} causal={causal} "
             f"{'tma' if tma else 'pointers'}")
     start = time.perf_counter()
-    tf.USE_TMA = tma
     dtype = getattr(torch, DTYPES[dtype_name])
     device = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: the interpreter (small cases only)
     g = torch.Generator(device=device).manual_seed(zlib.crc32(repr(case).encode()))
@@ -103,16 +129,21 @@ def check_case(case: tuple, tma: bool) -> tuple[str, float, list[str]]:
         with nan_filled_empty():
             out, lse = tf.flash_attention_triton_forward(q, k, v, causal=causal)
             grads = tf.flash_attention_triton_backward(q, k, v, out, lse, grad_out, causal=causal)
-            fused = tf.flash_attention_triton_backward(q, k, v, out, lse, grad_out, causal=causal, deterministic=False)
-        if device == "cuda":
-            torch.cuda.synchronize()
+        _sync(device)
     except Exception as exc:  # a compile or launch error is a failure of this case, not of the run
-        return name, time.perf_counter() - start, [f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"]
+        return name, time.perf_counter() - start, [_error(exc)]
+    try:  # the fused backward apart: its error refuses course-fused alone ("fused ..."; bench's refusals)
+        with nan_filled_empty():
+            fused = tf.flash_attention_triton_backward(q, k, v, out, lse, grad_out, causal=causal, deterministic=False)
+        _sync(device)
+    except Exception as exc:
+        fused = None
+        failures.append(f"fused dq, dk, dv: {_error(exc)}")
     q32, k32, v32 = (t.float().requires_grad_() for t in (q, k, v))
     ref = F.scaled_dot_product_attention(q32, k32, v32, is_causal=causal, enable_gqa=H_kv != H)
     ref.backward(grad_out.float())
     checks = [("out", out, ref.detach(), "fwd")] + [
-        (f"{prefix}{what}", got, want, "bwd") for prefix, three in (("", grads), ("fused ", fused))
+        (f"{prefix}{what}", got, want, "bwd") for prefix, three in (("", grads), ("fused ", fused)) if three is not None
         for what, got, want in zip(("dq", "dk", "dv"), three, (q32.grad, k32.grad, v32.grad))]
     for what, got, want, kind in checks:
         atol, rtol = TOL[(dtype_name, kind)]
@@ -124,6 +155,19 @@ def check_case(case: tuple, tma: bool) -> tuple[str, float, list[str]]:
         except AssertionError as exc:
             failures.append(f"{what}: " + " ".join(str(exc).split())[:300])
     return name, time.perf_counter() - start, failures
+
+
+def _sync(device: str) -> None:
+    """Wait for the GPU (a launch error shows here); nothing on the CPU."""
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _error(exc: BaseException) -> str:
+    """'TypeError: first line of the message' (300 characters at most)."""
+    return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:300]}"
 
 
 def _check_job(job):
@@ -141,7 +185,7 @@ def check_kernels(tma_paths: tuple[bool, ...] = (True, False)) -> list[str]:
     jobs = [(case, tma) for tma in tma_paths for case in CASES
             if not (case[0] == "bf16" and torch.cuda.get_device_capability() < (8, 0))]
     failures = []
-    with _pool(_workers()) as pool:
+    with _gpu_pool(_workers()) as pool:
         for name, seconds, bad in pool.map(_check_job, jobs):
             print(f"  {'FAIL' if bad else 'ok  '} {name} ({seconds:.1f} s)", flush=True)
             failures += [f"{name}: {b}" for b in bad]
@@ -175,13 +219,12 @@ def precompile_one(job: tuple) -> tuple[tuple, str]:
     from helpers import nb09_triton_flash as tf
 
     B, H, T, d, causal, tma, kind, row = job
-    tf.USE_TMA = tma
     q, k, v, grad_out = (torch.randn(B, H, T, d, device="cuda", dtype=torch.float16) for _ in range(4))
     tuners = tf._launchers(q, tma)
     configs = tf.triton_configs([row])
     warm = tuple(_WarmOnly(t, configs if name == kind else []) for name, t in zip(KINDS, tuners))
-    real = tf._launchers
-    tf._launchers = lambda _q, _tma: warm
+    real, previous = tf._launchers, tf.USE_TMA
+    tf._launchers, tf.USE_TMA = (lambda _q, _tma: warm), tma
     try:
         out, lse = tf.flash_attention_triton_forward(q, k, v, causal=causal)
         if kind != "fwd":  # "bwd": the fused backward's launcher; "dkdv", "dq": the two-kernel one's
@@ -192,7 +235,7 @@ def precompile_one(job: tuple) -> tuple[tuple, str]:
     except Exception as exc:  # a config that does not compile: the autotuner skips it too
         return job, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
     finally:
-        tf._launchers = real
+        tf._launchers, tf.USE_TMA = real, previous
 
 
 def precompile(B: int, H: int, seqs, head_dims, tma_paths) -> int:
@@ -215,7 +258,7 @@ def precompile(B: int, H: int, seqs, head_dims, tma_paths) -> int:
                             if tf.valid_config(kind, row[0], row[1], causal, T, T):
                                 jobs.append((B, H, T, d, causal, tma, kind, row))
     start = time.perf_counter()
-    with _pool(_workers()) as pool:
+    with _gpu_pool(_workers()) as pool:
         errors = [(job, err) for job, err in pool.map(precompile_one, jobs) if err]
     for job, err in errors:
         print(f"  precompile {job}: {err}")
@@ -260,6 +303,19 @@ def compiled_kernels() -> list[dict]:
                 except Exception as exc:  # a Triton whose internals differ: say so, keep going
                     rows.append({"kernel": kind, "error": f"{type(exc).__name__}: {exc}"[:200]})
     return rows
+
+
+def aot_report(results_dir: Path, version: str) -> Path:
+    """The ahead-of-time report compiled with this Triton ``version`` (its major.minor, as the
+    report's .meta.json names it): kernel_aot_triton36.json on the GPU's Triton 3.6, so that a
+    difference in registers is the GPU's and not Triton's; else kernel_aot.json."""
+    major_minor = version.split(".")[:2]
+    for path in (results_dir / f"kernel_aot_triton{''.join(major_minor)}.json", results_dir / "kernel_aot.json"):
+        meta = path.with_suffix(".meta.json")
+        if path.exists() and meta.exists() and \
+                str(json.loads(meta.read_text()).get("triton", "")).split(".")[:2] == major_minor:
+            return path
+    return results_dir / "kernel_aot.json"
 
 
 def _report_rows(path: Path) -> dict:
