@@ -379,7 +379,7 @@ def test_config_tables_and_pruning():
 
 
 HOPPER_COMPILE = """
-import os, sys
+import os, re, sys
 os.environ["TRITON_INTERPRET"] = "0"  # decorate the kernels for the GPU, not the interpreter
 import triton
 from triton.backends.compiler import GPUTarget
@@ -387,11 +387,13 @@ from triton.compiler import ASTSource
 import helpers.nb09_triton_flash as tf
 
 def compile_for_hopper(fn, consts):
+    # a constexpr not given takes its default, as at a launch (else it would compile as a runtime int)
+    consts = {**{p.name: p.default for p in fn.params if p.is_constexpr and p.name not in consts}, **consts}
     sig = {}
     for name in fn.arg_names:
         if name in consts:
             sig[name] = "constexpr"
-        elif name in ("Lse", "Delta"):
+        elif name in ("Lse", "Delta", "DQ_ACC"):
             sig[name] = "*fp32"
         elif name in ("Q", "K", "V", "Out", "DO", "DK", "DV", "DQ"):
             sig[name] = "*fp16"
@@ -399,14 +401,17 @@ def compile_for_hopper(fn, consts):
             sig[name] = "fp32" if name.endswith("scale") else "i32"
     kernel = triton.compile(ASTSource(fn, sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
                             options={"num_warps": 4, "num_stages": 3})
-    print(fn.__name__, consts.get("TMA"), "shared", kernel.metadata.shared,
-          "tma", "cp.async.bulk.tensor" in kernel.asm["ptx"], "wgmma", "warp_group_dot" in kernel.asm["ttgir"])
+    ptx = kernel.asm["ptx"]
+    print(fn.__name__, consts.get("TMA"), "fused", bool(consts.get("FUSED_DQ")),
+          "atomics", re.search(r"\\b(red|atom)\\.global", ptx) is not None, "shared", kernel.metadata.shared,
+          "tma", "cp.async.bulk.tensor" in ptx, "wgmma", "warp_group_dot" in kernel.asm["ttgir"])
 
 for tma in (False, True):
     common = {"HEAD_DIM": 64, "CAUSAL": True, "DOT_PRECISION": "tf32", "TMA": tma}
     compile_for_hopper(tf._attn_fwd, {**common, "BLOCK_M": 64, "BLOCK_N": 32})
     compile_for_hopper(tf._attn_bwd_dkdv, {**common, "BLOCK_M": 32, "BLOCK_N": 64})
     compile_for_hopper(tf._attn_bwd_dq, {**common, "BLOCK_M": 64, "BLOCK_N": 32})
+    compile_for_hopper(tf._attn_bwd_dkdv, {**common, "BLOCK_M": 32, "BLOCK_N": 64, "FUSED_DQ": True})
 compile_for_hopper(tf._bwd_preprocess, {"HEAD_DIM": 64, "BLOCK_M": 128})
 """
 
@@ -416,7 +421,8 @@ compile_for_hopper(tf._bwd_preprocess, {"HEAD_DIM": 64, "BLOCK_M": 128})
 def test_kernels_compile_for_hopper_without_a_gpu():
     """The GPU path never runs here, but Triton can compile it ahead of time (to sm_90 PTX and a
     cubin, with the ptxas bundled in the wheel): this catches what the interpreter lets through
-    (type mismatches in loops, unsupported ops) and checks that the dots become Hopper wgmma."""
+    (type mismatches in loops, unsupported ops) and checks that the dots become Hopper wgmma, that
+    the descriptor path loads with TMA, and that only the fused backward has atomics."""
     import os
     import subprocess
     from pathlib import Path
@@ -428,9 +434,11 @@ def test_kernels_compile_for_hopper_without_a_gpu():
     if run.returncode and "ptxas" in run.stderr and ("not found" in run.stderr or "No such file" in run.stderr):
         pytest.skip("this Triton install has no ptxas to compile with")
     assert run.returncode == 0, run.stderr[-3000:]
-    lines = run.stdout.splitlines()
-    assert len(lines) == 7 and all(line.split()[-1] == "True" for line in lines[:6]), run.stdout  # wgmma
-    assert [line.split()[-3] for line in lines[:6]] == ["False"] * 3 + ["True"] * 3, run.stdout  # TMA copies
+    kernels = [line.split() for line in run.stdout.splitlines()]
+    assert len(kernels) == 9 and all(k[-1] == "True" for k in kernels[:8]), run.stdout  # wgmma
+    assert [k[-3] for k in kernels[:8]] == ["False"] * 4 + ["True"] * 4, run.stdout  # TMA copies
+    assert [k[5] for k in kernels] == [k[3] for k in kernels] == ["False"] * 3 + ["True"] + ["False"] * 3 + [
+        "True", "False"], run.stdout  # atomics in the fused backward only
 
 
 @needs_triton
