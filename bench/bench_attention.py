@@ -235,10 +235,8 @@ def _free_cuda() -> None:
 
 
 def _reason(exc: BaseException, caught: list) -> str:
-    """A one-line reason from an exception and the warnings SDPA emitted while refusing."""
-    texts = [str(w.message) for w in caught] + [str(exc)]
-    text = " ".join(t.strip().splitlines()[0] for t in texts if t.strip())
-    return re.sub(r"\s+", " ", text)[:160]
+    """A one-line reason from an exception and the warnings SDPA emitted while refusing (160 characters)."""
+    return bench_decode.refusal(exc, caught, limit=160)
 
 
 def host_ms(step, reset, n: int = HOST_CALLS) -> float:

@@ -416,12 +416,12 @@ def _graph_cold_us(step, rep: int) -> float | None:
         return None
 
 
-def refusal(exc: BaseException, caught: list) -> str:
+def refusal(exc: BaseException, caught: list, limit: int = 200) -> str:
     """One line on why a step did not run: the warnings SDPA gave while refusing (its reasons),
-    then the exception, at most 200 characters."""
+    then the exception, at most ``limit`` characters (bench_attention.py's rows take 160)."""
     texts = [str(w.message) for w in caught] + [str(exc)]
     text = " ".join(t.strip().splitlines()[0] for t in texts if t.strip())
-    return re.sub(r"\s+", " ", text)[:200]
+    return re.sub(r"\s+", " ", text)[:limit]
 
 
 def blank_rows(B: int, T: int, H_kv: int, impls, status: str) -> list[dict]:

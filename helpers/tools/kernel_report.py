@@ -52,6 +52,7 @@ import argparse
 import concurrent.futures
 import contextlib
 import datetime
+import functools
 import hashlib
 import io
 import json
@@ -221,14 +222,15 @@ def specialise(fn, target, args: list, kwargs: dict):
     return signature, constexprs, attrs, options
 
 
-def _reg_alloc_flags() -> list[str]:
+@functools.cache  # read once a process: Triton's source does not change under it
+def _reg_alloc_flags() -> tuple[str, ...]:
     """``--regAllocOptLevel=2`` where this Triton's ``CUDABackend.make_cubin`` passes it to ptxas:
     Triton 3.9 does (around a ptxas 13 bug), Triton 3.6 does not; read from make_cubin's source."""
     import inspect
 
     from triton.backends.nvidia.compiler import CUDABackend
 
-    return ["--regAllocOptLevel=2"] if "--regAllocOptLevel=2" in inspect.getsource(CUDABackend.make_cubin) else []
+    return ("--regAllocOptLevel=2",) if "--regAllocOptLevel=2" in inspect.getsource(CUDABackend.make_cubin) else ()
 
 
 def ptxas_command(capability: int, options, ptx_path: str, out_path: str) -> list[str]:
